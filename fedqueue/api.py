@@ -1,0 +1,199 @@
+"""The Python API: what the CLI does, for scripts and sweeps.
+
+    import fedqueue
+    handle = fedqueue.run("examples/digits_fedavg.toml", rounds=3)
+    print(handle.status()["final_accuracy"])
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import time
+from collections.abc import Callable, Iterator, Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from fedqueue.config import Settings
+from fedqueue.errors import ConfigError
+from fedqueue.runconfig import RunConfig, load_run_config
+
+if TYPE_CHECKING:
+    import torch
+
+    from fedqueue.local import LocalCluster
+    from fedqueue.store import Store
+    from fedqueue.supervisor import RunSupervisor
+
+ConfigLike = RunConfig | Mapping[str, Any] | str | os.PathLike[str]
+
+
+def load_config(config: ConfigLike, overrides: Mapping[str, Any] | None = None) -> RunConfig:
+    """A validated RunConfig from a RunConfig, a dict or a TOML path, with overrides applied."""
+    if isinstance(config, RunConfig):
+        raw = config.to_dict()
+    elif isinstance(config, Mapping):
+        raw = dict(config)
+    elif isinstance(config, (str, os.PathLike)):
+        return load_run_config(Path(config), dict(overrides or {}))
+    else:
+        raise ConfigError(f"config: expected a dict, a path or a RunConfig, got {type(config).__name__}")
+    raw.update(overrides or {})
+    return RunConfig.from_dict(raw)
+
+
+class RunHandle:
+    """One submitted run, read back from the store."""
+
+    def __init__(self, run_id: str, settings: Settings) -> None:
+        self.id = run_id
+        self.settings = settings
+        self._store: Store | None = None
+
+    def __repr__(self) -> str:
+        return f"RunHandle({self.id!r})"
+
+    @property
+    def store(self) -> Store:
+        if self._store is None:
+            from fedqueue.store import open_store
+
+            self._store = open_store(self.settings.database_url)
+        return self._store
+
+    def status(self) -> dict[str, Any]:
+        """State, rounds done, accuracy per evaluated round, workers, max_concurrency, failures."""
+        from fedqueue.summary import run_summary
+
+        return run_summary(self.store, self.id)
+
+    def wait(
+        self, timeout_s: float | None = None, poll_s: float = 0.2, tick: Callable[[], object] | None = None
+    ) -> dict[str, Any]:
+        """Block until the run finishes or fails; return its status. `tick` runs on every poll."""
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        while self.store.get_run(self.id).state == "running":
+            if deadline is not None and time.monotonic() > deadline:
+                raise TimeoutError(f"run {self.id} still running after {timeout_s} s")
+            if tick is not None:
+                tick()
+            time.sleep(poll_s)
+        return self.status()
+
+    def report(self) -> dict[str, Any]:
+        """The status plus one row per round."""
+        rounds = [
+            {
+                "round": row.round_index, "state": row.state, "selected": len(row.selected),
+                "seconds": None if row.aggregated_at is None else row.aggregated_at - row.enqueued_at,
+                "accuracy": row.accuracy, "loss": row.loss, "train_loss": row.train_loss,
+            }
+            for row in self.store.list_rounds(self.id)
+        ]
+        return {**self.status(), "rounds": rounds}
+
+    def final_weights(self) -> dict[str, torch.Tensor]:
+        """The latest checkpointed global model."""
+        from fedqueue.scheduler import final_state
+
+        return final_state(self.store, self.id)
+
+
+@contextlib.contextmanager
+def scheduling(handle: RunHandle) -> Iterator[RunSupervisor]:
+    """Hold the run's lease for the block; the supervisor's `tick()` renews it and repairs the run.
+
+    Raises LeaseHeld when another live scheduler has the run.
+    """
+    from fedqueue.client import open_client
+    from fedqueue.supervisor import RunSupervisor
+
+    services = open_client(handle.settings)
+    try:
+        supervisor = RunSupervisor(services, handle.id).acquire()
+        try:
+            yield supervisor
+        finally:
+            supervisor.release()
+    finally:
+        services.close()
+
+
+def keep_running(supervisor: RunSupervisor, cluster: LocalCluster | None = None) -> Callable[[], list[str]]:
+    """One scheduler tick: restart local workers that exited, renew the lease, repair the run."""
+
+    def tick() -> list[str]:
+        restarted = [f"local worker {name} restarted" for name in cluster.workers.restart_exited()] if cluster else []
+        return restarted + supervisor.tick()
+
+    return tick
+
+
+def _settings(settings: Settings | None, plugin_path: list[str] | None) -> Settings:
+    return (settings or Settings.from_env()).with_plugin_path(plugin_path)
+
+
+def submit(
+    config: ConfigLike, *, settings: Settings | None = None, plugin_path: list[str] | None = None,
+    **overrides: Any,
+) -> RunHandle:
+    """Validate, enqueue round 1 on the configured broker and return at once."""
+    from fedqueue.client import submit as submit_run
+
+    run_config = load_config(config, overrides)
+    settings = _settings(settings, plugin_path)
+    if not settings.broker_url:
+        raise ConfigError(
+            "FEDQUEUE_BROKER_URL: not set (use fedqueue.run(), or submit inside fedqueue.local_cluster())"
+        )
+    return RunHandle(submit_run(settings, run_config), settings)
+
+
+@contextlib.contextmanager
+def local_cluster(
+    procs: int | None = None, slots: int = 1, *, settings: Settings | None = None,
+    plugin_path: list[str] | None = None,
+) -> Iterator[LocalCluster]:
+    """An embedded Redis (unless a broker is configured) and local workers, for the `with` block."""
+    from fedqueue.local import LocalCluster
+    from fedqueue.queue.workers import detect_gpus, plan_workers
+
+    settings = _settings(settings, plugin_path)
+    cluster = LocalCluster.start(settings, plan_workers(detect_gpus(), procs, slots))
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
+
+
+def run(
+    config: ConfigLike, *, settings: Settings | None = None, procs: int | None = None, slots: int = 1,
+    plugin_path: list[str] | None = None, timeout_s: float | None = None, **overrides: Any,
+) -> RunHandle:
+    """Submit and wait. With no broker configured, local workers run it and stop afterwards."""
+    run_config = load_config(config, overrides)
+    settings = _settings(settings, plugin_path)
+    if settings.broker_url:
+        handle = submit(run_config, settings=settings)
+        with scheduling(handle) as supervisor:
+            handle.wait(timeout_s, tick=keep_running(supervisor))
+        return handle
+    with local_cluster(procs, slots, settings=settings) as cluster:
+        handle = submit(run_config, settings=cluster.settings)
+        with scheduling(handle) as supervisor:
+            handle.wait(timeout_s, tick=keep_running(supervisor, cluster))
+    return handle
+
+
+def runs(settings: Settings | None = None) -> list[dict[str, Any]]:
+    """Every run in the store, oldest first."""
+    from fedqueue.store import open_store
+    from fedqueue.summary import run_line
+
+    store = open_store((settings or Settings.from_env()).database_url, migrate=True)
+    try:
+        rows = store.list_runs()
+        rounds = store.round_rows_for([row.id for row in rows])
+        return [run_line(row, sum(1 for r in rounds[row.id] if r.state == "done")) for row in rows]
+    finally:
+        store.close()

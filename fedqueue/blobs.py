@@ -1,0 +1,111 @@
+"""Weights and updates by reference: safetensors bytes in Redis (with a TTL) or a shared folder.
+
+Messages carry only a `BlobRef` (key + sha256); every read checks the hash.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import tempfile
+from collections.abc import Iterable
+from pathlib import Path
+from typing import TYPE_CHECKING, Protocol
+
+from fedqueue.errors import BlobIntegrityError
+from fedqueue.messages import BlobRef
+
+if TYPE_CHECKING:
+    import redis
+    import torch
+
+
+class BlobStore(Protocol):
+    def put(self, key: str, data: bytes) -> BlobRef: ...
+    def get(self, ref: BlobRef) -> bytes: ...
+    def delete(self, keys: Iterable[str]) -> None: ...
+    def exists(self, key: str) -> bool: ...
+
+
+def _checked(ref: BlobRef, data: bytes | None) -> bytes:
+    if data is None:
+        raise BlobIntegrityError(f"blob {ref.key!r} is missing (expired or deleted)")
+    if hashlib.sha256(data).hexdigest() != ref.sha256:
+        raise BlobIntegrityError(f"blob {ref.key!r} does not match its sha256")
+    return data
+
+
+def _ref(key: str, data: bytes) -> BlobRef:
+    return BlobRef(key=key, sha256=hashlib.sha256(data).hexdigest(), nbytes=len(data))
+
+
+class RedisBlobStore:
+    """Blobs as Redis strings under `<prefix>:blob:`, expiring after `ttl_s`."""
+
+    def __init__(self, client: redis.Redis, prefix: str, ttl_s: int) -> None:
+        self._client = client
+        self._prefix = f"{prefix}:blob:"
+        self._ttl_s = ttl_s
+
+    def put(self, key: str, data: bytes) -> BlobRef:
+        self._client.set(self._prefix + key, data, ex=self._ttl_s)
+        return _ref(key, data)
+
+    def get(self, ref: BlobRef) -> bytes:
+        return _checked(ref, self._client.get(self._prefix + ref.key))
+
+    def delete(self, keys: Iterable[str]) -> None:
+        names = [self._prefix + key for key in keys]
+        if names:
+            self._client.delete(*names)
+
+    def exists(self, key: str) -> bool:
+        return bool(self._client.exists(self._prefix + key))
+
+
+class DirBlobStore:
+    """Blobs as files under a folder every worker sees (shared storage across nodes)."""
+
+    def __init__(self, root: str | Path) -> None:
+        self._root = Path(root)
+
+    def _path(self, key: str) -> Path:
+        path = (self._root / key).resolve()
+        if self._root.resolve() not in path.parents:
+            raise BlobIntegrityError(f"blob key {key!r} escapes the blob folder")
+        return path
+
+    def put(self, key: str, data: bytes) -> BlobRef:
+        path = self._path(key)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        # Write then rename, so a reader never sees half a file.
+        with tempfile.NamedTemporaryFile(dir=path.parent, delete=False) as tmp:
+            tmp.write(data)
+        os.replace(tmp.name, path)
+        return _ref(key, data)
+
+    def get(self, ref: BlobRef) -> bytes:
+        try:
+            data = self._path(ref.key).read_bytes()
+        except FileNotFoundError:
+            data = None
+        return _checked(ref, data)
+
+    def delete(self, keys: Iterable[str]) -> None:
+        for key in keys:
+            self._path(key).unlink(missing_ok=True)
+
+    def exists(self, key: str) -> bool:
+        return self._path(key).is_file()
+
+
+def encode_state(state: dict[str, torch.Tensor]) -> bytes:
+    from safetensors.torch import save
+
+    return save({name: tensor.contiguous() for name, tensor in state.items()})
+
+
+def decode_state(data: bytes) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load
+
+    return load(data)

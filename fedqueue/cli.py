@@ -1,0 +1,337 @@
+"""The `fedqueue` command: one Typer command per function, errors as one line and an exit code."""
+
+from __future__ import annotations
+
+import functools
+import json
+import signal
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Annotated, Any, TypeVar
+
+import typer
+from rich import box
+from rich.console import Console
+from rich.table import Table
+
+from fedqueue.config import Settings, mask_url
+from fedqueue.errors import FedqueueError
+from fedqueue.runconfig import RunConfig, load_run_config, parse_override
+
+app = typer.Typer(
+    no_args_is_help=True, pretty_exceptions_enable=False, add_completion=False,
+    help="Federated-learning rounds on a Redis queue with GPU-pinned Celery workers.",
+)
+# Piped output is not cut at 80 columns: tables and summaries stay one line per row.
+console = Console(width=None if sys.stdout.isatty() else 160)
+errors = Console(stderr=True, soft_wrap=True)
+F = TypeVar("F", bound=Callable[..., Any])
+
+ConfigArg = Annotated[Path, typer.Argument(help="Run config (TOML); see examples/.", show_default=False)]
+SetOpt = Annotated[list[str] | None, typer.Option("--set", "-s", help="Override a config key: KEY=VALUE (repeatable).")]
+RoundsOpt = Annotated[int | None, typer.Option(help="Override `rounds`.")]
+SeedOpt = Annotated[int | None, typer.Option(help="Override `seed`.")]
+ProcsOpt = Annotated[int | None, typer.Option(help="Worker processes on a host without GPUs (default: one per core).")]
+SlotsOpt = Annotated[int, typer.Option(help="Concurrent tasks per worker process.")]
+JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON for scripts.")]
+
+
+def _warn_if_insecure(settings: Settings) -> None:
+    from fedqueue.config import insecure_broker
+
+    if insecure_broker(settings.broker_url):
+        errors.print(
+            f"warning: broker {mask_url(settings.broker_url)} is reached beyond loopback without a password; "
+            "set one (requirepass) and FEDQUEUE_REDIS_PASSWORD"
+        )
+
+
+def friendly_errors(command: F) -> F:
+    """Turn fedqueue's own errors into one red line and their exit code; never a traceback."""
+
+    @functools.wraps(command)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return command(*args, **kwargs)
+        except FedqueueError as err:
+            errors.print(f"[red]error:[/red] {err}", highlight=False)
+            raise typer.Exit(err.exit_code) from None
+
+    return wrapper  # type: ignore[return-value]
+
+
+def _config(path: Path, sets: list[str] | None, rounds: int | None, seed: int | None) -> RunConfig:
+    overrides: dict[str, Any] = dict(parse_override(item) for item in sets or [])
+    if rounds is not None:
+        overrides["rounds"] = rounds
+    if seed is not None:
+        overrides["seed"] = seed
+    return load_run_config(path, overrides)
+
+
+PluginPathOpt = Annotated[
+    list[str] | None, typer.Option("--plugin-path", help="Folder to import plugins from (repeatable).")
+]
+
+
+def _follow(handle: Any, cluster: Any = None) -> dict[str, Any]:
+    """Schedule the run (lease, repairs) and show its progress until it ends."""
+    from fedqueue import api
+    from fedqueue.follow import follow_run, print_summary
+
+    with api.scheduling(handle) as supervisor:
+        try:
+            summary = follow_run(handle.store, handle.id, console, tick=api.keep_running(supervisor, cluster))
+        except KeyboardInterrupt:
+            if cluster is None:
+                errors.print(f"stopped following; run {handle.id} goes on (fedqueue resume {handle.id})")
+            raise typer.Exit(130) from None
+    print_summary(console, summary)
+    return summary
+
+
+@app.command()
+@friendly_errors
+def run(
+    config: ConfigArg, set_: SetOpt = None, rounds: RoundsOpt = None, seed: SeedOpt = None,
+    procs: ProcsOpt = None, slots: SlotsOpt = 1, plugin_path: PluginPathOpt = None,
+) -> None:
+    """Submit a run and follow it to the end. With no broker configured, start Redis and workers here."""
+    from fedqueue import api
+    from fedqueue.experiment import check_plugins
+    from fedqueue.store import open_store
+
+    run_config = _config(config, set_, rounds, seed)
+    settings = Settings.from_env().with_plugin_path(plugin_path)
+    _warn_if_insecure(settings)
+    settings.activate_plugin_path()
+    check_plugins(run_config)  # a plugin that does not import fails before any worker starts
+    open_store(settings.database_url, migrate=True).close()  # so does a bad database
+    if settings.broker_url:
+        handle = api.submit(run_config, settings=settings)
+        _announce(handle.id, run_config)
+        _warn_if_no_workers(settings)
+        summary = _follow(handle)
+    else:
+        console.print("starting embedded Redis and local workers")
+        with api.local_cluster(procs, slots, settings=settings) as cluster:
+            console.print(f"embedded Redis at {cluster.settings.broker_url}, {len(cluster.workers.specs)} workers")
+            handle = api.submit(run_config, settings=cluster.settings)
+            _announce(handle.id, run_config)
+            summary = _follow(handle, cluster)
+    if summary["state"] != "finished":
+        raise typer.Exit(1)
+
+
+def _announce(run_id: str, run_config: RunConfig) -> None:
+    console.print(
+        f"run [bold]{run_id}[/bold] submitted ({run_config.rounds} rounds, "
+        f"{run_config.devices_per_round} of {run_config.num_devices} devices per round)"
+    )
+
+
+def _warn_if_no_workers(settings: Settings) -> None:
+    from fedqueue.queue.app import make_app
+
+    celery_app = make_app(settings)
+    try:
+        if not celery_app.control.ping(timeout=1.0):
+            errors.print("warning: no worker answers on this broker yet; the run waits for one (fedqueue worker)")
+    finally:
+        celery_app.close()
+
+
+@app.command()
+@friendly_errors
+def resume(
+    run_id: Annotated[str, typer.Argument(help="Run id.")], procs: ProcsOpt = None, slots: SlotsOpt = 1,
+    plugin_path: PluginPathOpt = None,
+) -> None:
+    """Take over scheduling a run (after its scheduler died) and follow it to the end."""
+    from fedqueue import api
+
+    settings = Settings.from_env().with_plugin_path(plugin_path)
+    settings.activate_plugin_path()
+    handle = api.RunHandle(run_id, settings)
+    state = handle.store.get_run(run_id).state  # an unknown id fails here, before anything starts
+    if state != "running":
+        console.print(f"run {run_id} is already {state}")
+        summary = handle.status()
+    elif settings.broker_url:
+        summary = _follow(handle)
+    else:
+        console.print("starting embedded Redis and local workers")
+        with api.local_cluster(procs, slots, settings=settings) as cluster:
+            handle = api.RunHandle(run_id, cluster.settings)
+            summary = _follow(handle, cluster)
+    if summary["state"] != "finished":
+        raise typer.Exit(1)
+
+
+@app.command()
+@friendly_errors
+def submit(
+    config: ConfigArg, set_: SetOpt = None, rounds: RoundsOpt = None, seed: SeedOpt = None,
+    plugin_path: PluginPathOpt = None,
+) -> None:
+    """Enqueue a run on the configured broker, print its id and return."""
+    from fedqueue import api
+
+    run_config = _config(config, set_, rounds, seed)
+    settings = Settings.from_env().with_plugin_path(plugin_path)
+    if not settings.broker_url:
+        raise FedqueueError("FEDQUEUE_BROKER_URL: not set (start `fedqueue up` and export the URL it prints)")
+    _warn_if_insecure(settings)
+    handle = api.submit(run_config, settings=settings)
+    _warn_if_no_workers(settings)
+    print(handle.id)
+
+
+@app.command()
+@friendly_errors
+def status(run_id: Annotated[str, typer.Argument(help="Run id.")], json_: JsonOpt = False) -> None:
+    """Show one run's progress, accuracy, workers and overlap of tasks."""
+    from fedqueue.follow import print_summary
+    from fedqueue.store import open_store
+    from fedqueue.summary import run_summary
+
+    store = open_store(Settings.from_env().database_url, migrate=True)
+    summary = run_summary(store, run_id)
+    if json_:
+        print(json.dumps(summary, indent=2))
+    else:
+        print_summary(console, summary)
+
+
+@app.command()
+@friendly_errors
+def report(
+    run_id: Annotated[str, typer.Argument(help="Run id.")],
+    out: Annotated[
+        Path | None, typer.Option("--out", "-o", help="Folder to write into (default: fedqueue-report/RUN_ID).")
+    ] = None,
+    json_: Annotated[
+        bool, typer.Option("--json", help="Print the numbers as JSON (pictures only with --out).")
+    ] = False,
+) -> None:
+    """Is the run really parallel, and where does the time go? Timeline, concurrency and accuracy pictures, HTML."""
+    from fedqueue.report import build_report, write_report
+    from fedqueue.store import open_store
+
+    store = open_store(Settings.from_env().database_url, migrate=True)
+    try:
+        if json_ and out is None:
+            print(json.dumps(build_report(store, run_id), indent=2))
+            return
+        folder = out if out is not None else Path("fedqueue-report") / run_id
+        numbers = write_report(store, run_id, folder)
+    finally:
+        store.close()
+    if json_:
+        print(json.dumps(numbers, indent=2))
+        return
+    efficiency = numbers["parallel_efficiency"]
+    console.print(
+        f"run {numbers['id']} ({numbers['state']}): wall {numbers['wall_s']:.2f} s · {numbers['slots']} slots"
+        f" · parallel efficiency {'–' if efficiency is None else f'{100 * efficiency:.1f} %'}"
+        f" · {numbers['tasks_done']} tasks ({numbers['tasks_failed']} failed)",
+        highlight=False,
+    )
+    console.print(f"report written to {folder / 'report.html'}", highlight=False)
+
+
+@app.command()
+@friendly_errors
+def runs(json_: JsonOpt = False) -> None:
+    """List the runs in the store."""
+    from fedqueue import api
+
+    lines = api.runs()
+    if json_:
+        print(json.dumps(lines, indent=2))
+        return
+    table = Table(box=box.SIMPLE)
+    for column in ("id", "name", "state", "rounds", "dataset", "model", "created"):
+        table.add_column(column, no_wrap=True)
+    for line in lines:
+        created = time.strftime("%m-%d %H:%M", time.localtime(line["created_at"]))
+        table.add_row(line["id"], line["name"], line["state"], line["rounds"], line["dataset"], line["model"], created)
+    console.print(table)
+
+
+@app.command()
+@friendly_errors
+def worker(
+    procs: ProcsOpt = None, slots: SlotsOpt = 1,
+    gpus: Annotated[str | None, typer.Option(help="GPU indices to use, e.g. 0,1 (default: all found).")] = None,
+    plugin_path: PluginPathOpt = None,
+) -> None:
+    """Start one worker process per GPU (or per core) on the configured broker; stop with Ctrl-C."""
+    from fedqueue.queue.workers import WorkerGroup, detect_gpus, plan_workers
+
+    settings = Settings.from_env().with_plugin_path(plugin_path)
+    if not settings.broker_url:
+        raise FedqueueError("FEDQUEUE_BROKER_URL: not set (or use `fedqueue up` for a local broker)")
+    _warn_if_insecure(settings)
+    from fedqueue.services import connect_redis
+
+    connect_redis(settings.broker_url).close()
+    found = [g.strip() for g in gpus.split(",") if g.strip()] if gpus else detect_gpus()
+    group = WorkerGroup(settings, plan_workers(found, procs, slots)).start()
+    _supervise(group, f"{len(group.specs)} workers on {mask_url(settings.broker_url)}")
+
+
+@app.command()
+@friendly_errors
+def up(procs: ProcsOpt = None, slots: SlotsOpt = 1, plugin_path: PluginPathOpt = None) -> None:
+    """Run an embedded Redis and local workers in the foreground, for submitting from another shell."""
+    from fedqueue.local import LocalCluster
+    from fedqueue.queue.workers import detect_gpus, plan_workers
+
+    settings = Settings.from_env().with_plugin_path(plugin_path)
+    specs = plan_workers(detect_gpus(), procs, slots)
+    cluster = LocalCluster.start(settings, specs)
+    console.print(f"broker ready: export FEDQUEUE_BROKER_URL={cluster.settings.broker_url}")
+    try:
+        _supervise(cluster.workers, f"{len(specs)} workers, logs in {cluster.log_dir}")
+    finally:
+        if cluster.redis is not None:
+            cluster.redis.stop()
+
+
+def _supervise(group: Any, what: str) -> None:
+    """Wait on workers. First Ctrl-C/SIGTERM: warm stop (running tasks finish); second: stop at once."""
+    stops = 0
+
+    def on_signal(signum: int, _frame: Any) -> None:
+        nonlocal stops
+        stops += 1
+        if stops == 1:
+            errors.print("stopping: running tasks finish first (signal again to stop at once)")
+            group.signal_all(signal.SIGTERM)
+        else:
+            group.signal_all(signal.SIGKILL)
+
+    signal.signal(signal.SIGINT, on_signal)
+    signal.signal(signal.SIGTERM, on_signal)
+    console.print(f"{what}; Ctrl-C to stop")
+    try:
+        while stops == 0 or group.alive():
+            if stops == 0:
+                # A worker that crashed or was killed is started again; its lost task is
+                # enqueued again by the run's scheduler.
+                for name in group.restart_exited():
+                    errors.print(f"worker {name} exited; started again")
+            time.sleep(0.2)
+    finally:
+        group.stop(timeout_s=0 if stops else 60)
+
+
+def main() -> None:
+    app()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,172 @@
+"""Service settings: the only reader of FEDQUEUE_* environment variables."""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+from urllib.parse import parse_qsl, quote, urlencode, urlsplit, urlunsplit
+
+from fedqueue.errors import ConfigError
+
+DEFAULT_DATABASE_URL = "sqlite:///fedqueue.db"
+
+
+def _int(env: Mapping[str, str], name: str, default: int, minimum: int = 1) -> int:
+    raw = env.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ConfigError(f"{name}: expected an integer, got {raw!r}") from None
+    if value < minimum:
+        raise ConfigError(f"{name}: must be at least {minimum}, got {value}")
+    return value
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Where the services are and how workers behave.
+
+    `broker_url` None means "no broker configured": the CLI then starts an
+    embedded Redis of its own and never touches any other.
+    """
+
+    broker_url: str | None = None
+    database_url: str = DEFAULT_DATABASE_URL
+    key_prefix: str = "fedqueue"
+    blob_dir: str | None = None
+    blob_ttl_s: int = 7 * 24 * 3600
+    threads_per_task: int = 1
+    task_time_limit_s: int = 3600
+    max_attempts: int = 3
+    # A running task's heartbeat key lives this long; a task whose key expired has lost its worker.
+    heartbeat_ttl_s: int = 15
+    # How long a scheduler's lease on a run outlives its last renewal.
+    lease_ttl_s: int = 15
+    # None: above the task time limit (the safe default). Shorter only to provoke redelivery in tests.
+    visibility_timeout_override_s: int | None = None
+    # Folders searched for plugin modules, by workers and by the submitting process.
+    plugin_path: tuple[str, ...] = ()
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
+        env = os.environ if env is None else env
+        prefix = env.get("FEDQUEUE_KEY_PREFIX") or "fedqueue"
+        if not prefix.replace("-", "").replace("_", "").replace(".", "").isalnum():
+            raise ConfigError(f"FEDQUEUE_KEY_PREFIX: only letters, digits, '-', '_' and '.' allowed, got {prefix!r}")
+        return cls(
+            broker_url=with_password(env.get("FEDQUEUE_BROKER_URL") or None, env.get("FEDQUEUE_REDIS_PASSWORD")),
+            database_url=env.get("FEDQUEUE_DATABASE_URL") or DEFAULT_DATABASE_URL,
+            key_prefix=prefix,
+            blob_dir=env.get("FEDQUEUE_BLOB_DIR") or None,
+            blob_ttl_s=_int(env, "FEDQUEUE_BLOB_TTL_S", cls.blob_ttl_s),
+            threads_per_task=_int(env, "FEDQUEUE_THREADS_PER_TASK", cls.threads_per_task),
+            task_time_limit_s=_int(env, "FEDQUEUE_TASK_TIME_LIMIT_S", cls.task_time_limit_s),
+            max_attempts=_int(env, "FEDQUEUE_MAX_ATTEMPTS", cls.max_attempts),
+            heartbeat_ttl_s=_int(env, "FEDQUEUE_HEARTBEAT_TTL_S", cls.heartbeat_ttl_s, minimum=2),
+            lease_ttl_s=_int(env, "FEDQUEUE_LEASE_TTL_S", cls.lease_ttl_s, minimum=2),
+            visibility_timeout_override_s=(
+                _int(env, "FEDQUEUE_VISIBILITY_TIMEOUT_S", 0) if env.get("FEDQUEUE_VISIBILITY_TIMEOUT_S") else None
+            ),
+            plugin_path=tuple(part for part in (env.get("FEDQUEUE_PLUGIN_PATH") or "").split(os.pathsep) if part),
+        )
+
+    def with_broker(self, broker_url: str) -> Settings:
+        return replace(self, broker_url=broker_url)
+
+    def with_plugin_path(self, folders: list[str] | tuple[str, ...] | None) -> Settings:
+        """These settings plus plugin folders (made absolute: workers may start elsewhere)."""
+        if not folders:
+            return self
+        for folder in folders:
+            if not os.path.isdir(folder):
+                raise ConfigError(f"--plugin-path: folder {folder!r} does not exist")
+        added = tuple(os.path.abspath(folder) for folder in folders)
+        return replace(self, plugin_path=self.plugin_path + added)
+
+    def activate_plugin_path(self) -> None:
+        """Make plugin folders importable in this process."""
+        for folder in reversed(self.plugin_path):
+            if folder not in sys.path:
+                sys.path.insert(0, folder)
+
+    @property
+    def visibility_timeout_s(self) -> int:
+        # Above the hard time limit, so a task still running is never handed out twice.
+        if self.visibility_timeout_override_s is not None:
+            return self.visibility_timeout_override_s
+        return self.task_time_limit_s * 2 + 60
+
+    @property
+    def queue_name(self) -> str:
+        return f"{self.key_prefix}.devices"
+
+    def to_env(self) -> dict[str, str]:
+        """The environment that gives a child process these same settings."""
+        env = {
+            "FEDQUEUE_DATABASE_URL": self.database_url,
+            "FEDQUEUE_KEY_PREFIX": self.key_prefix,
+            "FEDQUEUE_BLOB_TTL_S": str(self.blob_ttl_s),
+            "FEDQUEUE_THREADS_PER_TASK": str(self.threads_per_task),
+            "FEDQUEUE_TASK_TIME_LIMIT_S": str(self.task_time_limit_s),
+            "FEDQUEUE_MAX_ATTEMPTS": str(self.max_attempts),
+            "FEDQUEUE_HEARTBEAT_TTL_S": str(self.heartbeat_ttl_s),
+            "FEDQUEUE_LEASE_TTL_S": str(self.lease_ttl_s),
+        }
+        if self.visibility_timeout_override_s is not None:
+            env["FEDQUEUE_VISIBILITY_TIMEOUT_S"] = str(self.visibility_timeout_override_s)
+        if self.broker_url:
+            env["FEDQUEUE_BROKER_URL"] = self.broker_url
+        if self.blob_dir:
+            env["FEDQUEUE_BLOB_DIR"] = self.blob_dir
+        if self.plugin_path:
+            env["FEDQUEUE_PLUGIN_PATH"] = os.pathsep.join(self.plugin_path)
+        return env
+
+
+LOOPBACK_HOSTS = {"localhost", "127.0.0.1", "::1"}
+
+
+def with_password(url: str | None, password: str | None) -> str | None:
+    """The broker URL with FEDQUEUE_REDIS_PASSWORD filled in, so the secret can stay out of the URL."""
+    if not url or not password:
+        return url
+    parts = urlsplit(url)
+    if parts.password is not None or not parts.hostname:
+        return url
+    host = f"[{parts.hostname}]" if ":" in parts.hostname else parts.hostname
+    if parts.port:
+        host = f"{host}:{parts.port}"
+    netloc = f"{parts.username or ''}:{quote(password, safe='')}@{host}"
+    return urlunsplit((parts.scheme, netloc, parts.path, parts.query, parts.fragment))
+
+
+def insecure_broker(url: str | None) -> bool:
+    """A Redis beyond loopback with no password: anyone who reaches it can run tasks."""
+    if not url:
+        return False
+    parts = urlsplit(url)
+    return parts.scheme in ("redis", "rediss") and parts.password is None and parts.hostname not in LOOPBACK_HOSTS
+
+
+def mask_url(url: str | None) -> str:
+    """The URL with its password replaced, fit for logs and error lines."""
+    if not url:
+        return "<none>"
+    parts = urlsplit(url)
+    query = urlencode(
+        [(key, "***" if key.lower() == "password" else value) for key, value in parse_qsl(parts.query)], safe="*"
+    )
+    if parts.password is None:
+        return urlunsplit(parts._replace(query=query)) if parts.query else url
+    host = parts.hostname or ""
+    if ":" in host:
+        host = f"[{host}]"  # an IPv6 address keeps its brackets
+    if parts.port:
+        host = f"{host}:{parts.port}"
+    user = parts.username or ""
+    netloc = f"{user}:***@{host}"
+    return urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment))

@@ -1,0 +1,133 @@
+"""What a worker does with one device task: load, train, upload, record. No Celery here."""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from collections import OrderedDict
+from typing import TYPE_CHECKING
+
+from fedqueue.blobs import decode_state, encode_state
+from fedqueue.messages import BlobRef, DeviceTask
+from fedqueue.runconfig import RunConfig
+from fedqueue.scheduler import finish_round, update_key
+from fedqueue.services import Services
+from fedqueue.store.repo import DeviceResult
+
+if TYPE_CHECKING:
+    import torch
+
+log = logging.getLogger(__name__)
+
+
+class WorkerCache:
+    """Per-process caches: run configs and global models by version, never fetched twice."""
+
+    def __init__(self, max_models: int = 4) -> None:
+        self._lock = threading.Lock()
+        self._configs: dict[str, RunConfig] = {}
+        self._models: OrderedDict[str, dict[str, torch.Tensor]] = OrderedDict()
+        self._max_models = max_models
+
+    def run_config(self, services: Services, run_id: str) -> RunConfig:
+        with self._lock:
+            config = self._configs.get(run_id)
+        if config is None:
+            config = RunConfig.from_dict(services.store.get_run(run_id).config)
+            with self._lock:
+                self._configs[run_id] = config
+        return config
+
+    def global_state(self, services: Services, ref: BlobRef) -> dict[str, torch.Tensor]:
+        # Keyed by sha256 as well, so a re-published version can never be served stale.
+        cache_key = f"{ref.key}@{ref.sha256}"
+        with self._lock:
+            state = self._models.get(cache_key)
+            if state is not None:
+                self._models.move_to_end(cache_key)
+                return state
+        state = decode_state(services.blobs.get(ref))
+        with self._lock:
+            self._models[cache_key] = state
+            while len(self._models) > self._max_models:
+                self._models.popitem(last=False)
+        return state
+
+
+def run_device_task(services: Services, cache: WorkerCache, task: DeviceTask, worker: str) -> bool:
+    """Train one device and store its result once; True when this delivery stored it."""
+    from fedqueue.experiment import data_spec, resolve_plugins, train_config
+    from fedqueue.fl.data import device_data, load_federated
+    from fedqueue.fl.devices import device_label, torch_device
+    from fedqueue.fl.models import build_model
+    from fedqueue.fl.seeding import task_seed
+    from fedqueue.fl.train import train_local
+
+    attempt = services.attempt(task.run_id, task.round_index, task.device)
+    if services.store.has_result(task.run_id, task.round_index, task.device):
+        # A late duplicate: the round may already be aggregated and its model deleted.
+        log.info("run %s round %d device %d already stored; skipped", task.run_id, task.round_index, task.device)
+        return False
+    started_at = time.time()
+    clock = time.perf_counter()
+    config = cache.run_config(services, task.run_id)
+    global_state = cache.global_state(services, task.model)
+    spec = data_spec(config)
+    data = device_data(spec, task.device)
+    federated = load_federated(spec)
+    model = build_model(config.model, federated.input_shape, federated.num_classes, config.plugin)
+    plugins = resolve_plugins(config)
+    model.load_state_dict(global_state)
+    load_ms = _elapsed_ms(clock)
+
+    clock = time.perf_counter()
+    seed = task_seed(config.seed, task.round_index, task.device)
+    outcome = train_local(
+        model, data, train_config(config), seed, torch_device(), plugins.local_step, plugins.options
+    )
+    train_ms = _elapsed_ms(clock)
+
+    clock = time.perf_counter()
+    ref = services.blobs.put(update_key(task.run_id, task.round_index, task.device), encode_state(outcome.state))
+    upload_ms = _elapsed_ms(clock)
+
+    stored = services.store.record_device_result(
+        DeviceResult(
+            run_id=task.run_id, round_index=task.round_index, device=task.device, state="done",
+            worker=worker, pid=os.getpid(), device_used=device_label()[:32], attempt=attempt,
+            enqueued_at=task.enqueued_at, started_at=started_at, finished_at=time.time(),
+            load_ms=load_ms, train_ms=train_ms, upload_ms=upload_ms, samples=outcome.samples,
+            loss=outcome.loss, update_key=ref.key, update_sha256=ref.sha256, update_nbytes=ref.nbytes,
+        )
+    )
+    if not stored:
+        # Another delivery of this task stored first; its update is the one that counts.
+        services.blobs.delete([ref.key])
+        log.info("duplicate of run %s round %d device %d dropped", task.run_id, task.round_index, task.device)
+        return False
+    finish_round(services, task.run_id, task.round_index)
+    return True
+
+
+def record_failure(services: Services, task: DeviceTask, worker: str, attempts: int, error: str) -> None:
+    """Store a device that failed every attempt, so its round can still close."""
+    from fedqueue.fl.devices import device_label
+
+    now = time.time()
+    stored = services.store.record_device_result(
+        DeviceResult(
+            run_id=task.run_id, round_index=task.round_index, device=task.device, state="failed",
+            worker=worker, pid=os.getpid(), device_used=device_label()[:32], attempt=attempts,
+            enqueued_at=task.enqueued_at, started_at=now, finished_at=now, load_ms=0.0, train_ms=0.0,
+            upload_ms=0.0, samples=0, loss=None, update_key=None, update_sha256=None, update_nbytes=None,
+            error=error[-4000:],
+        )
+    )
+    if stored:
+        finish_round(services, task.run_id, task.round_index)
+
+
+def _elapsed_ms(start: float) -> float:
+    return (time.perf_counter() - start) * 1000

@@ -1,0 +1,95 @@
+"""Following a run from the store: a Rich progress bar per round, then a summary."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from fedqueue.store import Store
+from fedqueue.summary import run_summary
+
+
+def follow_run(
+    store: Store,
+    run_id: str,
+    console: Console,
+    poll_s: float = 0.2,
+    tick: Callable[[], Iterable[str]] | None = None,
+) -> dict:
+    """Show progress until the run finishes or fails; return its summary.
+
+    `tick` runs on every poll (the scheduler's lease and repairs); what it reports is printed.
+    """
+    bars: dict[int, TaskID] = {}
+    progress = Progress(
+        TextColumn("[bold]round {task.fields[index]:>3}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("devices"),
+        TimeElapsedColumn(),
+        TextColumn("{task.fields[note]}"),
+        console=console,
+    )
+    with progress:
+        while True:
+            run = store.get_run(run_id)
+            for row in store.list_rounds(run_id):
+                if row.round_index not in bars:
+                    bars[row.round_index] = progress.add_task(
+                        "", total=len(row.selected), index=row.round_index, note=""
+                    )
+                bar = bars[row.round_index]
+                if row.state == "done":
+                    took = (row.aggregated_at or 0) - row.enqueued_at
+                    note = f"{took:5.2f} s"
+                    if row.accuracy is not None:
+                        note += f"  accuracy {row.accuracy:.3f}"
+                    progress.update(bar, completed=len(row.selected), note=note)
+                    progress.stop_task(bar)
+                else:
+                    progress.update(bar, completed=store.count_done(run_id, row.round_index))
+            if run.state != "running":
+                break
+            for action in tick() if tick is not None else ():
+                progress.console.print(f"[yellow]repair:[/yellow] {action}", highlight=False)
+            time.sleep(poll_s)
+    return run_summary(store, run_id)
+
+
+def print_summary(console: Console, summary: dict) -> None:
+    table = Table(title=f"run {summary['id']} ({summary['state']})")
+    table.add_column("round", justify="right")
+    table.add_column("seconds", justify="right")
+    table.add_column("accuracy", justify="right")
+    table.add_column("loss", justify="right")
+    for index, seconds in summary["round_seconds"].items():
+        accuracy = summary["accuracy"].get(index)
+        loss = summary["loss"].get(index)
+        table.add_row(
+            index, f"{seconds:.2f}",
+            "" if accuracy is None else f"{accuracy:.4f}",
+            "" if loss is None else f"{loss:.4f}",
+        )
+    console.print(table)
+    console.print(
+        f"wall {summary['wall_s']:.2f} s · {summary['tasks_done']} device tasks"
+        f" ({summary['tasks_failed']} failed) · mean train {summary['mean_train_ms']} ms"
+        f" · max_concurrency {summary['max_concurrency']} · {len(summary['workers'])} workers"
+    )
+    if summary["error"]:
+        console.print(f"[red]run {summary['state']}:[/red] {summary['error']}", highlight=False)
+    for failure in summary["failures"][:5]:
+        last_line = (failure["error"] or "").strip().splitlines()[-1:] or ["?"]
+        console.print(
+            f"[yellow]device {failure['device']} failed[/yellow] in round {failure['round']} on {failure['worker']}"
+            f" after {failure['attempts']} attempts: {last_line[0]}",
+            highlight=False,
+        )
+    if len(summary["failures"]) > 5:
+        console.print(f"... {len(summary['failures']) - 5} more failed devices (fedqueue status RUN --json)")
+    if summary["final_accuracy"] is not None:
+        console.print(f"final accuracy {summary['final_accuracy']:.4f}")

@@ -1,0 +1,237 @@
+"""The report's pictures. Figures are drawn off-screen (Agg) without pyplot: no global backend is changed."""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from matplotlib.axes import Axes
+from matplotlib.colors import Colormap, Normalize
+from matplotlib.figure import Figure
+from matplotlib.lines import Line2D
+from matplotlib.patches import Patch
+
+from fedqueue.store.schema import RoundRow
+from fedqueue.store.utilization import Sample
+from fedqueue.timeline import Lane, Span
+from fedqueue.utilization import INTERVAL_S as SAMPLE_INTERVAL_S
+
+DPI = 110
+LANE_HEIGHT_IN = 0.42
+MAX_HEIGHT_IN = 60.0
+MAX_ROUND_LABELS = 12
+MAX_ROUND_LINES = 40
+AGGREGATION_COLOUR = "#222222"
+UTILIZATION_COLOUR = "#8c8c8c"
+FAILED_COLOUR = "#d62728"
+
+
+class RoundColours:
+    """A distinct colour per round: qualitative for few rounds, a continuous scale (with a colour bar) for many."""
+
+    def __init__(self, rounds: Sequence[int]) -> None:
+        from matplotlib import colormaps
+
+        self.rounds = sorted(set(rounds))
+        count = len(self.rounds)
+        self.continuous = count > 20
+        name = "tab10" if count <= 10 else "tab20" if count <= 20 else "viridis"
+        self.cmap: Colormap = colormaps[name]
+        self.norm = Normalize(vmin=min(self.rounds, default=1), vmax=max(self.rounds, default=1))
+
+    def __call__(self, round_index: int) -> tuple[float, float, float, float]:
+        if self.continuous:
+            return self.cmap(self.norm(round_index))
+        return self.cmap(self.rounds.index(round_index) % self.cmap.N)
+
+
+@dataclass
+class _Row:
+    label: str
+    lane: Lane | None = None
+    samples: list[Sample] = field(default_factory=list)
+    failed: list[Span] = field(default_factory=list)
+
+
+def _rows(lanes: Sequence[Lane], spans: Sequence[Span], samples: Sequence[Sample]) -> list[_Row]:
+    """Top to bottom: the scheduler's row, then per worker its slot lanes and its utilization row."""
+    failed: dict[tuple[str, int], list[Span]] = defaultdict(list)
+    for span in spans:
+        if span.state != "done":
+            failed[span.worker_key].append(span)
+    sampled: dict[tuple[str, int], list[Sample]] = defaultdict(list)
+    for sample in samples:
+        sampled[(sample.worker, sample.pid)].append(sample)
+    by_worker: dict[tuple[str, int], list[Lane]] = defaultdict(list)
+    for lane in lanes:
+        by_worker[(lane.worker, lane.pid)].append(lane)
+    rows = [_Row("aggregation + evaluation")]
+    for key in sorted(set(by_worker) | set(failed)):
+        worker_lanes = by_worker.get(key, [])
+        if not worker_lanes:
+            rows.append(_Row(f"{key[0]} pid {key[1]} (nothing ran)", failed=failed[key]))
+        for index, lane in enumerate(worker_lanes):
+            rows.append(_Row(lane.label, lane=lane, failed=failed.get(key, []) if index == 0 else []))
+        if sampled.get(key):
+            kind = "GPU" if sampled[key][0].device_used.startswith("cuda") else "CPU"
+            rows.append(_Row(f"{key[0]} {kind} % (0-100)", samples=sampled[key]))
+    return rows
+
+
+def _round_marks(ax: Axes, rounds: Sequence[RoundRow], origin: float) -> None:
+    """Dashed line where a round was enqueued (labelled), dotted where it was aggregated; thinned out for many."""
+    every_line = max(1, math.ceil(len(rounds) / MAX_ROUND_LINES))
+    every_label = max(1, math.ceil(len(rounds) / MAX_ROUND_LABELS))
+    for position, row in enumerate(rounds):
+        x = row.enqueued_at - origin
+        if position % every_line == 0:
+            ax.axvline(x, color="0.45", linestyle="--", linewidth=0.8, zorder=1)
+            if row.aggregated_at is not None and every_line == 1:
+                ax.axvline(row.aggregated_at - origin, color=AGGREGATION_COLOUR, linestyle=":", linewidth=0.8,
+                           zorder=1)
+        if position % every_label == 0:
+            ax.text(x, 1.005, f"r{row.round_index}", transform=ax.get_xaxis_transform(), fontsize=7,
+                    ha="left", va="bottom", color="0.3")
+
+
+def timeline(
+    path: Path, lanes: Sequence[Lane], spans: Sequence[Span], rounds: Sequence[RoundRow],
+    samples: Sequence[Sample], origin: float, end: float, title: str = "",
+) -> None:
+    """One lane per worker slot, one bar per device task coloured by round, utilization under each worker."""
+    rows = _rows(lanes, spans, samples)
+    colours = RoundColours([row.round_index for row in rounds] + [span.round_index for span in spans])
+    height = min(MAX_HEIGHT_IN, 1.9 + LANE_HEIGHT_IN * len(rows))
+    figure = Figure(figsize=(12, height), dpi=DPI, layout="constrained")
+    ax = figure.add_subplot()
+    for y, row in enumerate(rows):
+        if y == 0:
+            _aggregation_bars(ax, rounds, origin, y)
+        if row.lane is not None:
+            _task_bars(ax, row.lane, colours, origin, y)
+        if row.samples:
+            _utilization(ax, row.samples, origin, y)
+        if row.failed:
+            ax.plot([span.finished_at - origin for span in row.failed], [y] * len(row.failed), linestyle="none",
+                    marker="x", color=FAILED_COLOUR, markersize=6, zorder=4)
+    _round_marks(ax, rounds, origin)
+    ax.set_yticks(range(len(rows)), [row.label for row in rows], fontsize=8)
+    ax.set_ylim(len(rows) - 0.5, -0.5)  # first row on top
+    ax.set_xlim(0, max(end - origin, 1e-3) * 1.01)
+    ax.set_xlabel("seconds since the run was submitted")
+    ax.grid(axis="x", color="0.9", zorder=0)
+    ax.set_title(title or "device tasks per worker slot", loc="left", fontsize=10, pad=14)
+    _timeline_legend(figure, ax, colours, bool(samples), any(span.state != "done" for span in spans))
+    figure.savefig(path)
+
+
+def _task_bars(ax: Axes, lane: Lane, colours: RoundColours, origin: float, y: int) -> None:
+    by_round: dict[int, list[tuple[float, float]]] = defaultdict(list)
+    for span in lane.spans:
+        by_round[span.round_index].append((span.started_at - origin, span.busy_s))
+    # A thin white edge keeps back-to-back tasks apart, so each bar is one task. With hundreds of tasks
+    # per lane bars get narrower than a pixel: an edge in their own colour keeps them from vanishing.
+    crowded = len(lane.spans) > 300
+    for round_index, bars in by_round.items():
+        colour = colours(round_index)
+        ax.broken_barh(bars, (y - 0.38, 0.76), facecolors=colour, edgecolor=colour if crowded else "white",
+                       linewidth=0.6 if crowded else 0.4, zorder=3)
+
+
+def _aggregation_bars(ax: Axes, rounds: Sequence[RoundRow], origin: float, y: int) -> None:
+    bars = []
+    for row in rounds:
+        if row.aggregated_at is None:
+            continue
+        took = ((row.aggregate_ms or 0.0) + (row.eval_ms or 0.0)) / 1000
+        bars.append((row.aggregated_at - took - origin, max(took, 1e-4)))
+    if bars:
+        ax.broken_barh(bars, (y - 0.38, 0.76), facecolors=AGGREGATION_COLOUR, zorder=3)
+
+
+def _utilization(ax: Axes, samples: Sequence[Sample], origin: float, y: int) -> None:
+    """One bar per sample over the interval it measured; row bottom 0 %, row top 100 % (of a GPU or a core)."""
+    bottom = y + 0.4
+    previous: float | None = None
+    lefts, widths, heights = [], [], []
+    for sample in samples:
+        # A reading covers the time since the previous one (the sampling interval for the first).
+        began = sample.sampled_at - SAMPLE_INTERVAL_S if previous is None else previous
+        began = max(began, sample.sampled_at - 2 * SAMPLE_INTERVAL_S)  # a gap in sampling stays a gap
+        lefts.append(began - origin)
+        widths.append(sample.sampled_at - began)
+        heights.append(-0.8 * min(max(sample.utilization, 0.0), 100.0) / 100.0)  # rows grow downwards
+        previous = sample.sampled_at
+    ax.bar(lefts, heights, width=widths, bottom=bottom, align="edge", color=UTILIZATION_COLOUR, alpha=0.7,
+           linewidth=0, zorder=2)
+    ax.axhline(bottom - 0.8, color="0.85", linewidth=0.5, zorder=1)
+
+
+def _timeline_legend(figure: Figure, ax: Axes, colours: RoundColours, sampled: bool, failed: bool) -> None:
+    handles: list[Patch | Line2D] = []
+    if colours.continuous:
+        from matplotlib.cm import ScalarMappable
+
+        figure.colorbar(ScalarMappable(norm=colours.norm, cmap=colours.cmap), ax=ax, label="round", pad=0.01)
+    else:
+        handles += [Patch(color=colours(index), label=f"round {index}") for index in colours.rounds]
+    handles.append(Patch(color=AGGREGATION_COLOUR, label="aggregation + evaluation"))
+    handles.append(Line2D([], [], color="0.45", linestyle="--", label="round enqueued"))
+    if sampled:
+        handles.append(Patch(color=UTILIZATION_COLOUR, alpha=0.7, label="utilization (row = 0-100 %)"))
+    if failed:
+        handles.append(Line2D([], [], color=FAILED_COLOUR, marker="x", linestyle="none", label="failed device"))
+    ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.005, 1.0), fontsize=8, frameon=False)
+
+
+def concurrency(
+    path: Path, steps: Sequence[tuple[float, int]], slots: int, rounds: Sequence[RoundRow], origin: float,
+    end: float, title: str = "",
+) -> None:
+    """Tasks running at each instant against the slots that could run them."""
+    figure = Figure(figsize=(12, 3.6), dpi=DPI, layout="constrained")
+    ax = figure.add_subplot()
+    xs = [0.0] + [instant - origin for instant, _ in steps] + [max(end - origin, 1e-3)]
+    ys = [0] + [running for _, running in steps] + [steps[-1][1] if steps else 0]
+    ax.fill_between(xs, ys, step="post", color="#1f77b4", alpha=0.35, linewidth=0)
+    ax.step(xs, ys, where="post", color="#1f77b4", linewidth=1.0, label="tasks running")
+    ax.axhline(slots, color=FAILED_COLOUR, linestyle="--", linewidth=1.2, label=f"slots ({slots})")
+    _round_marks(ax, rounds, origin)
+    ax.set_xlim(0, max(end - origin, 1e-3) * 1.01)
+    ax.set_ylim(0, max([slots, *ys]) + 0.5)
+    ax.yaxis.get_major_locator().set_params(integer=True)
+    ax.set_xlabel("seconds since the run was submitted")
+    ax.set_ylabel("tasks running")
+    ax.set_title(title or "tasks running at once", loc="left", fontsize=10, pad=14)
+    ax.legend(loc="upper left", bbox_to_anchor=(1.005, 1.0), fontsize=8, frameon=False)
+    figure.savefig(path)
+
+
+def accuracy(path: Path, rounds: Sequence[RoundRow], title: str = "") -> None:
+    """Held-out accuracy, held-out loss and mean training loss per round."""
+    figure = Figure(figsize=(12, 3.6), dpi=DPI, layout="constrained")
+    left, right = figure.subplots(1, 2)
+    evaluated = [row for row in rounds if row.accuracy is not None]
+    trained = [row for row in rounds if row.train_loss is not None]
+    if evaluated:
+        left.plot([row.round_index for row in evaluated], [row.accuracy for row in evaluated], marker="o",
+                  color="#2ca02c")
+        right.plot([row.round_index for row in evaluated], [row.loss for row in evaluated], marker="o",
+                   color="#d62728", label="held-out loss")
+    else:
+        left.text(0.5, 0.5, "no round evaluated yet", ha="center", va="center", transform=left.transAxes)
+    if trained:
+        right.plot([row.round_index for row in trained], [row.train_loss for row in trained], marker=".",
+                   linestyle="--", color="#ff7f0e", label="mean training loss")
+    if evaluated or trained:
+        right.legend(fontsize=8, frameon=False)
+    for ax, label in ((left, "accuracy (held out)"), (right, "loss")):
+        ax.set_xlabel("round")
+        ax.set_ylabel(label)
+        ax.xaxis.get_major_locator().set_params(integer=True)
+        ax.grid(color="0.9")
+    left.set_title(title or "accuracy and loss per round", loc="left", fontsize=10)
+    figure.savefig(path)

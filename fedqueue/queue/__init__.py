@@ -1,0 +1,1 @@
+"""Everything that touches Celery lives in this package."""

@@ -1,0 +1,50 @@
+"""The Celery application, configured from `Settings`: JSON only, late acks, one task at a time per slot."""
+
+from __future__ import annotations
+
+from celery import Celery
+
+from fedqueue.config import Settings
+from fedqueue.errors import ConfigError
+
+TRAIN_DEVICE = "fedqueue.train_device"
+
+
+def make_app(settings: Settings) -> Celery:
+    if not settings.broker_url:
+        raise ConfigError("FEDQUEUE_BROKER_URL: not set (workers need the broker's URL)")
+    transport_options: dict[str, object] = {
+        "visibility_timeout": settings.visibility_timeout_s,
+        "global_keyprefix": f"{settings.key_prefix}:",
+        "socket_connect_timeout": 5,
+    }
+    if settings.visibility_timeout_override_s is not None:
+        # A short timeout only means something if Redis is swept for expired deliveries as often.
+        transport_options.update(unacked_restore_interval=1, unacked_restore_throttle=1)
+    app = Celery("fedqueue", broker=settings.broker_url, set_as_current=False)
+    app.conf.update(
+        # JSON only: a pickled message from the broker is refused, never loaded.
+        task_serializer="json",
+        accept_content=["json"],
+        result_serializer="json",
+        result_accept_content=["json"],
+        # Results go to the SQL store; nothing travels through a result backend.
+        result_backend=None,
+        task_ignore_result=True,
+        task_acks_late=True,
+        task_reject_on_worker_lost=True,
+        worker_prefetch_multiplier=1,
+        task_time_limit=settings.task_time_limit_s,
+        task_soft_time_limit=max(1, settings.task_time_limit_s - 30),
+        task_default_queue=settings.queue_name,
+        task_create_missing_queues=True,
+        broker_transport_options=transport_options,
+        broker_connection_retry_on_startup=True,
+        broker_connection_timeout=5,
+        # Task events feed the Flower UI.
+        worker_send_task_events=True,
+        task_send_sent_event=True,
+        worker_hijack_root_logger=False,
+        enable_utc=True,
+    )
+    return app

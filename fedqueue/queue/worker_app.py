@@ -1,0 +1,39 @@
+"""The app a `celery worker` process loads (`-A fedqueue.queue.worker_app`); settings come from the environment."""
+
+from typing import Any
+
+from celery.signals import worker_init, worker_ready, worker_shutdown
+
+from fedqueue.config import Settings
+from fedqueue.queue.app import make_app
+from fedqueue.queue.tasks import register_tasks
+from fedqueue.utilization import Sampler
+
+settings = Settings.from_env()
+settings.activate_plugin_path()
+app = make_app(settings)
+state = register_tasks(app, settings)
+_sampler: Sampler | None = None
+
+
+@worker_init.connect
+def _warm_up(**_: Any) -> None:
+    # Before the worker consumes (and before it answers pings): the first task then runs at full speed.
+    from fedqueue.fl.devices import configure_determinism
+    from fedqueue.fl.warmup import warm_up
+
+    configure_determinism(settings.threads_per_task)
+    warm_up()
+
+
+@worker_ready.connect
+def _start_sampler(sender: Any = None, **_: Any) -> None:
+    # Started here, not at import: only a consuming worker samples, under the hostname its tasks record.
+    global _sampler
+    _sampler = Sampler(settings.database_url, getattr(sender, "hostname", None) or "unknown").start()
+
+
+@worker_shutdown.connect
+def _stop_sampler(**_: Any) -> None:
+    if _sampler is not None:
+        _sampler.stop()

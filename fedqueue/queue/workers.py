@@ -1,0 +1,182 @@
+"""Start worker processes: one per GPU (pinned with CUDA_VISIBLE_DEVICES), else one per core.
+
+Each is a `celery worker` with the threads pool: it never forks, so CUDA is safe
+in it, and it keeps answering pings and heartbeats while tasks run. This
+launcher never imports torch.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO
+
+from fedqueue.config import Settings
+from fedqueue.errors import ConfigError, ServiceUnavailable
+
+
+MAX_EARLY_EXITS = 5
+EARLY_EXIT_S = 10.0
+_PR_SET_PDEATHSIG = 1
+
+
+def stop_when_parent_dies() -> None:
+    """In a child before exec: ask Linux for SIGTERM (a warm stop) when the launcher dies."""
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
+@dataclass(frozen=True)
+class WorkerSpec:
+    name: str  # "gpu0" or "cpu0": the part of the hostname before '@'
+    cuda_visible_devices: str  # "" hides every GPU
+    slots: int
+
+
+def detect_gpus() -> list[str]:
+    """GPU indices this host offers, found without touching CUDA in this process."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None:
+        return [part.strip() for part in visible.split(",") if part.strip() and part.strip() != "-1"]
+    smi = shutil.which("nvidia-smi")
+    if smi is None:
+        return []
+    try:
+        out = subprocess.run(
+            [smi, "--query-gpu=index", "--format=csv,noheader"], capture_output=True, text=True, timeout=10
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return []
+    return [line.strip() for line in out.stdout.splitlines() if line.strip().isdigit()] if out.returncode == 0 else []
+
+
+def plan_workers(gpus: list[str], procs: int | None, slots: int) -> list[WorkerSpec]:
+    if slots < 1:
+        raise ConfigError(f"--slots: must be at least 1, got {slots}")
+    if procs is not None and procs < 1:
+        raise ConfigError(f"--procs: must be at least 1, got {procs}")
+    if gpus and procs is None:
+        return [WorkerSpec(name=f"gpu{gpu}", cuda_visible_devices=gpu, slots=slots) for gpu in gpus]
+    count = procs if procs is not None else (os.cpu_count() or 1)
+    return [WorkerSpec(name=f"cpu{index}", cuda_visible_devices="", slots=slots) for index in range(count)]
+
+
+def worker_command(spec: WorkerSpec, settings: Settings, loglevel: str = "INFO") -> list[str]:
+    return [
+        sys.executable, "-m", "celery", "-A", "fedqueue.queue.worker_app:app", "worker",
+        "--pool", "threads", "--concurrency", str(spec.slots), "--hostname", f"{spec.name}@%h",
+        "--queues", settings.queue_name, "--task-events", "--without-mingle", "--without-gossip",
+        "--loglevel", loglevel,
+    ]
+
+
+class WorkerGroup:
+    """Worker processes started together and stopped together."""
+
+    def __init__(self, settings: Settings, specs: list[WorkerSpec], log_dir: Path | None = None) -> None:
+        self.settings = settings
+        self.specs = specs
+        self._log_dir = log_dir
+        self._logs: list[IO[bytes]] = []
+        self._started_at: dict[str, float] = {}
+        self._early_exits: dict[str, int] = {}
+        self.processes: list[subprocess.Popen[bytes]] = []
+
+    def start(self) -> WorkerGroup:
+        self.processes = [self._spawn(spec) for spec in self.specs]
+        return self
+
+    def _spawn(self, spec: WorkerSpec) -> subprocess.Popen[bytes]:
+        self._started_at[spec.name] = time.monotonic()
+        env = {**os.environ, **self.settings.to_env(), "CUDA_VISIBLE_DEVICES": spec.cuda_visible_devices}
+        output: IO[bytes] | None = None
+        if self._log_dir is not None:
+            self._log_dir.mkdir(parents=True, exist_ok=True)
+            output = open(self._log_dir / f"worker-{spec.name}.log", "ab")
+            self._logs.append(output)
+        # A session of its own: a Ctrl-C in the terminal reaches this launcher only, which
+        # then decides between a warm and a cold stop. If the launcher dies, so does the worker.
+        return subprocess.Popen(
+            worker_command(spec, self.settings), env=env, stdout=output, stderr=output,
+            start_new_session=True, preexec_fn=stop_when_parent_dies,
+        )
+
+    def restart_exited(self) -> list[str]:
+        """Start again every worker that exited on its own (crashed or killed); returns their names.
+
+        A worker that fails on its own again and again right after starting (MAX_EARLY_EXITS
+        in a row, each with an error exit within EARLY_EXIT_S of its start) is given up on
+        with ServiceUnavailable: it cannot start at all (a bad setting, a missing package),
+        and restarting will not help. A worker killed by a signal is always started again.
+        """
+        restarted = []
+        now = time.monotonic()
+        for index, process in enumerate(self.processes):
+            if process.poll() is None:
+                continue
+            spec = self.specs[index]
+            early = process.returncode > 0 and now - self._started_at.get(spec.name, 0.0) < EARLY_EXIT_S
+            self._early_exits[spec.name] = self._early_exits.get(spec.name, 0) + 1 if early else 0
+            if self._early_exits[spec.name] >= MAX_EARLY_EXITS:
+                raise ServiceUnavailable(
+                    f"worker {spec.name} exited {MAX_EARLY_EXITS} times in a row right after starting"
+                    f"{self._log_hint()}"
+                )
+            self.processes[index] = self._spawn(spec)
+            restarted.append(f"{spec.name} (exit code {process.returncode})")
+        return restarted
+
+    def wait_ready(self, timeout_s: float = 120.0) -> None:
+        """Block until every worker answers a ping."""
+        from fedqueue.queue.app import make_app
+
+        app = make_app(self.settings)
+        expected = len(self.specs)
+        deadline = time.monotonic() + timeout_s
+        try:
+            while time.monotonic() < deadline:
+                if any(process.poll() is not None for process in self.processes):
+                    raise ServiceUnavailable(f"a worker exited during start-up{self._log_hint()}")
+                replies = app.control.ping(timeout=0.5) or []
+                names = {name for reply in replies for name in reply}
+                if len({name.split("@")[0] for name in names} & {spec.name for spec in self.specs}) >= expected:
+                    return
+            raise ServiceUnavailable(f"workers did not answer within {timeout_s:.0f} s{self._log_hint()}")
+        finally:
+            app.close()
+
+    def _log_hint(self) -> str:
+        return f" (logs in {self._log_dir})" if self._log_dir else ""
+
+    def signal_all(self, signum: int) -> None:
+        for process in self.processes:
+            if process.poll() is None:
+                try:
+                    process.send_signal(signum)
+                except ProcessLookupError:
+                    pass
+
+    def alive(self) -> bool:
+        return any(process.poll() is None for process in self.processes)
+
+    def stop(self, timeout_s: float = 60.0) -> None:
+        """Warm stop (running tasks finish), then a cold one for whatever is still there."""
+        self.signal_all(signal.SIGTERM)
+        deadline = time.monotonic() + timeout_s
+        while self.alive() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        self.signal_all(signal.SIGKILL)
+        for process in self.processes:
+            process.wait()
+        for log in self._logs:
+            log.close()
+        self._logs.clear()

@@ -1,0 +1,206 @@
+"""The run config: a TOML file of FL knobs, overridable from the command line.
+
+Everything is validated here, before anything is written anywhere; each error
+is one line that names the field at fault.
+"""
+
+from __future__ import annotations
+
+import json
+import tomllib
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+from fedqueue.errors import ConfigError, DataError
+from fedqueue.fl.plugins import describe_choices, is_valid_name
+
+PARTITIONS = ("iid", "dirichlet")
+FAILURE_POLICIES = ("skip", "abort")
+OPTIMIZERS = ("sgd", "adam")
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """One FL experiment. Names follow what FL simulators already call these knobs."""
+
+    name: str = ""
+    dataset: str = "digits"
+    data_root: str | None = None
+    model: str = "mlp"
+    num_devices: int = 100
+    devices_per_round: int = 20
+    rounds: int = 10
+    local_iters: int | None = None
+    local_epochs: int | None = None
+    local_batch_size: int = 16
+    local_optimizer: str = "sgd"
+    local_lr: float = 0.05
+    local_momentum: float = 0.0
+    global_lr: float = 1.0
+    samples_per_device: int | None = None
+    partition: str = "iid"
+    alpha: float = 0.5
+    eval_every: int = 1
+    seed: int = 0
+    # A device that fails every attempt: "skip" aggregates the others (if at least
+    # min_devices_per_round succeeded), "abort" fails the run.
+    on_failure: str = "skip"
+    min_devices_per_round: int = 1
+    local_step: str = "cross_entropy"
+    aggregate: str = "fedavg"
+    # Free-form settings handed to the plugins (the TOML `[plugin]` table).
+    plugin: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, raw: dict[str, Any]) -> RunConfig:
+        """Validate `raw` and build the config; raises ConfigError naming the field."""
+        if not isinstance(raw, dict):
+            raise ConfigError("config: expected a table of settings")
+        known = {f.name: f for f in fields(cls)}
+        for key in raw:
+            if key not in known:
+                raise ConfigError(f"{key}: unknown setting (known: {', '.join(sorted(known))})")
+        values = {key: _check_type(key, value, _FIELD_TYPES[key]) for key, value in raw.items()}
+        config = cls(**values)
+        config._check_rules()
+        return config
+
+    @property
+    def effective_local_epochs(self) -> int | None:
+        # Neither knob set means one local epoch, the common default.
+        if self.local_iters is None and self.local_epochs is None:
+            return 1
+        return self.local_epochs
+
+    def _check_rules(self) -> None:
+        for key in ("num_devices", "devices_per_round", "rounds", "local_batch_size", "eval_every",
+                    "min_devices_per_round"):
+            _positive(key, getattr(self, key))
+        for key in ("local_iters", "local_epochs", "samples_per_device"):
+            if getattr(self, key) is not None:
+                _positive(key, getattr(self, key))
+        if self.local_iters is not None and self.local_epochs is not None:
+            raise ConfigError("local_iters: set either local_iters or local_epochs, not both")
+        if self.devices_per_round > self.num_devices:
+            raise ConfigError(
+                f"devices_per_round: {self.devices_per_round} selected is more than "
+                f"num_devices = {self.num_devices}"
+            )
+        for kind in ("dataset", "model", "local_step", "aggregate"):
+            name = getattr(self, kind)
+            if not is_valid_name(kind, name):
+                raise ConfigError(f"{kind}: unknown {kind} {name!r} (choose from {describe_choices(kind)})")
+        _choice("partition", self.partition, PARTITIONS)
+        _choice("on_failure", self.on_failure, FAILURE_POLICIES)
+        if self.min_devices_per_round > self.devices_per_round:
+            raise ConfigError(
+                f"min_devices_per_round: {self.min_devices_per_round} is more than "
+                f"devices_per_round = {self.devices_per_round}"
+            )
+        _choice("local_optimizer", self.local_optimizer, OPTIMIZERS)
+        for key in ("local_lr", "global_lr", "alpha"):
+            if not getattr(self, key) > 0:
+                raise ConfigError(f"{key}: must be greater than 0, got {getattr(self, key)}")
+        if not 0 <= self.local_momentum < 1:
+            raise ConfigError(f"local_momentum: must be in [0, 1), got {self.local_momentum}")
+        try:
+            json.dumps(self.plugin, allow_nan=False)
+        except (TypeError, ValueError):
+            raise ConfigError("plugin: values must be finite numbers, strings, booleans, lists or tables") from None
+        if self.seed < 0:
+            raise ConfigError(f"seed: must be 0 or more, got {self.seed}")
+        if self.dataset == "cifar10":
+            if self.data_root is None:
+                raise ConfigError("data_root: the cifar10 dataset needs data_root (a local folder)")
+            if not Path(self.data_root).is_dir():
+                raise DataError(f"data_root: dataset root {self.data_root!r} does not exist")
+
+
+# The declared type of each field, as (accepted python types, type name for messages, optional).
+_FIELD_TYPES: dict[str, tuple[tuple[type, ...], str, bool]] = {
+    "name": ((str,), "a string", False),
+    "dataset": ((str,), "a string", False),
+    "data_root": ((str,), "a string", True),
+    "model": ((str,), "a string", False),
+    "local_optimizer": ((str,), "a string", False),
+    "partition": ((str,), "a string", False),
+    "local_step": ((str,), "a string", False),
+    "on_failure": ((str,), "a string", False),
+    "aggregate": ((str,), "a string", False),
+    "plugin": ((dict,), "a table", False),
+    "local_lr": ((float, int), "a number", False),
+    "local_momentum": ((float, int), "a number", False),
+    "global_lr": ((float, int), "a number", False),
+    "alpha": ((float, int), "a number", False),
+    **{
+        key: ((int,), "an integer", False)
+        for key in (
+            "num_devices", "devices_per_round", "rounds", "local_batch_size", "eval_every", "seed",
+            "min_devices_per_round",
+        )
+    },
+    **{key: ((int,), "an integer", True) for key in ("local_iters", "local_epochs", "samples_per_device")},
+}
+
+
+def _check_type(key: str, value: Any, spec: tuple[tuple[type, ...], str, bool]) -> Any:
+    accepted, type_name, optional = spec
+    if value is None and optional:
+        return None
+    # bool is an int subclass in Python; `rounds = true` is still a mistake.
+    if isinstance(value, bool) or not isinstance(value, accepted):
+        raise ConfigError(f"{key}: expected {type_name}, got {type(value).__name__} {value!r}")
+    if float in accepted:
+        value = float(value)
+        if value != value or value in (float("inf"), float("-inf")):
+            raise ConfigError(f"{key}: expected a finite number, got {value!r}")
+    return value
+
+
+def _positive(key: str, value: int) -> None:
+    if value <= 0:
+        raise ConfigError(f"{key}: must be a positive integer, got {value}")
+
+
+def _choice(key: str, value: str, choices: tuple[str, ...]) -> None:
+    if value not in choices:
+        raise ConfigError(f"{key}: unknown {key} {value!r} (choose from {', '.join(choices)})")
+
+
+def parse_override(text: str) -> tuple[str, Any]:
+    """Parse one `key=value` override; the value is read as TOML (`rounds=5`, `model="cnn"`).
+
+    A bare word that is not valid TOML is taken as a string, so `model=cnn` works too.
+    """
+    key, sep, raw = text.partition("=")
+    key = key.strip()
+    if not sep or not key:
+        raise ConfigError(f"--set {text!r}: expected KEY=VALUE")
+    try:
+        value = tomllib.loads(f"v = {raw.strip()}")["v"]
+    except tomllib.TOMLDecodeError:
+        value = raw.strip()
+    return key, value
+
+
+def load_run_config(path: str | Path | None, overrides: dict[str, Any] | None = None) -> RunConfig:
+    """Read a TOML config (or none, for all defaults), apply overrides, validate."""
+    raw: dict[str, Any] = {}
+    if path is not None:
+        path = Path(path)
+        try:
+            raw = tomllib.loads(path.read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            raise ConfigError(f"config: file {str(path)!r} does not exist") from None
+        except IsADirectoryError:
+            raise ConfigError(f"config: {str(path)!r} is a folder, not a TOML file") from None
+        except UnicodeDecodeError:
+            raise ConfigError(f"config: {str(path)!r} is not UTF-8 text") from None
+        except tomllib.TOMLDecodeError as err:
+            raise ConfigError(f"config: {path}: invalid TOML: {err}") from None
+    raw.update(overrides or {})
+    return RunConfig.from_dict(raw)

@@ -1,0 +1,267 @@
+"""Store operations. All SQL goes through SQLAlchemy; no user value is ever formatted into SQL."""
+
+from __future__ import annotations
+
+import functools
+import logging
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from sqlalchemy import and_, delete, func, or_, select, update
+from sqlalchemy.dialects.postgresql import insert as pg_insert
+from sqlalchemy.dialects.sqlite import insert as sqlite_insert
+from sqlalchemy.engine import Engine
+from sqlalchemy.exc import OperationalError
+from sqlalchemy.orm import Session, sessionmaker
+
+from fedqueue.errors import NotFound
+from fedqueue.store.schema import CheckpointRow, DeviceTaskRow, RoundRow, RunRow
+
+log = logging.getLogger(__name__)
+
+F = TypeVar("F", bound=Callable[..., Any])
+RETRY_DELAYS_S = (0.1, 0.3, 1.0, 2.0, 4.0)
+
+
+def retry_transient(method: F) -> F:
+    """Retry a store call when the database dropped the connection or stayed locked.
+
+    Every decorated call is safe to repeat: reads, conditional updates, and inserts
+    that ignore a row already there.
+    """
+
+    @functools.wraps(method)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        for delay in RETRY_DELAYS_S:
+            try:
+                return method(*args, **kwargs)
+            except OperationalError as err:
+                log.warning("store call %s failed (%s); retrying in %.1f s", method.__name__, err.orig, delay)
+                time.sleep(delay)
+        return method(*args, **kwargs)
+
+    return wrapper  # type: ignore[return-value]
+
+
+@dataclass(frozen=True)
+class DeviceResult:
+    """What a worker reports for one device task."""
+
+    run_id: str
+    round_index: int
+    device: int
+    state: str
+    worker: str
+    pid: int
+    device_used: str
+    attempt: int
+    enqueued_at: float
+    started_at: float
+    finished_at: float
+    load_ms: float
+    train_ms: float
+    upload_ms: float
+    samples: int
+    loss: float | None
+    update_key: str | None
+    update_sha256: str | None
+    update_nbytes: int | None
+    error: str | None = None
+
+
+class Store:
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+        self._sessions = sessionmaker(engine, expire_on_commit=False)
+
+    def session(self) -> Session:
+        return self._sessions()
+
+    def close(self) -> None:
+        self.engine.dispose()
+
+    # runs
+
+    def create_run(self, run_id: str, name: str, config: dict[str, Any], rounds_total: int) -> None:
+        with self.session() as session, session.begin():
+            session.add(
+                RunRow(
+                    id=run_id, name=name, config=config, state="running",
+                    rounds_total=rounds_total, created_at=time.time(),
+                )
+            )
+
+    @retry_transient
+    def get_run(self, run_id: str) -> RunRow:
+        with self.session() as session:
+            row = session.get(RunRow, run_id)
+        if row is None:
+            raise NotFound(f"run {run_id!r} does not exist")
+        return row
+
+    def list_runs(self) -> list[RunRow]:
+        with self.session() as session:
+            return list(session.scalars(select(RunRow).order_by(RunRow.created_at)))
+
+    @retry_transient
+    def finish_run(self, run_id: str, state: str, error: str | None = None) -> None:
+        with self.session() as session, session.begin():
+            session.execute(
+                update(RunRow).where(RunRow.id == run_id).values(state=state, finished_at=time.time(), error=error)
+            )
+
+    # rounds
+
+    def add_round(self, row: RoundRow) -> None:
+        with self.session() as session, session.begin():
+            session.add(row)
+
+    @retry_transient
+    def get_round(self, run_id: str, round_index: int) -> RoundRow | None:
+        with self.session() as session:
+            return session.scalars(
+                select(RoundRow).where(RoundRow.run_id == run_id, RoundRow.round_index == round_index)
+            ).one_or_none()
+
+    @retry_transient
+    def list_rounds(self, run_id: str) -> list[RoundRow]:
+        with self.session() as session:
+            return list(
+                session.scalars(select(RoundRow).where(RoundRow.run_id == run_id).order_by(RoundRow.round_index))
+            )
+
+    @retry_transient
+    def claim_round(self, run_id: str, round_index: int, stale_before: float | None = None) -> bool:
+        """Move a round from training to aggregating; exactly one caller wins.
+
+        With `stale_before`, an aggregating round claimed before that time (its claimer
+        died) can be claimed again.
+        """
+        claimable = RoundRow.state == "training"
+        if stale_before is not None:
+            claimable = or_(claimable, and_(RoundRow.state == "aggregating", RoundRow.claimed_at < stale_before))
+        with self.session() as session, session.begin():
+            result = session.execute(
+                update(RoundRow)
+                .where(RoundRow.run_id == run_id, RoundRow.round_index == round_index, claimable)
+                .values(state="aggregating", claimed_at=time.time())
+            )
+        return result.rowcount == 1
+
+    @retry_transient
+    def unclaim_round(self, run_id: str, round_index: int) -> None:
+        """Hand an aggregating round back (its aggregation failed), so it can be claimed again."""
+        with self.session() as session, session.begin():
+            session.execute(
+                update(RoundRow)
+                .where(RoundRow.run_id == run_id, RoundRow.round_index == round_index, RoundRow.state == "aggregating")
+                .values(state="training", claimed_at=None)
+            )
+
+    @retry_transient
+    def acquire_lease(self, run_id: str, owner: str, ttl_s: float) -> bool:
+        """Hold (or renew) the right to schedule a run; False while another live holder has it."""
+        now = time.time()
+        free = or_(RunRow.lease_owner.is_(None), RunRow.lease_owner == owner, RunRow.lease_expires_at < now)
+        with self.session() as session, session.begin():
+            result = session.execute(
+                update(RunRow).where(RunRow.id == run_id, free).values(lease_owner=owner, lease_expires_at=now + ttl_s)
+            )
+        return result.rowcount == 1
+
+    @retry_transient
+    def release_lease(self, run_id: str, owner: str) -> None:
+        with self.session() as session, session.begin():
+            session.execute(
+                update(RunRow)
+                .where(RunRow.id == run_id, RunRow.lease_owner == owner)
+                .values(lease_owner=None, lease_expires_at=None)
+            )
+
+    @retry_transient
+    def delete_result(self, run_id: str, round_index: int, device: int) -> None:
+        """Forget a stored result whose update blob was lost, so the device trains again."""
+        with self.session() as session, session.begin():
+            session.execute(
+                delete(DeviceTaskRow).where(
+                    DeviceTaskRow.run_id == run_id, DeviceTaskRow.round_index == round_index,
+                    DeviceTaskRow.device == device,
+                )
+            )
+
+    @retry_transient
+    def complete_round(self, run_id: str, round_index: int, **metrics: Any) -> None:
+        with self.session() as session, session.begin():
+            session.execute(
+                update(RoundRow)
+                .where(RoundRow.run_id == run_id, RoundRow.round_index == round_index)
+                .values(state="done", aggregated_at=time.time(), **metrics)
+            )
+
+    # device tasks
+
+    @retry_transient
+    def record_device_result(self, result: DeviceResult) -> bool:
+        """Insert the result unless one is already stored; True when this call stored it."""
+        dialect = self.engine.dialect.name
+        insert = pg_insert if dialect == "postgresql" else sqlite_insert
+        statement = (
+            insert(DeviceTaskRow)
+            .values(**result.__dict__)
+            .on_conflict_do_nothing(index_elements=["run_id", "round_index", "device"])
+            .returning(DeviceTaskRow.id)  # rowcount of an INSERT is not reported by every driver
+        )
+        with self.session() as session, session.begin():
+            inserted = session.execute(statement).first()
+        return inserted is not None
+
+    @retry_transient
+    def has_result(self, run_id: str, round_index: int, device: int) -> bool:
+        with self.session() as session:
+            found = session.scalar(
+                select(DeviceTaskRow.id).where(
+                    DeviceTaskRow.run_id == run_id, DeviceTaskRow.round_index == round_index,
+                    DeviceTaskRow.device == device,
+                )
+            )
+        return found is not None
+
+    @retry_transient
+    def count_done(self, run_id: str, round_index: int) -> int:
+        with self.session() as session:
+            return session.scalar(
+                select(func.count()).where(
+                    DeviceTaskRow.run_id == run_id, DeviceTaskRow.round_index == round_index
+                )
+            ) or 0
+
+    @retry_transient
+    def device_tasks(self, run_id: str, round_index: int | None = None) -> list[DeviceTaskRow]:
+        query = select(DeviceTaskRow).where(DeviceTaskRow.run_id == run_id)
+        if round_index is not None:
+            query = query.where(DeviceTaskRow.round_index == round_index)
+        with self.session() as session:
+            return list(session.scalars(query.order_by(DeviceTaskRow.round_index, DeviceTaskRow.device)))
+
+    # checkpoints
+
+    @retry_transient
+    def save_checkpoint(self, run_id: str, version: int, sha256: str, data: bytes) -> None:
+        with self.session() as session, session.begin():
+            session.execute(delete(CheckpointRow).where(CheckpointRow.run_id == run_id))
+            session.add(CheckpointRow(run_id=run_id, version=version, sha256=sha256, data=data))
+
+    @retry_transient
+    def load_checkpoint(self, run_id: str) -> CheckpointRow | None:
+        with self.session() as session:
+            return session.get(CheckpointRow, run_id)
+
+    def round_rows_for(self, run_ids: Sequence[str]) -> dict[str, list[RoundRow]]:
+        with self.session() as session:
+            rows = session.scalars(select(RoundRow).where(RoundRow.run_id.in_(run_ids)))
+            grouped: dict[str, list[RoundRow]] = {run_id: [] for run_id in run_ids}
+            for row in rows:
+                grouped[row.run_id].append(row)
+        return grouped

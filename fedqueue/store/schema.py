@@ -1,0 +1,105 @@
+"""Tables. Times are UNIX seconds (float): workers on several hosts compare them directly."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy import JSON, BigInteger, Float, ForeignKey, Integer, LargeBinary, String, Text, UniqueConstraint
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+
+class Base(DeclarativeBase):
+    pass
+
+
+class RunRow(Base):
+    __tablename__ = "runs"
+
+    id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    name: Mapped[str] = mapped_column(String(200), default="")
+    config: Mapped[dict[str, Any]] = mapped_column(JSON)
+    state: Mapped[str] = mapped_column(String(16))  # running | finished | failed
+    rounds_total: Mapped[int] = mapped_column(Integer)
+    created_at: Mapped[float] = mapped_column(Float)
+    finished_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+    error: Mapped[str | None] = mapped_column(Text, nullable=True)
+    # The scheduler process following this run; another one is refused while the lease is live.
+    lease_owner: Mapped[str | None] = mapped_column(String(100), nullable=True)
+    lease_expires_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+
+
+class RoundRow(Base):
+    __tablename__ = "rounds"
+    __table_args__ = (UniqueConstraint("run_id", "round_index", name="uq_rounds_run_round"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    run_id: Mapped[str] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"), index=True)
+    round_index: Mapped[int] = mapped_column(Integer)
+    # The global model version the round trains from (round k trains version k-1).
+    version: Mapped[int] = mapped_column(Integer)
+    state: Mapped[str] = mapped_column(String(16))  # training | aggregating | done
+    selected: Mapped[list[int]] = mapped_column(JSON)
+    model_key: Mapped[str] = mapped_column(String(300))
+    model_sha256: Mapped[str] = mapped_column(String(64))
+    model_nbytes: Mapped[int] = mapped_column(Integer)
+    enqueued_at: Mapped[float] = mapped_column(Float)
+    claimed_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+    aggregated_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+    aggregate_ms: Mapped[float | None] = mapped_column(Float, nullable=True)
+    eval_ms: Mapped[float | None] = mapped_column(Float, nullable=True)
+    accuracy: Mapped[float | None] = mapped_column(Float, nullable=True)
+    loss: Mapped[float | None] = mapped_column(Float, nullable=True)
+    train_loss: Mapped[float | None] = mapped_column(Float, nullable=True)
+
+
+class DeviceTaskRow(Base):
+    __tablename__ = "device_tasks"
+    # One row per (run, round, device): a task delivered twice is stored once.
+    __table_args__ = (UniqueConstraint("run_id", "round_index", "device", name="uq_device_tasks_key"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    run_id: Mapped[str] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"), index=True)
+    round_index: Mapped[int] = mapped_column(Integer)
+    device: Mapped[int] = mapped_column(Integer)
+    state: Mapped[str] = mapped_column(String(16))  # done | failed
+    worker: Mapped[str] = mapped_column(String(200))
+    pid: Mapped[int] = mapped_column(Integer)
+    device_used: Mapped[str] = mapped_column(String(32))
+    attempt: Mapped[int] = mapped_column(Integer)
+    enqueued_at: Mapped[float] = mapped_column(Float)
+    started_at: Mapped[float] = mapped_column(Float)
+    finished_at: Mapped[float] = mapped_column(Float)
+    load_ms: Mapped[float] = mapped_column(Float)
+    train_ms: Mapped[float] = mapped_column(Float)
+    upload_ms: Mapped[float] = mapped_column(Float)
+    samples: Mapped[int] = mapped_column(Integer)
+    loss: Mapped[float | None] = mapped_column(Float, nullable=True)
+    update_key: Mapped[str | None] = mapped_column(String(300), nullable=True)
+    update_sha256: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    update_nbytes: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    error: Mapped[str | None] = mapped_column(Text, nullable=True)
+
+
+class CheckpointRow(Base):
+    """The latest global model of a run, kept in the store so a run can resume anywhere."""
+
+    __tablename__ = "checkpoints"
+
+    run_id: Mapped[str] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"), primary_key=True)
+    version: Mapped[int] = mapped_column(Integer)
+    sha256: Mapped[str] = mapped_column(String(64))
+    data: Mapped[bytes] = mapped_column(LargeBinary)
+
+
+class UtilizationSample(Base):
+    """One reading of a worker's device: GPU utilization and memory, or a CPU process's CPU% and RSS."""
+
+    __tablename__ = "utilization_samples"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    worker: Mapped[str] = mapped_column(String(200))
+    pid: Mapped[int] = mapped_column(Integer)
+    device_used: Mapped[str] = mapped_column(String(32))
+    sampled_at: Mapped[float] = mapped_column(Float, index=True)
+    utilization: Mapped[float] = mapped_column(Float)  # percent: of one GPU, or of one CPU core
+    memory_bytes: Mapped[int] = mapped_column(BigInteger)

@@ -1,0 +1,143 @@
+"""Where a run's time went, from stored task timings: worker lanes, overlap, efficiency. Pure functions."""
+
+from __future__ import annotations
+
+import math
+from collections import Counter, defaultdict
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Span:
+    """One device task as the worker recorded it (UNIX seconds, phase times in ms)."""
+
+    round_index: int
+    device: int
+    worker: str
+    pid: int
+    device_used: str
+    state: str
+    attempt: int
+    enqueued_at: float
+    started_at: float
+    finished_at: float
+    load_ms: float = 0.0
+    train_ms: float = 0.0
+    upload_ms: float = 0.0
+
+    @property
+    def busy_s(self) -> float:
+        return max(0.0, self.finished_at - self.started_at)
+
+    @property
+    def wait_s(self) -> float:
+        """Time in the queue: from enqueue to the start of the stored delivery."""
+        return max(0.0, self.started_at - self.enqueued_at)
+
+    @property
+    def worker_key(self) -> tuple[str, int]:
+        return (self.worker, self.pid)
+
+
+@dataclass(frozen=True)
+class Lane:
+    """One slot of one worker process: tasks that never overlapped, in start order."""
+
+    worker: str
+    pid: int
+    device_used: str
+    slot: int
+    spans: tuple[Span, ...]
+
+    @property
+    def label(self) -> str:
+        return f"{self.worker} pid {self.pid} {self.device_used} #{self.slot}"
+
+
+def pack_lanes(spans: Iterable[Span]) -> list[Lane]:
+    """Each worker's tasks packed into the fewest lanes with no overlap (greedy interval colouring).
+
+    Sorted by start, each task takes the lowest lane already free; for intervals this greedy
+    order is optimal, so a worker gets exactly as many lanes as its peak of concurrent tasks.
+    Failed tasks (which never ran) and zero-length ones are left out.
+    """
+    by_worker: dict[tuple[str, int], list[Span]] = defaultdict(list)
+    for span in spans:
+        if span.state == "done" and span.busy_s > 0:
+            by_worker[span.worker_key].append(span)
+    lanes: list[Lane] = []
+    for (worker, pid), mine in sorted(by_worker.items()):
+        mine.sort(key=lambda span: (span.started_at, span.finished_at, span.round_index, span.device))
+        ends: list[float] = []
+        members: list[list[Span]] = []
+        for span in mine:
+            # Touching is not overlapping: a slot that finished at t can start again at t.
+            free = next((index for index, end in enumerate(ends) if end <= span.started_at), None)
+            if free is None:
+                ends.append(span.finished_at)
+                members.append([span])
+            else:
+                ends[free] = span.finished_at
+                members[free].append(span)
+        device = Counter(span.device_used for span in mine).most_common(1)[0][0]
+        lanes.extend(
+            Lane(worker=worker, pid=pid, device_used=device, slot=slot, spans=tuple(found))
+            for slot, found in enumerate(members)
+        )
+    return lanes
+
+
+def concurrency_steps(intervals: Iterable[tuple[float, float]]) -> list[tuple[float, int]]:
+    """(time, tasks running from then on) at every change, in time order."""
+    deltas: dict[float, int] = defaultdict(int)
+    for start, finish in intervals:
+        if finish > start:
+            deltas[start] += 1
+            deltas[finish] -= 1
+    steps: list[tuple[float, int]] = []
+    running = 0
+    for instant in sorted(deltas):
+        if deltas[instant] == 0:
+            continue  # one task ended as another began: no change
+        running += deltas[instant]
+        steps.append((instant, running))
+    return steps
+
+
+def parallel_efficiency(busy_s: float, wall_s: float, slots: int) -> float | None:
+    """Share of the slots' time spent running tasks: busy / (wall x slots); None when undefined."""
+    if wall_s <= 0 or slots <= 0:
+        return None
+    return busy_s / (wall_s * slots)
+
+
+def dispatch_gaps(lanes: Sequence[Lane]) -> list[float]:
+    """Idle time of a slot between two tasks when the second one was already waiting in the queue.
+
+    That is the per-task cost outside the task's own timing: storing the result, the round's
+    completion check, the ack and fetching the next message.
+    """
+    gaps: list[float] = []
+    for lane in lanes:
+        for before, after in zip(lane.spans, lane.spans[1:]):
+            if after.enqueued_at <= before.finished_at:
+                gaps.append(max(0.0, after.started_at - before.finished_at))
+    return gaps
+
+
+def percentile(values: Sequence[float], q: float) -> float | None:
+    """The q-th percentile (0..100) with linear interpolation between ranks, as numpy's default."""
+    if not 0 <= q <= 100:
+        raise ValueError(f"percentile: q must be in [0, 100], got {q}")
+    if not values:
+        return None
+    ordered = sorted(values)
+    rank = (len(ordered) - 1) * q / 100
+    low = math.floor(rank)
+    high = math.ceil(rank)
+    return ordered[low] + (ordered[high] - ordered[low]) * (rank - low)
+
+
+def mean(values: Sequence[float]) -> float | None:
+    return sum(values) / len(values) if values else None
