@@ -1,0 +1,87 @@
+from __future__ import annotations
+
+import itertools
+
+import pytest
+import torch
+
+from fedqueue.fl.aggregate import fedavg
+
+
+def _state(seed: int, dtype: torch.dtype = torch.float32) -> dict[str, torch.Tensor]:
+    generator = torch.Generator().manual_seed(seed)
+    # Magnitudes over many decades make float sums depend on their order.
+    scale = 10.0 ** torch.randint(-6, 7, (64, 8), generator=generator)
+    return {
+        "w": (torch.randn(64, 8, generator=generator, dtype=torch.float64) * scale).to(dtype),
+        "b": torch.randn(8, generator=generator).to(dtype),
+        "count": torch.tensor(seed, dtype=torch.int64),
+    }
+
+
+def _same(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> bool:
+    return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_any_arrival_order_gives_bit_identical_weights() -> None:
+    base = _state(0, torch.float64)
+    updates = [(device, 10 + 7 * device, _state(device + 1, torch.float64)) for device in range(4)]
+    results = [fedavg(base, list(order), 0.7) for order in itertools.permutations(updates)]
+    assert all(_same(results[0], result) for result in results[1:])
+
+    # The check has teeth: summing these deltas in another order changes bits.
+    deltas = [u[2]["w"] - base["w"] for u in updates]
+    forward = deltas[0] + deltas[1] + deltas[2] + deltas[3]
+    backward = deltas[3] + deltas[2] + deltas[1] + deltas[0]
+    assert not torch.equal(forward, backward)
+
+
+def test_equal_samples_and_unit_lr_is_the_plain_mean() -> None:
+    base = _state(0)
+    updates = [(device, 5, _state(device + 1)) for device in range(3)]
+    result = fedavg(base, updates, 1.0)
+    for key in ("w", "b"):
+        mean = torch.stack([u[2][key].double() for u in updates]).mean(0)
+        assert torch.allclose(result[key].double(), mean, rtol=1e-6, atol=1e-6)
+        assert result[key].dtype == torch.float32
+
+
+def test_weights_follow_sample_counts() -> None:
+    base = {"w": torch.zeros(4)}
+    updates = [(0, 1, {"w": torch.full((4,), 4.0)}), (1, 3, {"w": torch.full((4,), 8.0)})]
+    assert torch.equal(fedavg(base, updates, 1.0)["w"], torch.full((4,), 7.0))
+    assert torch.equal(fedavg(base, updates, 0.5)["w"], torch.full((4,), 3.5))
+
+
+def test_non_float_buffer_comes_from_the_lowest_device() -> None:
+    base = _state(0)
+    updates = [(4, 1, _state(40)), (2, 1, _state(20)), (9, 1, _state(90))]
+    result = fedavg(base, updates, 1.0)
+    assert result["count"].dtype == torch.int64
+    assert int(result["count"]) == 20
+
+
+def test_zero_global_lr_keeps_the_global_weights() -> None:
+    base = _state(0)
+    result = fedavg(base, [(0, 3, _state(1)), (1, 4, _state(2))], 0.0)
+    assert torch.equal(result["w"], base["w"]) and torch.equal(result["b"], base["b"])
+
+
+def test_inputs_are_left_untouched() -> None:
+    base, local = _state(0), _state(1)
+    base_copy = {k: v.clone() for k, v in base.items()}
+    local_copy = {k: v.clone() for k, v in local.items()}
+    result = fedavg(base, [(0, 1, local)], 1.0)
+    assert _same(base, base_copy) and _same(local, local_copy)
+    result["w"].add_(1.0)
+    assert _same(base, base_copy) and _same(local, local_copy)
+
+
+def test_bad_updates() -> None:
+    base = _state(0)
+    with pytest.raises(ValueError):
+        fedavg(base, [], 1.0)
+    with pytest.raises(ValueError):
+        fedavg(base, [(1, 2, _state(1)), (1, 3, _state(2))], 1.0)
+    with pytest.raises(ValueError):
+        fedavg(base, [(1, 2, {"w": base["w"]})], 1.0)

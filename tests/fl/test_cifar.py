@@ -1,0 +1,72 @@
+from __future__ import annotations
+
+import pickle
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from fedqueue.errors import DataError
+from fedqueue.fl.cifar_fixture import write_cifar_batches
+from fedqueue.fl.data import DataSpec, load_federated
+
+MEAN = torch.tensor((0.4914, 0.4822, 0.4465)).view(1, 3, 1, 1)
+STD = torch.tensor((0.2470, 0.2435, 0.2616)).view(1, 3, 1, 1)
+
+
+def _read(folder: Path, names: list[str]) -> tuple[np.ndarray, list[int]]:
+    data, labels = [], []
+    for name in names:
+        with (folder / name).open("rb") as handle:
+            entry = pickle.load(handle)
+        data.append(entry["data"])
+        labels.extend(entry["labels"])
+    return np.concatenate(data), labels
+
+
+def test_fixture_round_trips_through_the_loader(tmp_path: Path) -> None:
+    folder = write_cifar_batches(tmp_path, train_samples=53, test_samples=11, seed=1)
+    assert folder == tmp_path / "cifar-10-batches-py"
+    fed = load_federated(DataSpec(dataset="cifar10", root=str(tmp_path), num_devices=2))
+
+    assert fed.input_shape == (3, 32, 32) and fed.num_classes == 10
+    assert fed.train.x.dtype == torch.float32 and fed.train.y.dtype == torch.int64
+    train_names = [f"data_batch_{i}" for i in range(1, 6)]
+    for split, names in ((fed.train, train_names), (fed.test, ["test_batch"])):
+        raw, labels = _read(folder, names)
+        assert split.y.tolist() == labels
+        pixels = torch.from_numpy(raw).view(-1, 3, 32, 32).float() / 255.0
+        assert torch.allclose(split.x, (pixels - MEAN) / STD, atol=1e-5)
+    assert sum(len(p) for p in fed.partitions) == 53
+
+
+def test_fixture_batches_hold_the_requested_counts(tmp_path: Path) -> None:
+    folder = write_cifar_batches(tmp_path, train_samples=12, test_samples=3)
+    raw, labels = _read(folder, [f"data_batch_{i}" for i in range(1, 6)])
+    assert raw.shape == (12, 3072) and raw.dtype == np.uint8 and len(labels) == 12
+    with (folder / "batches.meta").open("rb") as handle:
+        assert len(pickle.load(handle)["label_names"]) == 10
+
+
+def test_missing_root_names_the_path(tmp_path: Path) -> None:
+    root = str(tmp_path / "nowhere")
+    with pytest.raises(DataError) as caught:
+        load_federated(DataSpec(dataset="cifar10", root=root))
+    assert root in str(caught.value)
+    with pytest.raises(DataError, match="does not exist"):
+        load_federated(DataSpec(dataset="cifar10", root=None))
+
+
+def test_root_without_batches_names_the_path(tmp_path: Path) -> None:
+    with pytest.raises(DataError) as caught:
+        load_federated(DataSpec(dataset="cifar10", root=str(tmp_path)))
+    assert str(tmp_path) in str(caught.value)
+
+
+def test_corrupt_batch_is_a_data_error(tmp_path: Path) -> None:
+    folder = write_cifar_batches(tmp_path, train_samples=10, test_samples=2)
+    (folder / "data_batch_1").write_bytes(b"not a pickle")
+    with pytest.raises(DataError) as caught:
+        load_federated(DataSpec(dataset="cifar10", root=str(tmp_path)))
+    assert str(tmp_path) in str(caught.value)

@@ -1,0 +1,44 @@
+"""Test plugins that make device tasks slow, or make one device kill its worker.
+
+Both leave the mathematics of training untouched, so runs that use them must end
+with exactly the weights of the built-in cross-entropy step.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from fedqueue.fl.data import _digits, partition_indices
+from fedqueue.fl.plugins import DatasetRequest, LoadedDataset
+
+POISON_MARK = 1e9  # a pixel value no real image has
+
+
+def slow_step(
+    model: nn.Module, batch: tuple[torch.Tensor, torch.Tensor], global_state: Mapping[str, torch.Tensor],
+    options: Mapping[str, Any],
+) -> torch.Tensor:
+    """Cross-entropy after a pause: a task long enough to be killed, stopped or redelivered mid-way."""
+    time.sleep(float(options.get("step_sleep", 0.0)))
+    inputs, labels = batch
+    if float(inputs.max()) >= POISON_MARK:
+        os.kill(os.getpid(), signal.SIGKILL)  # the poisoned device takes its worker down, every time
+    return F.cross_entropy(model(inputs), labels)
+
+
+def poisoned_digits(request: DatasetRequest) -> LoadedDataset:
+    """Digits split by fedqueue's own iid partition, with one device's samples marked as poison."""
+    train, test = _digits(request.seed)
+    partitions = partition_indices(train.y.numpy(), request.num_devices, "iid", 0.5, request.seed, None)
+    x = train.x.clone()
+    poisoned = int(request.options["poison_device"])
+    x[torch.from_numpy(partitions[poisoned]), 0, 0, 0] = POISON_MARK
+    return LoadedDataset(train=type(train)(x, train.y), test=test, num_classes=10, partitions=partitions)

@@ -1,0 +1,132 @@
+"""Shared pieces of the reliability tests: slow configs, worker launchers, a scheduler loop."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from fedqueue import api
+from fedqueue.config import Settings
+from fedqueue.queue.app import make_app
+from fedqueue.runconfig import RunConfig
+from tests.helpers import small_config
+
+PLUGINS = Path(__file__).with_name("plugin_modules")
+SLOW_STEP = "fq_reliability:slow_step"
+
+
+def reliable_settings(settings: Settings, **changes: Any) -> Settings:
+    """Short heartbeats and leases, so lost work is noticed within seconds."""
+    return replace(settings.with_plugin_path([str(PLUGINS)]), heartbeat_ttl_s=3, lease_ttl_s=3, **changes)
+
+
+def slow_config(step_sleep: float, **overrides: Any) -> RunConfig:
+    """Each local step pauses `step_sleep` seconds; the training itself is the built-in one."""
+    return small_config(local_step=SLOW_STEP, plugin={"step_sleep": step_sleep}, **overrides)
+
+
+def wait_until(predicate: Callable[[], bool], timeout_s: float, tick: Callable[[], object] | None = None) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"condition not reached within {timeout_s} s")
+        if tick is not None:
+            tick()
+        time.sleep(0.1)
+
+
+def cli_env(settings: Settings) -> dict[str, str]:
+    env = {key: value for key, value in os.environ.items() if not key.startswith("FEDQUEUE_")}
+    return {**env, **settings.to_env()}
+
+
+def ping_count(settings: Settings) -> int:
+    app = make_app(settings)
+    try:
+        return len(app.control.ping(timeout=0.5) or [])
+    finally:
+        app.close()
+
+
+@contextlib.contextmanager
+def launcher(settings: Settings, procs: int, cwd: Path) -> Iterator[subprocess.Popen[str]]:
+    """`fedqueue worker --procs N` as a user starts it; stopped (and reaped) at the end."""
+    log = open(cwd / f"launcher-{time.monotonic_ns()}.log", "w")
+    process = subprocess.Popen(
+        [sys.executable, "-m", "fedqueue.cli", "worker", "--procs", str(procs)],
+        cwd=cwd, env=cli_env(settings), stdout=log, stderr=subprocess.STDOUT, text=True,
+    )
+    try:
+        wait_until(lambda: ping_count(settings) >= procs, 90)
+        yield process
+    finally:
+        if process.poll() is None:
+            process.send_signal(signal.SIGTERM)
+            try:
+                process.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                kill_tree(process.pid)
+                process.wait()
+        log.close()
+
+
+def worker_children(process: subprocess.Popen[str]) -> list[psutil.Process]:
+    return [child for child in psutil.Process(process.pid).children() if child.is_running()]
+
+
+def kill_tree(pid: int) -> None:
+    """SIGKILL a process and every descendant at once, as a machine that loses power."""
+    root = psutil.Process(pid)
+    for process in [*root.children(recursive=True), root]:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            process.kill()
+
+
+def running_worker(handle: api.RunHandle, round_index: int, devices: list[int]) -> tuple[int, str] | None:
+    """A (device, worker hostname) currently running, read from the heartbeat keys."""
+    from fedqueue.services import connect_redis
+
+    client = connect_redis(handle.settings.broker_url or "")
+    try:
+        for device in devices:
+            value = client.get(f"{handle.settings.key_prefix}:running:{handle.id}:{round_index}:{device}")
+            if value:
+                return device, value.decode()
+    finally:
+        client.close()
+    return None
+
+
+def wait_for_running(
+    handle: api.RunHandle, round_index: int, devices: list[int], tick: Callable[[], object] | None = None
+) -> tuple[int, str]:
+    """Block until one of `devices` is running; return it and its worker's hostname."""
+    wait_until(lambda: running_worker(handle, round_index, devices) is not None, 60, tick)
+    found = running_worker(handle, round_index, devices)
+    assert found is not None
+    return found
+
+
+def pid_of_worker(process: subprocess.Popen[str], hostname: str) -> int:
+    name = hostname.split("@")[0]
+    for child in worker_children(process):
+        if f"{name}@%h" in " ".join(child.cmdline()):
+            return child.pid
+    raise AssertionError(f"no worker process named {name}")
+
+
+def one_result_per_device(handle: api.RunHandle) -> None:
+    """Every round stored exactly its selected devices, each once."""
+    for row in handle.store.list_rounds(handle.id):
+        devices = [task.device for task in handle.store.device_tasks(handle.id, row.round_index)]
+        assert sorted(devices) == sorted(row.selected), f"round {row.round_index}: {devices} vs {row.selected}"

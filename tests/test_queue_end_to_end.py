@@ -1,0 +1,104 @@
+"""Rounds through real Redis and real `celery worker` processes, checked against the store."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from fedqueue.client import open_client
+from fedqueue.config import Settings
+from fedqueue.scheduler import final_state, submit_run
+from fedqueue.summary import run_summary
+from tests.conftest import running_workers
+from tests.helpers import assert_same_weights, held_out_accuracy, reference_final_state, run_to_end, small_config, wait_finished
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def backend_settings(request: pytest.FixtureRequest, settings: Settings) -> Settings:
+    if request.param == "postgres":
+        return replace(settings, database_url=request.getfixturevalue("postgres_url"))
+    return settings
+
+
+def test_two_rounds_stored_aggregated_and_evaluated(backend_settings: Settings, tmp_path: Path) -> None:
+    config = small_config()
+    with running_workers(backend_settings, procs=2, log_dir=tmp_path / "logs"):
+        run_id, services = run_to_end(backend_settings, config)
+    store = services.store
+    run = store.get_run(run_id)
+    assert run.state == "finished"
+    rounds = store.list_rounds(run_id)
+    assert [row.round_index for row in rounds] == [1, 2]
+    assert all(row.state == "done" and row.accuracy is not None for row in rounds)
+    tasks = store.device_tasks(run_id)
+    assert len(tasks) == 2 * config.devices_per_round
+    for row in rounds:
+        stored = sorted(task.device for task in tasks if task.round_index == row.round_index)
+        assert stored == row.selected
+    for task in tasks:
+        assert task.state == "done" and task.attempt == 1
+        assert task.worker.startswith("cpu") and "@" in task.worker
+        assert task.device_used == "cpu"
+        assert task.enqueued_at <= task.started_at <= task.finished_at
+        assert task.train_ms > 0 and task.samples > 0 and task.loss is not None
+    # What the workers aggregated equals the same experiment computed here with no queue.
+    expected = reference_final_state(config)
+    assert_same_weights(final_state(services.store, run_id), expected)
+    # The stored accuracy is that of the aggregated model on the held-out split, and above chance.
+    assert rounds[-1].accuracy == pytest.approx(held_out_accuracy(config, expected), abs=1e-9)
+    assert rounds[-1].accuracy > 0.2
+    summary = run_summary(store, run_id)
+    assert summary["rounds_done"] == 2 and summary["tasks_done"] == 16
+    # Aggregated updates are deleted; only the final global model stays (until its TTL).
+    blobs = sorted(key.decode() for key in services.redis.scan_iter(match=f"{backend_settings.key_prefix}:blob:*"))
+    assert blobs == [f"{backend_settings.key_prefix}:blob:{run_id}/global/2"]
+    assert len(summary["workers"]) == 2
+    services.close()
+
+
+def test_same_seed_same_weights_with_one_or_two_workers(settings: Settings, tmp_path: Path) -> None:
+    config = small_config(model="cnn", rounds=2, devices_per_round=6)
+    states = []
+    for procs in (1, 2):
+        with running_workers(settings, procs=procs, log_dir=tmp_path / f"logs{procs}"):
+            run_id, services = run_to_end(settings, config)
+        assert len(run_summary(services.store, run_id)["workers"]) == procs
+        states.append(final_state(services.store, run_id))
+        services.close()
+    assert_same_weights(states[0], states[1])
+
+
+def test_round_overlaps_on_two_workers(settings: Settings, tmp_path: Path) -> None:
+    config = small_config(model="cnn", rounds=1, devices_per_round=10, local_iters=20)
+    with running_workers(settings, procs=2, log_dir=tmp_path / "logs"):
+        run_id, services = run_to_end(settings, config)
+    summary = run_summary(services.store, run_id)
+    assert summary["tasks_done"] == 10
+    assert summary["max_concurrency"] >= 2
+    services.close()
+
+
+def test_task_delivered_twice_is_stored_and_aggregated_once(settings: Settings, tmp_path: Path) -> None:
+    config = small_config(rounds=2)
+    services = open_client(settings)
+    publish = services.enqueue
+    services.enqueue = lambda tasks: publish(list(tasks) + list(tasks))  # every message sent twice
+    with running_workers(settings, procs=2, log_dir=tmp_path / "logs"):
+        run_id = submit_run(services, config)
+        wait_finished(services.store, run_id)
+        tasks = services.store.device_tasks(run_id)
+        # Both deliveries of every round-1 task reach a worker: the attempt counter sees two.
+        # (Later rounds are enqueued by the workers, which send each task once.)
+        deadline = time.monotonic() + 30
+        while True:
+            attempts = {services.attempts(run_id, 1, t.device) for t in tasks if t.round_index == 1}
+            if attempts == {2} or time.monotonic() > deadline:
+                break
+            time.sleep(0.1)
+    assert len(tasks) == 2 * config.devices_per_round
+    assert attempts == {2}
+    assert_same_weights(final_state(services.store, run_id), reference_final_state(config))
+    services.close()

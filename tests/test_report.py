@@ -1,0 +1,233 @@
+"""`fedqueue report`: numbers from stored rows, pictures and HTML, and the command on a real run."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from matplotlib.image import imread
+from sqlalchemy import update
+
+import fedqueue
+from fedqueue.config import Settings
+from fedqueue.errors import NotFound
+from fedqueue.report import RunData, build_report, compute_report, write_report
+from fedqueue.report_html import render_html
+from fedqueue.store import Store, open_store
+from fedqueue.store.repo import DeviceResult
+from fedqueue.store.schema import RoundRow, RunRow
+from fedqueue.store.utilization import Sample, record_samples, samples_between
+from fedqueue.timeline import Span
+from tests.conftest import running_workers
+from tests.helpers import small_config
+
+T0 = 1_000_000.0
+PICTURES = ("timeline.png", "concurrency.png", "accuracy.png")
+
+
+def approx(expected: float) -> object:
+    """Report numbers are rounded: to 3 decimals (4 for efficiencies)."""
+    return pytest.approx(expected, abs=6e-4)
+
+
+def run_row(state: str = "running", finished_at: float | None = None, name: str = "") -> RunRow:
+    return RunRow(id="run1", name=name, config={"dataset": "digits", "model": "mlp"}, state=state, rounds_total=2,
+                  created_at=T0, finished_at=finished_at, error=None)
+
+
+def round_row(index: int, enqueued: float, aggregated: float | None, selected: list[int]) -> RoundRow:
+    return RoundRow(run_id="run1", round_index=index, version=index - 1, state="done" if aggregated else "training",
+                    selected=selected, model_key="k", model_sha256="0" * 64, model_nbytes=1, enqueued_at=enqueued,
+                    aggregated_at=aggregated, aggregate_ms=100.0 if aggregated else None,
+                    eval_ms=50.0 if aggregated else None, accuracy=0.5 if aggregated else None,
+                    loss=1.0 if aggregated else None, train_loss=None)
+
+
+def task(round_index: int, device: int, worker: str, start: float, finish: float, *, state: str = "done",
+         attempt: int = 1, enqueued: float = T0) -> Span:
+    return Span(round_index=round_index, device=device, worker=worker, pid=7, device_used="cpu", state=state,
+                attempt=attempt, enqueued_at=enqueued, started_at=T0 + start, finished_at=T0 + finish,
+                load_ms=100.0, train_ms=600.0, upload_ms=50.0)
+
+
+def example(now: float = T0 + 10.0, state: str = "running", finished_at: float | None = None) -> RunData:
+    """Round 1 done (5 selected: 4 done, one retried, one failed); round 2 still training; two single-slot workers."""
+    rounds = [round_row(1, T0, T0 + 4.0, [0, 1, 2, 3, 4]), round_row(2, T0 + 4.5, None, [5, 6])]
+    spans = [
+        task(1, 0, "a@h", 0.5, 1.5), task(1, 1, "a@h", 1.75, 2.75, attempt=2),
+        task(1, 2, "b@h", 0.5, 2.5), task(1, 3, "b@h", 2.5, 3.5),
+        task(1, 4, "b@h", 3.5, 3.5, state="failed", attempt=3),
+        task(2, 5, "a@h", 5.0, 8.0, enqueued=T0 + 4.5),
+    ]
+    samples = [Sample("a@h", 7, "cpu", T0 + second, utilization, 2**20 * (100 + second))
+               for second, utilization in zip(range(1, 11), [10, 20, 30, 40, 50, 60, 70, 80, 90, 100])]
+    return RunData(run=run_row(state, finished_at), rounds=rounds, spans=spans, samples=samples, now=now)
+
+
+def test_round_numbers_of_a_run_still_going() -> None:
+    report = compute_report(example())
+    assert report["slots"] == 2 and report["state"] == "running"
+    assert report["wall_s"] == approx(10.0)  # measured up to now
+    first, second = report["rounds"]
+    assert (first["selected"], first["done"], first["failed"], first["retried"]) == (5, 4, 1, 2)
+    assert first["wall_s"] == approx(4.0)
+    assert first["parallel_efficiency"] == approx((1 + 1 + 2 + 1) / (4.0 * 2))
+    assert first["tasks_per_s"] == approx(1.0)
+    assert first["time"]["train_s"] == approx(4 * 0.6)
+    assert first["time"]["load_s"] == approx(0.4) and first["time"]["upload_s"] == approx(0.2)
+    assert first["time"]["aggregation_s"] == approx(0.1) and first["time"]["evaluation_s"] == approx(0.05)
+    assert first["time"]["queue_wait_mean_s"] == approx((0.5 + 1.75 + 0.5 + 2.5) / 4)
+    # a@h idled 0.25 s between devices 0 and 1 with device 1 waiting; b@h started device 3 at once.
+    assert first["time"]["between_tasks_s"] == approx(0.25)
+    assert first["time"]["slots_idle_s"] == approx(8.0 - 5.0 - 0.25)
+    assert second["state"] == "training" and second["wall_s"] == approx(10.0 - 4.5)
+    assert second["done"] == 1 and second["parallel_efficiency"] == approx(3.0 / (5.5 * 2))
+    assert report["parallel_efficiency"] == approx(8.0 / (10.0 * 2))
+    assert report["tasks_done"] == 5 and report["tasks_failed"] == 1 and report["tasks_retried"] == 2
+
+
+def test_slowest_devices_and_utilization() -> None:
+    report = compute_report(example())
+    assert [(s["round"], s["device"]) for s in report["slowest"]] == [(2, 5), (1, 2), (1, 0), (1, 1), (1, 3)]
+    assert report["slowest"][0]["seconds"] == approx(3.0)
+    (only,) = report["utilization"]
+    assert (only["worker"], only["pid"], only["kind"], only["samples"]) == ("a@h", 7, "cpu", 10)
+    assert only["utilization_mean"] == approx(55.0)
+    assert only["utilization_p95"] == approx(95.5)
+    assert only["memory_peak_bytes"] == 2**20 * 110
+
+
+def test_a_finished_run_is_measured_to_its_end_not_to_now() -> None:
+    report = compute_report(example(now=T0 + 1000, state="finished", finished_at=T0 + 9.0))
+    assert report["wall_s"] == approx(9.0)
+
+
+def test_html_escapes_user_strings_and_shows_pictures_and_the_round_table() -> None:
+    data = example()
+    data.run.name = "<script>alert('x')</script>"
+    data.run.error = "round 2: <b>boom</b>"
+    page = render_html(compute_report(data))
+    assert "<script>" not in page and "<b>boom" not in page
+    assert "&lt;script&gt;" in page and "&lt;b&gt;boom" in page
+    assert re.findall(r'<img src="([a-z]+\.png)"', page) == ["timeline.png", "concurrency.png", "accuracy.png"]
+    rounds_table = page.split("<h2>Rounds</h2>")[1].split("</table>")[0]
+    assert rounds_table.count("<tr><td>") == 2
+    assert "<td>training</td>" not in rounds_table and '<td class="text">training</td>' in rounds_table
+
+
+def filled_store(path: Path, rounds: int) -> tuple[Store, str]:
+    """A store written by hand: `rounds` rounds, two workers with two slots each, one failed device."""
+    store = open_store(f"sqlite:///{path}", migrate=True)
+    store.create_run("hand", "by hand", {"dataset": "digits", "model": "mlp"}, rounds)
+    start = time.time() - rounds - 5  # the whole made-up timeline lies in the past
+    with store.session() as session, session.begin():
+        session.execute(update(RunRow).where(RunRow.id == "hand").values(created_at=start))
+    clock = start + 0.1
+    for index in range(1, rounds + 1):
+        enqueued = clock
+        store.add_round(RoundRow(run_id="hand", round_index=index, version=index - 1, state="training",
+                                 selected=list(range(8)), model_key="k", model_sha256="0" * 64, model_nbytes=1,
+                                 enqueued_at=enqueued))
+        for device in range(8):
+            worker, slot = divmod(device % 4, 2)
+            began = enqueued + 0.01 + (device // 4) * 0.2 + slot * 0.05
+            failed = index == 2 and device == 7
+            store.record_device_result(DeviceResult(
+                run_id="hand", round_index=index, device=device, state="failed" if failed else "done",
+                worker=f"cpu{worker}@host", pid=100 + worker, device_used="cpu", attempt=3 if failed else 1,
+                enqueued_at=enqueued, started_at=began, finished_at=began if failed else began + 0.18,
+                load_ms=10.0, train_ms=150.0, upload_ms=10.0, samples=10, loss=1.0, update_key=None,
+                update_sha256=None, update_nbytes=None, error="boom" if failed else None,
+            ))
+        clock = enqueued + 0.5
+        store.complete_round("hand", index, aggregate_ms=20.0, eval_ms=10.0, accuracy=0.1 + index / (rounds + 1),
+                             loss=2.0 - index / rounds, train_loss=2.1 - index / rounds)
+    record_samples(store, [Sample(f"cpu{w}@host", 100 + w, "cpu", start + t / 4, 50.0 + 10 * w, 2**28)
+                           for w in (0, 1) for t in range(1, 4 * rounds)])
+    store.finish_run("hand", "finished")
+    return store, "hand"
+
+
+def assert_picture(path: Path, min_width: int = 800) -> None:
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert path.stat().st_size > 10_000
+    pixels = imread(path)
+    assert pixels.shape[1] >= min_width and pixels.shape[0] >= 300
+    assert len(np.unique(pixels.reshape(-1, pixels.shape[-1]), axis=0)) > 20  # drawn, not blank
+
+
+@pytest.mark.parametrize("rounds", [3, 25])  # a legend entry per round, or a colour bar for many
+def test_write_report_draws_every_picture(tmp_path: Path, rounds: int) -> None:
+    store, run_id = filled_store(tmp_path / "store.db", rounds)
+    numbers = write_report(store, run_id, tmp_path / "out")
+    for name in PICTURES:
+        assert_picture(tmp_path / "out" / name)
+    assert numbers["slots"] == 4 and numbers["tasks_failed"] == 1 and len(numbers["rounds"]) == rounds
+    assert [(u["worker"], u["samples"] > 0) for u in numbers["utilization"]] == [("cpu0@host", True),
+                                                                                  ("cpu1@host", True)]
+    assert "report.html" in {path.name for path in (tmp_path / "out").iterdir()}
+
+
+def test_unknown_run_is_not_found(tmp_path: Path) -> None:
+    store, _ = filled_store(tmp_path / "store.db", 1)
+    with pytest.raises(NotFound, match="'nope' does not exist"):
+        build_report(store, "nope")
+
+
+def cli(*args: str, database: Path, cwd: Path) -> subprocess.CompletedProcess[str]:
+    env = {"PATH": "/usr/bin:/bin", "FEDQUEUE_DATABASE_URL": f"sqlite:///{database}"}
+    return subprocess.run([sys.executable, "-m", "fedqueue.cli", *args], cwd=cwd, env=env, capture_output=True,
+                          text=True, timeout=120)
+
+
+def test_report_of_a_real_run_through_workers(settings: Settings, tmp_path: Path) -> None:
+    # Long enough (a few seconds) for every worker to take several one-second utilization samples.
+    config = small_config(rounds=3, devices_per_round=8, local_iters=250, model="cnn")
+    with running_workers(settings, procs=2, log_dir=tmp_path / "logs"):
+        handle = fedqueue.submit(config, settings=settings)
+        status = handle.wait(timeout_s=120)
+    assert status["state"] == "finished"
+    database = Path(settings.database_url.removeprefix("sqlite:///"))
+
+    written = cli("report", handle.id, "-o", str(tmp_path / "report"), database=database, cwd=tmp_path)
+    assert written.returncode == 0, written.stderr
+    assert "report.html" in written.stdout
+    for name in PICTURES:
+        assert_picture(tmp_path / "report" / name)
+    page = (tmp_path / "report" / "report.html").read_text()
+    assert len(re.findall(r'<img src="(?:timeline|concurrency|accuracy)\.png"', page)) == 3
+    rounds_table = page.split("<h2>Rounds</h2>")[1].split("</table>")[0]
+    assert [int(row) for row in re.findall(r"<tr><td>(\d+)</td>", rounds_table)] == [1, 2, 3]
+
+    printed = cli("report", handle.id, "--json", database=database, cwd=tmp_path)
+    assert printed.returncode == 0, printed.stderr
+    numbers = json.loads(printed.stdout)
+    assert 0 < numbers["parallel_efficiency"] <= 1
+    assert numbers["slots"] == 2 and numbers["tasks_done"] == 24 and numbers["tasks_per_s"] > 0
+    for row in numbers["rounds"]:
+        assert (row["selected"], row["done"], row["failed"]) == (8, 8, 0)
+        assert 0 < row["parallel_efficiency"] <= 1
+        assert set(row["time"]) >= {"queue_wait_mean_s", "load_s", "train_s", "upload_s", "aggregation_s",
+                                    "evaluation_s"}
+    seconds = [entry["seconds"] for entry in numbers["slowest"]]
+    assert len(seconds) == 5 and seconds == sorted(seconds, reverse=True)
+    workers = {(task.worker, task.pid) for task in handle.store.device_tasks(handle.id)}
+    assert {(u["worker"], u["pid"]) for u in numbers["utilization"]} == workers
+    for entry in numbers["utilization"]:
+        assert entry["kind"] == "cpu" and entry["samples"] >= 2
+        assert entry["utilization_p95"] > 0 and entry["memory_peak_bytes"] > 100 * 2**20  # torch is loaded
+    # Every worker wrote samples of its own process while it lived, not only during the run.
+    assert {(s.worker, s.pid) for s in samples_between(handle.store, 0, float("inf"))} == workers
+
+
+def test_report_of_an_unknown_run_is_one_line_and_exit_2(tmp_path: Path) -> None:
+    result = cli("report", "nope", database=tmp_path / "store.db", cwd=tmp_path)
+    assert result.returncode == 2
+    assert result.stderr.strip() == "error: run 'nope' does not exist"
+    assert not (tmp_path / "fedqueue-report").exists()

@@ -1,0 +1,360 @@
+"""The SQL store on real backends: every test runs once on SQLite and once on Postgres (`database_url`).
+
+The Postgres database is shared by the whole test session, so each test works under its own run ids.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import multiprocessing
+import threading
+import time
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+from alembic.autogenerate import compare_metadata
+from alembic.config import Config
+from alembic.runtime.migration import MigrationContext
+from alembic.script import ScriptDirectory
+from sqlalchemy import Column, Integer, MetaData, func, inspect, select
+from sqlalchemy.exc import IntegrityError
+
+from fedqueue.errors import ConfigError, NotFound, ServiceUnavailable
+from fedqueue.store import Store, open_store
+from fedqueue.store.db import MIGRATIONS, make_engine
+from fedqueue.store.repo import DeviceResult
+from fedqueue.store.schema import Base, CheckpointRow, RoundRow
+
+TABLES = {"runs", "rounds", "device_tasks", "checkpoints"}
+
+
+@pytest.fixture
+def store(database_url: str):
+    store = open_store(database_url, migrate=True)
+    yield store
+    store.close()
+
+
+def new_run(store: Store, rounds_total: int = 3, **config: object) -> str:
+    run_id = uuid.uuid4().hex  # 32 characters: the width of runs.id
+    store.create_run(run_id, f"name-{run_id[:6]}", {"dataset": "digits", **config}, rounds_total)
+    return run_id
+
+
+def round_row(run_id: str, round_index: int, state: str = "training") -> RoundRow:
+    return RoundRow(
+        run_id=run_id, round_index=round_index, version=round_index - 1, state=state, selected=[3, 1, 2],
+        model_key=f"{run_id}/model/{round_index}", model_sha256="a" * 64, model_nbytes=100 + round_index,
+        enqueued_at=time.time(),
+    )
+
+
+def device_result(run_id: str, round_index: int, device: int, worker: str = "w1", **overrides: object) -> DeviceResult:
+    now = time.time()
+    result = DeviceResult(
+        run_id=run_id, round_index=round_index, device=device, state="done", worker=worker, pid=1234,
+        device_used="cpu", attempt=1, enqueued_at=now, started_at=now + 0.1, finished_at=now + 0.5,
+        load_ms=1.5, train_ms=20.25, upload_ms=2.0, samples=10 + device, loss=0.5 + device,
+        update_key=f"{run_id}/update/{round_index}/{device}", update_sha256="b" * 64, update_nbytes=64,
+    )
+    return replace(result, **overrides)  # type: ignore[arg-type]
+
+
+def head_revision() -> str | None:
+    config = Config()
+    config.set_main_option("script_location", str(MIGRATIONS))
+    return ScriptDirectory.from_config(config).get_current_head()
+
+
+# schema and migrations
+
+
+def test_migrate_creates_the_tables_at_head(database_url: str) -> None:
+    """`open_store(migrate=True)` creates every table and stamps the newest Alembic revision."""
+    store = open_store(database_url, migrate=True)
+    try:
+        with store.engine.connect() as connection:
+            names = set(inspect(connection).get_table_names())
+            current = MigrationContext.configure(connection).get_current_revision()
+        assert TABLES <= names
+        assert current is not None and current == head_revision()
+    finally:
+        store.close()
+
+
+def test_migrating_twice_is_harmless_and_keeps_data(database_url: str) -> None:
+    """A second migrate on an up-to-date schema changes nothing and loses no row."""
+    first = open_store(database_url, migrate=True)
+    run_id = new_run(first)
+    first.close()
+    second = open_store(database_url, migrate=True)
+    try:
+        assert second.get_run(run_id).id == run_id
+        with second.engine.connect() as connection:
+            assert MigrationContext.configure(connection).get_current_revision() == head_revision()
+    finally:
+        second.close()
+
+
+def test_open_without_migrate_on_empty_sqlite_is_refused(tmp_path: Path) -> None:
+    """An empty database is reported as unavailable (no tables), not used as if it were a store."""
+    with pytest.raises(ServiceUnavailable, match="no fedqueue tables"):
+        open_store(f"sqlite:///{tmp_path / 'empty.db'}")
+
+
+def test_open_without_migrate_after_migration_works(database_url: str) -> None:
+    """Once migrated, a plain `open_store(url)` opens the same data."""
+    migrated = open_store(database_url, migrate=True)
+    run_id = new_run(migrated)
+    migrated.close()
+    plain = open_store(database_url)
+    try:
+        assert plain.get_run(run_id).id == run_id
+    finally:
+        plain.close()
+
+
+def test_alembic_migration_matches_orm_schema(store: Store) -> None:
+    """Autogenerate finds no difference between the migrated database and `Base.metadata`."""
+    with store.engine.connect() as connection:
+        context = MigrationContext.configure(connection, opts={"compare_type": True})
+        diff = compare_metadata(context, Base.metadata)
+    assert diff == []
+
+
+def test_schema_comparison_is_not_vacuous(store: Store) -> None:
+    """The same comparison does report a model that differs from the database (an extra column)."""
+    changed = MetaData()
+    for table in Base.metadata.tables.values():
+        table.to_metadata(changed)
+    changed.tables["runs"].append_column(Column("priority", Integer, nullable=True))
+    with store.engine.connect() as connection:
+        diff = compare_metadata(MigrationContext.configure(connection, opts={"compare_type": True}), changed)
+    assert [(entry[0], entry[2], entry[3].name) for entry in diff] == [("add_column", "runs", "priority")]
+
+
+# runs
+
+
+def test_create_get_list_and_finish_runs(store: Store) -> None:
+    """A run is stored as running with its config; finishing sets the state, the error and finished_at."""
+    first = new_run(store, rounds_total=4, lr=0.1, nested={"a": [1, 2]})
+    time.sleep(0.01)
+    second = new_run(store, rounds_total=2)
+    row = store.get_run(first)
+    assert row.state == "running" and row.finished_at is None and row.error is None
+    assert row.rounds_total == 4
+    assert row.name == f"name-{first[:6]}"
+    assert row.config == {"dataset": "digits", "lr": 0.1, "nested": {"a": [1, 2]}}
+
+    listed = [run.id for run in store.list_runs() if run.id in {first, second}]
+    assert listed == [first, second]  # oldest first
+
+    store.finish_run(first, "finished")
+    store.finish_run(second, "failed", error="boom")
+    done, failed = store.get_run(first), store.get_run(second)
+    assert done.state == "finished" and done.error is None
+    assert done.finished_at is not None and done.finished_at >= done.created_at
+    assert failed.state == "failed" and failed.error == "boom" and failed.finished_at is not None
+
+
+def test_get_unknown_run_raises_not_found_naming_the_id(store: Store) -> None:
+    """An unknown run id raises NotFound whose message names that id."""
+    missing = uuid.uuid4().hex
+    with pytest.raises(NotFound) as caught:
+        store.get_run(missing)
+    assert missing in str(caught.value)
+
+
+# rounds
+
+
+def test_rounds_listed_in_index_order(store: Store) -> None:
+    """Rounds added out of order are listed by round index; get_round finds one or returns None."""
+    run_id = new_run(store)
+    other = new_run(store)
+    for index in (3, 1, 2):
+        store.add_round(round_row(run_id, index))
+    store.add_round(round_row(other, 1))
+    assert [row.round_index for row in store.list_rounds(run_id)] == [1, 2, 3]
+    got = store.get_round(run_id, 2)
+    assert got is not None and got.run_id == run_id and got.round_index == 2
+    assert got.selected == [3, 1, 2] and got.model_nbytes == 102 and got.state == "training"
+    assert store.get_round(run_id, 9) is None
+    assert [row.round_index for row in store.list_rounds(other)] == [1]
+
+
+def test_second_round_row_with_same_index_is_refused(store: Store) -> None:
+    """The unique (run_id, round_index) constraint refuses a duplicate round."""
+    run_id = new_run(store)
+    store.add_round(round_row(run_id, 1))
+    with pytest.raises(IntegrityError):
+        store.add_round(round_row(run_id, 1))
+    assert len(store.list_rounds(run_id)) == 1
+
+
+def test_claim_round_exactly_one_caller_wins(store: Store) -> None:
+    """Of several claims of a training round only the first returns True; the round is then aggregating."""
+    run_id = new_run(store)
+    store.add_round(round_row(run_id, 1))
+    store.add_round(round_row(run_id, 2, state="done"))
+    results = [store.claim_round(run_id, 1) for _ in range(5)]
+    assert results == [True, False, False, False, False]
+    claimed = store.get_round(run_id, 1)
+    assert claimed is not None and claimed.state == "aggregating"
+    assert store.claim_round(run_id, 2) is False  # not training: nothing to claim
+    assert store.claim_round(run_id, 7) is False  # no such round
+
+
+def test_claim_round_from_many_threads_has_one_winner(store: Store) -> None:
+    """Eight threads claiming the same round at once: exactly one wins."""
+    run_id = new_run(store)
+    store.add_round(round_row(run_id, 1))
+    threads = 8
+    barrier = threading.Barrier(threads)
+
+    def claim() -> bool:
+        barrier.wait(timeout=30)
+        return store.claim_round(run_id, 1)
+
+    with ThreadPoolExecutor(threads) as pool:
+        results = list(pool.map(lambda _: claim(), range(threads)))
+    assert sorted(results) == [False] * (threads - 1) + [True]
+
+
+# device results
+
+
+def test_record_device_result_stores_once_keeping_first(store: Store) -> None:
+    """A repeated (run, round, device) is not stored again and does not overwrite the first row."""
+    run_id = new_run(store)
+    assert not store.has_result(run_id, 1, 4)
+    assert store.record_device_result(device_result(run_id, 1, 4, worker="first", loss=0.25)) is True
+    assert store.record_device_result(device_result(run_id, 1, 4, worker="second", loss=9.0, pid=99)) is False
+    assert store.has_result(run_id, 1, 4)
+    assert not store.has_result(run_id, 1, 5)
+    assert not store.has_result(run_id, 2, 4)
+    assert store.count_done(run_id, 1) == 1
+    (row,) = store.device_tasks(run_id, 1)
+    assert (row.worker, row.loss, row.pid) == ("first", 0.25, 1234)
+
+
+def test_device_tasks_ordered_and_counted(store: Store) -> None:
+    """device_tasks lists by round then device; count_done counts one round's rows."""
+    run_id = new_run(store)
+    for round_index, device in [(2, 7), (1, 5), (1, 1), (2, 0), (1, 3)]:
+        assert store.record_device_result(device_result(run_id, round_index, device))
+    assert [row.device for row in store.device_tasks(run_id, 1)] == [1, 3, 5]
+    assert [row.device for row in store.device_tasks(run_id, 2)] == [0, 7]
+    assert [(row.round_index, row.device) for row in store.device_tasks(run_id)] == [
+        (1, 1), (1, 3), (1, 5), (2, 0), (2, 7)
+    ]
+    assert store.count_done(run_id, 1) == 3
+    assert store.count_done(run_id, 2) == 2
+    assert store.count_done(run_id, 3) == 0
+    stored = store.device_tasks(run_id, 1)[0]
+    expected = device_result(run_id, 1, 1)
+    assert stored.samples == expected.samples and stored.update_key == expected.update_key
+    assert stored.train_ms == expected.train_ms and stored.state == "done"
+
+
+def test_concurrent_threads_lose_no_result(store: Store) -> None:
+    """Eight threads recording distinct devices at once: every row arrives, none raises."""
+    run_id = new_run(store)
+    threads, per_thread = 8, 10
+    barrier = threading.Barrier(threads)
+
+    def write(worker: int) -> list[bool]:
+        barrier.wait(timeout=30)
+        return [
+            store.record_device_result(device_result(run_id, 1, worker * per_thread + i, worker=f"t{worker}"))
+            for i in range(per_thread)
+        ]
+
+    with ThreadPoolExecutor(threads) as pool:
+        outcomes = list(pool.map(write, range(threads)))
+    assert all(all(stored) for stored in outcomes)
+    assert store.count_done(run_id, 1) == threads * per_thread
+    assert [row.device for row in store.device_tasks(run_id, 1)] == list(range(threads * per_thread))
+
+
+def _record_in_child(url: str, run_id: str, worker: int, per_worker: int, start_at: float) -> int:
+    """Runs in a spawned process: its own store, writing its own devices."""
+    child = open_store(url)
+    try:
+        time.sleep(max(0.0, start_at - time.time()))
+        stored = 0
+        for i in range(per_worker):
+            stored += child.record_device_result(
+                device_result(run_id, 1, worker * per_worker + i, worker=f"p{worker}")
+            )
+        return stored
+    finally:
+        child.close()
+
+
+def test_concurrent_processes_lose_no_result(store: Store, database_url: str) -> None:
+    """Four spawned processes, each with its own store, write distinct devices at once: no row lost."""
+    run_id = new_run(store)
+    procs, per_worker = 4, 15
+    context = multiprocessing.get_context("spawn")
+    start_at = time.time() + 3.0  # spawned interpreters need a moment; they then start together
+    with context.Pool(procs) as pool:
+        stored = pool.starmap(
+            _record_in_child, [(database_url, run_id, worker, per_worker, start_at) for worker in range(procs)]
+        )
+    assert stored == [per_worker] * procs
+    assert store.count_done(run_id, 1) == procs * per_worker
+    rows = store.device_tasks(run_id, 1)
+    assert [row.device for row in rows] == list(range(procs * per_worker))
+    assert {row.worker for row in rows} == {f"p{worker}" for worker in range(procs)}
+
+
+# checkpoints
+
+
+def test_checkpoint_keeps_only_latest(store: Store) -> None:
+    """Saving twice keeps one row, the latest; load returns its exact bytes and sha."""
+    run_id = new_run(store)
+    assert store.load_checkpoint(run_id) is None
+    old, new = b"\x00old\xff" * 10, bytes(range(256)) * 40
+    store.save_checkpoint(run_id, 1, hashlib.sha256(old).hexdigest(), old)
+    store.save_checkpoint(run_id, 2, hashlib.sha256(new).hexdigest(), new)
+    loaded = store.load_checkpoint(run_id)
+    assert loaded is not None
+    assert loaded.version == 2 and bytes(loaded.data) == new
+    assert loaded.sha256 == hashlib.sha256(new).hexdigest()
+    with store.session() as session:
+        count = session.scalar(select(func.count()).select_from(CheckpointRow).where(CheckpointRow.run_id == run_id))
+    assert count == 1
+
+
+# engines and failures
+
+
+@pytest.mark.parametrize("url", ["mysql://u@h/db", "mongodb://h/db"])
+def test_make_engine_refuses_unsupported_scheme(url: str) -> None:
+    """Only sqlite and postgresql URLs are accepted."""
+    with pytest.raises(ConfigError, match="unsupported"):
+        make_engine(url)
+
+
+def test_make_engine_refuses_a_non_url() -> None:
+    """A string that is not a database URL is a ConfigError."""
+    with pytest.raises(ConfigError, match="not a database URL"):
+        make_engine("not a url at all")
+
+
+def test_unreachable_postgres_fails_fast_without_password() -> None:
+    """A Postgres that does not answer gives ServiceUnavailable within 10 s; the password is masked."""
+    url = "postgresql://user:s3cret@127.0.0.1:1/x"
+    started = time.monotonic()
+    with pytest.raises(ServiceUnavailable) as caught:
+        open_store(url)
+    assert time.monotonic() - started < 10
+    message = str(caught.value)
+    assert "s3cret" not in message
+    assert "unreachable" in message and "127.0.0.1" in message

@@ -1,0 +1,45 @@
+"""How `fedqueue worker` lays out processes: pure logic, no processes started."""
+
+from __future__ import annotations
+
+import pytest
+
+from fedqueue.config import Settings
+from fedqueue.errors import ConfigError
+from fedqueue.queue.workers import detect_gpus, plan_workers, worker_command
+
+
+def test_one_pinned_process_per_gpu_named_after_it() -> None:
+    specs = plan_workers(["0", "3"], procs=None, slots=2)
+    assert [(s.name, s.cuda_visible_devices, s.slots) for s in specs] == [("gpu0", "0", 2), ("gpu3", "3", 2)]
+
+
+def test_cpu_host_gets_one_process_per_core_or_procs(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("os.cpu_count", lambda: 3)
+    assert [s.name for s in plan_workers([], procs=None, slots=1)] == ["cpu0", "cpu1", "cpu2"]
+    specs = plan_workers([], procs=2, slots=1)
+    assert [s.name for s in specs] == ["cpu0", "cpu1"]
+    assert all(s.cuda_visible_devices == "" for s in specs)  # a CPU worker sees no GPU
+
+
+def test_bad_counts_are_refused() -> None:
+    with pytest.raises(ConfigError, match="--slots"):
+        plan_workers([], procs=1, slots=0)
+    with pytest.raises(ConfigError, match="--procs"):
+        plan_workers([], procs=0, slots=1)
+
+
+def test_gpus_come_from_cuda_visible_devices(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1,2")
+    assert detect_gpus() == ["1", "2"]
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    assert detect_gpus() == []
+
+
+def test_worker_command_uses_threads_pool_and_bounded_slots() -> None:
+    spec = plan_workers(["1"], procs=None, slots=4)[0]
+    command = worker_command(spec, Settings(broker_url="redis://127.0.0.1:1/0", key_prefix="p"))
+    joined = " ".join(command)
+    assert "--pool threads" in joined and "--concurrency 4" in joined
+    assert "--hostname gpu1@%h" in joined and "--queues p.devices" in joined
+    assert "solo" not in joined
