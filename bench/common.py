@@ -1,0 +1,225 @@
+"""Shared pieces of the benchmarks: the machine they ran on, Markdown tables, timers, process groups."""
+
+from __future__ import annotations
+
+import os
+import platform
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter, defaultdict
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+BENCH_DIR = Path(__file__).resolve().parent
+REPO = BENCH_DIR.parent
+
+
+def machine() -> dict[str, Any]:
+    """Cores, CPU model and GPUs of this machine: every result is recorded with it."""
+    cpu = platform.processor() or "unknown"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    gpus = "none"
+    smi = shutil.which("nvidia-smi")
+    if smi:
+        found = subprocess.run([smi, "--query-gpu=name", "--format=csv,noheader"], capture_output=True, text=True)
+        if found.returncode == 0 and found.stdout.strip():
+            gpus = ", ".join(line.strip() for line in found.stdout.splitlines() if line.strip())
+    import torch
+
+    return {"cores": os.cpu_count() or 1, "cpu": cpu, "gpu": gpus, "torch": torch.__version__.split("+")[0],
+            "python": platform.python_version()}
+
+
+def machine_line(info: dict[str, Any]) -> str:
+    return (f"machine: {info['cores']} cores, {info['cpu']}, GPU: {info['gpu']}; "
+            f"torch {info['torch']}, Python {info['python']}")
+
+
+def markdown_table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
+    """A Markdown table (first column left-aligned, the others right), ready to paste into RESULTS.md."""
+    cells = [[str(cell) for cell in row] for row in rows]
+    align = ["---"] + ["---:"] * (len(headers) - 1)
+    lines = ["| " + " | ".join(headers) + " |", "|" + "|".join(align) + "|"]
+    lines += ["| " + " | ".join(row) + " |" for row in cells]
+    return "\n".join(lines)
+
+
+def ratio(numerator: float | None, denominator: float | None) -> str:
+    if not numerator or not denominator:
+        return "–"
+    return f"{numerator / denominator:.2f}x"
+
+
+def verdict(ok: bool) -> str:
+    return "met" if ok else "MISSED"
+
+
+class Timers:
+    """Wall time spent in chosen functions, by label; wraps them in place and restores them on exit."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = defaultdict(float)
+        self.calls: Counter[str] = Counter()
+        # While paused, calls still run but are not counted (work that belongs to another measure).
+        self.paused = False
+        self._restore: list[tuple[Any, str, Any]] = []
+
+    def wrap(self, owner: Any, attribute: str, label: str) -> None:
+        original = getattr(owner, attribute)
+
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            if self.paused:
+                return original(*args, **kwargs)
+            began = time.perf_counter()
+            try:
+                return original(*args, **kwargs)
+            finally:
+                self.seconds[label] += time.perf_counter() - began
+                self.calls[label] += 1
+
+        setattr(owner, attribute, timed)
+        self._restore.append((owner, attribute, original))
+
+    def restore(self) -> None:
+        for owner, attribute, original in reversed(self._restore):
+            setattr(owner, attribute, original)
+        self._restore.clear()
+
+
+@contextmanager
+def celery_workers(app_path: str, names: Sequence[str], queue: str, env: dict[str, str],
+                   ready: Callable[[], int]) -> Iterator[list[subprocess.Popen[bytes]]]:
+    """`celery worker -P threads -c 1` processes, one per name, stopped (warm, then hard) on exit."""
+    processes = [
+        subprocess.Popen(
+            [sys.executable, "-m", "celery", "-A", app_path, "worker", "--pool", "threads", "--concurrency", "1",
+             "--hostname", f"{name}@%h", "--queues", queue, "--without-mingle", "--without-gossip",
+             "--loglevel", "WARNING"],
+            env={**os.environ, **env}, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+        )
+        for name in names
+    ]
+    try:
+        deadline = time.monotonic() + 120
+        while ready() < len(names):
+            if time.monotonic() > deadline or any(process.poll() is not None for process in processes):
+                raise RuntimeError(f"{app_path} workers did not start")
+        yield processes
+    finally:
+        for process in processes:
+            if process.poll() is None:
+                process.send_signal(signal.SIGTERM)
+        for process in processes:
+            try:
+                process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+
+
+def _machine_busy_s() -> float:
+    """CPU seconds all cores have spent busy since boot (from /proc/stat)."""
+    fields = Path("/proc/stat").read_text().splitlines()[0].split()[1:]
+    ticks = [int(value) for value in fields]
+    idle = ticks[3] + (ticks[4] if len(ticks) > 4 else 0)  # idle + iowait
+    return (sum(ticks[:8]) - idle) / os.sysconf("SC_CLK_TCK")
+
+
+def _own_cpu_s() -> float:
+    """CPU seconds of this process and of its children that have been waited for."""
+    times = os.times()
+    return times.user + times.system + times.children_user + times.children_system
+
+
+def wait_for_quiet(threshold: float = 0.15, timeout_s: float = 180.0) -> None:
+    """Wait until the machine is mostly idle: timings taken beside other work mean little."""
+    cores = os.cpu_count() or 1
+    deadline = time.monotonic() + timeout_s
+    while True:
+        before = _machine_busy_s()
+        time.sleep(2.0)
+        busy = (_machine_busy_s() - before) / (2.0 * cores)
+        if busy < threshold:
+            return
+        if time.monotonic() > deadline:
+            print(f"WARNING: the machine stayed {busy:.0%} busy with other work; timings are disturbed")
+            return
+        print(f"waiting for the machine to be quiet ({busy:.0%} busy with other work)", flush=True)
+
+
+class ForeignLoad:
+    """CPU used by work outside this benchmark (busy time of the machine minus our own processes')."""
+
+    def __init__(self) -> None:
+        self._began = time.monotonic()
+        self._machine = _machine_busy_s()
+        self._own = _own_cpu_s()
+
+    def fraction(self) -> float:
+        elapsed = time.monotonic() - self._began
+        foreign = (_machine_busy_s() - self._machine) - (_own_cpu_s() - self._own)
+        return max(0.0, foreign) / (elapsed * (os.cpu_count() or 1))
+
+    def report(self) -> str:
+        share = self.fraction()
+        line = f"other work on the machine during the benchmark: {share:.1%} of its CPU time"
+        return line + (" (WARNING: timings disturbed)" if share > 0.05 else "")
+
+
+class RssWatcher:
+    """Peak resident memory of some processes, polled every 20 ms by a thread, for a `with` block."""
+
+    def __init__(self, pids: Sequence[int], every_s: float = 0.02) -> None:
+        import threading
+
+        import psutil
+
+        self._processes = [psutil.Process(pid) for pid in pids]
+        self._every_s = every_s
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._poll, daemon=True)
+        self.base_bytes = self._rss()
+        self.peak_bytes = self.base_bytes
+
+    def _rss(self) -> int:
+        return max((process.memory_info().rss for process in self._processes), default=0)
+
+    def _poll(self) -> None:
+        while not self._stop.wait(self._every_s):
+            self.peak_bytes = max(self.peak_bytes, self._rss())
+
+    def __enter__(self) -> RssWatcher:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.peak_bytes = max(self.peak_bytes, self._rss())
+
+
+def wait_run(handle: Any, cluster: Any, timeout_s: float = 1800.0) -> dict[str, Any]:
+    """Wait for a run like RunHandle.wait, but fail at once if a worker process of the cluster exits."""
+    deadline = time.monotonic() + timeout_s
+    while handle.store.get_run(handle.id).state == "running":
+        check_workers(cluster)
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"run {handle.id} still running after {timeout_s:.0f} s")
+        time.sleep(0.1)
+    return handle.status()
+
+
+def check_workers(cluster: Any) -> None:
+    if any(process.poll() is not None for process in cluster.workers.processes):
+        raise RuntimeError(f"a worker process exited during the benchmark (logs in {cluster.log_dir})")
