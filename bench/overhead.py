@@ -169,8 +169,7 @@ def _timed_parts() -> list[tuple[Any, str, str]]:
     from fedqueue.store.repo import Store
 
     return [
-        (Services, "attempts", "attempt cap check (Redis GET)"),
-        (Services, "attempt", "attempt counter (Redis INCR+EXPIRE)"),
+        (Services, "start_attempt", "attempt count + running mark (one Redis transaction)"),
         (Store, "has_result", "duplicate check (SQL SELECT)"),
         (device_task.WorkerCache, "run_config", "run config (cached per worker)"),
         (RedisBlobStore, "get", "global model blob read (once per worker and version)"),
@@ -246,8 +245,8 @@ def breakdown(url: str, folder: Path, tasks: int) -> dict[str, Any]:
     try:
         for message in messages:
             task = DeviceTask.from_dict(message)
-            services.attempts(task.run_id, task.round_index, task.device)
-            run_device_task(services, cache, task, "bench@local")
+            attempt = services.start_attempt(task.run_id, task.round_index, task.device, "bench@local")
+            run_device_task(services, cache, task, "bench@local", attempt)
     finally:
         total_s = time.perf_counter() - began
         timers.restore()

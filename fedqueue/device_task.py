@@ -10,6 +10,7 @@ from collections import OrderedDict
 from typing import TYPE_CHECKING
 
 from fedqueue.blobs import decode_state, encode_state
+from fedqueue.errors import BlobIntegrityError
 from fedqueue.messages import BlobRef, DeviceTask
 from fedqueue.runconfig import RunConfig
 from fedqueue.scheduler import finish_round, update_key
@@ -56,8 +57,11 @@ class WorkerCache:
         return state
 
 
-def run_device_task(services: Services, cache: WorkerCache, task: DeviceTask, worker: str) -> bool:
-    """Train one device and store its result once; True when this delivery stored it."""
+def run_device_task(services: Services, cache: WorkerCache, task: DeviceTask, worker: str, attempt: int) -> bool:
+    """Train one device and store its result once; True when this delivery stored it.
+
+    `attempt` numbers this delivery (1 for the first), as counted by `Services.start_attempt`.
+    """
     from fedqueue.experiment import data_spec, resolve_plugins, train_config
     from fedqueue.fl.data import device_data, load_federated
     from fedqueue.fl.devices import device_label, torch_device
@@ -65,15 +69,18 @@ def run_device_task(services: Services, cache: WorkerCache, task: DeviceTask, wo
     from fedqueue.fl.seeding import task_seed
     from fedqueue.fl.train import train_local
 
-    attempt = services.attempt(task.run_id, task.round_index, task.device)
-    if services.store.has_result(task.run_id, task.round_index, task.device):
-        # A late duplicate: the round may already be aggregated and its model deleted.
-        log.info("run %s round %d device %d already stored; skipped", task.run_id, task.round_index, task.device)
-        return False
     started_at = time.time()
     clock = time.perf_counter()
     config = cache.run_config(services, task.run_id)
-    global_state = cache.global_state(services, task.model)
+    try:
+        global_state = cache.global_state(services, task.model)
+    except BlobIntegrityError:
+        # A late duplicate finds its round aggregated and the model deleted: nothing to do.
+        # Duplicates that still find the model train, and the store keeps the first result.
+        if services.store.has_result(task.run_id, task.round_index, task.device):
+            log.info("run %s round %d device %d already stored; skipped", task.run_id, task.round_index, task.device)
+            return False
+        raise
     spec = data_spec(config)
     data = device_data(spec, task.device)
     federated = load_federated(spec)
@@ -107,7 +114,7 @@ def run_device_task(services: Services, cache: WorkerCache, task: DeviceTask, wo
         services.blobs.delete([ref.key])
         log.info("duplicate of run %s round %d device %d dropped", task.run_id, task.round_index, task.device)
         return False
-    finish_round(services, task.run_id, task.round_index)
+    _close_round_if_last(services, task)
     return True
 
 
@@ -126,6 +133,17 @@ def record_failure(services: Services, task: DeviceTask, worker: str, attempts: 
         )
     )
     if stored:
+        _close_round_if_last(services, task)
+
+
+def _close_round_if_last(services: Services, task: DeviceTask) -> None:
+    """After storing a result: the worker that stored a round's last one aggregates it.
+
+    A Redis counter spares every task a count over the round's rows; `finish_round`
+    checks the store before aggregating, and the scheduler's repair pass covers a
+    counter lost with a Redis restart.
+    """
+    if services.count_stored(task.run_id, task.round_index) >= task.round_size:
         finish_round(services, task.run_id, task.round_index)
 
 

@@ -45,6 +45,7 @@ class DeviceTask:
     device: int
     model: BlobRef
     enqueued_at: float
+    round_size: int  # devices selected in the round: the worker storing the last result closes it
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -53,7 +54,10 @@ class DeviceTask:
     def from_dict(cls, raw: Any) -> DeviceTask:
         _require_fields(
             raw,
-            {"run_id": str, "round_index": int, "device": int, "model": dict, "enqueued_at": (int, float)},
+            {
+                "run_id": str, "round_index": int, "device": int, "model": dict, "enqueued_at": (int, float),
+                "round_size": int,
+            },
             "task",
         )
         if not 1 <= raw["round_index"] < _INT_LIMIT:
@@ -62,12 +66,15 @@ class DeviceTask:
             raise MessageError("task.device: out of range")
         if not math.isfinite(raw["enqueued_at"]):
             raise MessageError("task.enqueued_at: must be a finite number")
+        if not 1 <= raw["round_size"] < _INT_LIMIT:
+            raise MessageError("task.round_size: out of range")
         return cls(
             run_id=raw["run_id"],
             round_index=raw["round_index"],
             device=raw["device"],
             model=BlobRef.from_dict(raw["model"]),
             enqueued_at=float(raw["enqueued_at"]),
+            round_size=raw["round_size"],
         )
 
 

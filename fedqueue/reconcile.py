@@ -100,7 +100,7 @@ def _repair_training_round(
             # Already enqueued again after the last lost attempt: wait for that delivery.
             continue
         task = DeviceTask(run_id=run_id, round_index=current.round_index, device=device, model=model,
-                          enqueued_at=time.time())
+                          enqueued_at=time.time(), round_size=len(current.selected))
         if tries >= services.settings.max_attempts:
             record_failure(services, task, "scheduler", tries,
                            f"worker lost during each of {tries} attempts (crashed or killed)")

@@ -80,7 +80,8 @@ def start_round(services: Services, run_id: str, config: RunConfig, round_index:
         )
     )
     services.enqueue(
-        [DeviceTask(run_id=run_id, round_index=round_index, device=device, model=ref, enqueued_at=now)
+        [DeviceTask(run_id=run_id, round_index=round_index, device=device, model=ref, enqueued_at=now,
+                    round_size=len(selected))
          for device in selected]
     )
     services.mark_enqueued(run_id, round_index)

@@ -45,9 +45,33 @@ class Services:
     def _attempt_key(self, run_id: str, round_index: int, device: int) -> str:
         return self._key("attempts", run_id, round_index, device)
 
+    def start_attempt(self, run_id: str, round_index: int, device: int, worker: str) -> int:
+        """Count this delivery of a device task and mark it running, in one atomic call.
+
+        Both in one transaction: a scheduler that sees the attempt counted also sees the
+        task running, so it never takes a task that is just starting for a lost one.
+        The count lives in Redis, so it survives the worker crashing.
+        """
+        attempts = self._attempt_key(run_id, round_index, device)
+        with self.redis.pipeline(transaction=True) as pipe:
+            pipe.incr(attempts)
+            pipe.expire(attempts, self.settings.blob_ttl_s)
+            pipe.set(self._key("running", run_id, round_index, device), worker, ex=self.settings.heartbeat_ttl_s)
+            count, _, _ = pipe.execute()
+        return int(count)
+
+    def count_stored(self, run_id: str, round_index: int) -> int:
+        """Count one more stored result of a round; the new total."""
+        key = f"{self.settings.key_prefix}:stored:{run_id}:{round_index}"
+        with self.redis.pipeline(transaction=True) as pipe:
+            pipe.incr(key)
+            pipe.expire(key, self.settings.blob_ttl_s)
+            count, _ = pipe.execute()
+        return int(count)
+
     @contextlib.contextmanager
-    def running(self, run_id: str, round_index: int, device: int, worker: str) -> Iterator[None]:
-        """Mark a device task as running while the block runs, with a heartbeat.
+    def heartbeat(self, run_id: str, round_index: int, device: int, worker: str) -> Iterator[None]:
+        """Keep the running mark of a started task alive while the block runs; clear it after.
 
         The mark expires `heartbeat_ttl_s` after its worker dies, which is how a
         scheduler tells a lost task from a running one.
@@ -60,7 +84,6 @@ class Services:
                 with contextlib.suppress(redis.RedisError):
                     self.redis.set(key, worker, ex=self.settings.heartbeat_ttl_s)
 
-        self.redis.set(key, worker, ex=self.settings.heartbeat_ttl_s)
         heart = threading.Thread(target=beat, name=f"heartbeat-{device}", daemon=True)
         heart.start()
         try:
@@ -140,15 +163,6 @@ class Services:
     def attempts(self, run_id: str, round_index: int, device: int) -> int:
         """How many deliveries of this device task have started so far."""
         return int(self.redis.get(self._attempt_key(run_id, round_index, device)) or 0)
-
-    def attempt(self, run_id: str, round_index: int, device: int) -> int:
-        """Count this delivery of a device task; survives worker crashes since it lives in Redis."""
-        key = self._attempt_key(run_id, round_index, device)
-        with self.redis.pipeline() as pipe:
-            pipe.incr(key)
-            pipe.expire(key, self.settings.blob_ttl_s)
-            count, _ = pipe.execute()
-        return int(count)
 
     def close(self) -> None:
         self.store.close()

@@ -24,6 +24,7 @@ def valid_task() -> DeviceTask:
         device=17,
         model=BlobRef(key="0123456789abcdef/global/2", sha256=SHA, nbytes=4096),
         enqueued_at=1_700_000_000.25,
+        round_size=20,
     )
 
 
@@ -54,7 +55,7 @@ def test_not_an_object_is_rejected(raw: Any) -> None:
         DeviceTask.from_dict(raw)
 
 
-@pytest.mark.parametrize("field", ["run_id", "round_index", "device", "model", "enqueued_at"])
+@pytest.mark.parametrize("field", ["run_id", "round_index", "device", "model", "enqueued_at", "round_size"])
 def test_missing_field_is_rejected(field: str) -> None:
     """Each required field, when absent, is named in the error."""
     raw = valid_raw()
@@ -95,6 +96,7 @@ def test_unknown_field_is_rejected(where: str) -> None:
         (("enqueued_at",), "now"),
         (("enqueued_at",), True),
         (("enqueued_at",), None),
+        (("round_size",), 20.0),
         (("model", "nbytes"), "4096"),
         (("model", "nbytes"), 4096.0),
         (("model", "sha256"), None),
@@ -122,7 +124,9 @@ def test_bad_sha256_length_is_rejected(sha: str) -> None:
         DeviceTask.from_dict(raw)
 
 
-@pytest.mark.parametrize(("field", "value"), [("device", -1), ("round_index", 0), ("round_index", -4)])
+@pytest.mark.parametrize(
+    ("field", "value"), [("device", -1), ("round_index", 0), ("round_index", -4), ("round_size", 0)]
+)
 def test_out_of_range_numbers_are_rejected(field: str, value: int) -> None:
     """A negative device or a round below 1 is rejected, naming the field."""
     raw = valid_raw()
@@ -144,7 +148,9 @@ json_values = st.recursive(
     lambda children: st.lists(children, max_size=5) | st.dictionaries(st.text(max_size=12), children, max_size=6),
     max_leaves=20,
 )
-field_names = st.sampled_from(["run_id", "round_index", "device", "model", "enqueued_at", "key", "sha256", "nbytes"])
+field_names = st.sampled_from(
+    ["run_id", "round_index", "device", "model", "enqueued_at", "round_size", "key", "sha256", "nbytes"]
+)
 
 
 @st.composite

@@ -54,20 +54,20 @@ def register_tasks(app: Celery, settings: Settings) -> WorkerState:
             raise Reject(str(err), requeue=False) from None
         services = state.services()
         worker = self.request.hostname or "unknown"
-        # A task that keeps killing its worker comes back with no exception to count: cap it here.
-        seen = services.attempts(task.run_id, task.round_index, task.device)
-        if seen >= settings.max_attempts:
-            record_failure(services, task, worker, seen, f"gave up after {seen} attempts (worker lost)")
-            return
+        attempt = services.start_attempt(task.run_id, task.round_index, task.device, worker)
         try:
-            with services.running(task.run_id, task.round_index, task.device, worker):
-                run_device_task(services, state.cache, task, worker)
+            with services.heartbeat(task.run_id, task.round_index, task.device, worker):
+                # A task that keeps killing its worker comes back with no exception to count: cap it here.
+                if attempt > settings.max_attempts:
+                    seen = attempt - 1
+                    record_failure(services, task, worker, seen, f"gave up after {seen} attempts (worker lost)")
+                    return
+                run_device_task(services, state.cache, task, worker, attempt)
         except Exception as err:
-            attempts = max(1, services.attempts(task.run_id, task.round_index, task.device))
-            if attempts < settings.max_attempts:
-                log.warning("device task failed (attempt %d), retrying: %s", attempts, err)
+            if attempt < settings.max_attempts:
+                log.warning("device task failed (attempt %d), retrying: %s", attempt, err)
                 services.hold(task.run_id, task.round_index, task.device, worker)
                 raise self.retry(exc=err, countdown=1, max_retries=None) from None
-            record_failure(services, task, worker, attempts, traceback.format_exc())
+            record_failure(services, task, worker, attempt, traceback.format_exc())
 
     return state
