@@ -180,8 +180,7 @@ def _timed_parts() -> list[tuple[Any, str, str]]:
         (train, "train_local", "local training (1 step)"),
         (device_task, "encode_state", "encode update (safetensors)"),
         (RedisBlobStore, "put", "update blob write (Redis SET)"),
-        (Store, "record_device_result", "result write (SQL INSERT + commit)"),
-        (scheduler, "round_is_complete", "round completion check (2 SQL SELECTs)"),
+        (Store, "record_device_result", "result write + round's stored count (SQL INSERT, UPDATE, commit)"),
     ]
 
 
@@ -246,7 +245,8 @@ def breakdown(url: str, folder: Path, tasks: int) -> dict[str, Any]:
         for message in messages:
             task = DeviceTask.from_dict(message)
             attempt = services.start_attempt(task.run_id, task.round_index, task.device, "bench@local")
-            run_device_task(services, cache, task, "bench@local", attempt)
+            with services.heartbeat(task.run_id, task.round_index, task.device, "bench@local"):
+                run_device_task(services, cache, task, "bench@local", attempt)
     finally:
         total_s = time.perf_counter() - began
         timers.restore()

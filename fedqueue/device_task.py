@@ -109,12 +109,12 @@ def run_device_task(services: Services, cache: WorkerCache, task: DeviceTask, wo
             loss=outcome.loss, update_key=ref.key, update_sha256=ref.sha256, update_nbytes=ref.nbytes,
         )
     )
-    if not stored:
+    if stored is None:
         # Another delivery of this task stored first; its update is the one that counts.
         services.blobs.delete([ref.key])
         log.info("duplicate of run %s round %d device %d dropped", task.run_id, task.round_index, task.device)
         return False
-    _close_round_if_last(services, task)
+    _close_round_if_last(services, task, stored)
     return True
 
 
@@ -132,18 +132,13 @@ def record_failure(services: Services, task: DeviceTask, worker: str, attempts: 
             error=error[-4000:],
         )
     )
-    if stored:
-        _close_round_if_last(services, task)
+    if stored is not None:
+        _close_round_if_last(services, task, stored)
 
 
-def _close_round_if_last(services: Services, task: DeviceTask) -> None:
-    """After storing a result: the worker that stored a round's last one aggregates it.
-
-    A Redis counter spares every task a count over the round's rows; `finish_round`
-    checks the store before aggregating, and the scheduler's repair pass covers a
-    counter lost with a Redis restart.
-    """
-    if services.count_stored(task.run_id, task.round_index) >= task.round_size:
+def _close_round_if_last(services: Services, task: DeviceTask, stored: int) -> None:
+    """The worker that stored a round's last result (`stored` counts them) aggregates it."""
+    if stored >= task.round_size:
         finish_round(services, task.run_id, task.round_index)
 
 

@@ -2,17 +2,17 @@
 
 from __future__ import annotations
 
-import contextlib
-import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import ContextManager
 
 import redis
 
 from fedqueue.blobs import BlobStore, DirBlobStore, RedisBlobStore
 from fedqueue.config import Settings, mask_url
 from fedqueue.errors import ConfigError, ServiceUnavailable
+from fedqueue.heartbeats import Heartbeats
 from fedqueue.messages import DeviceTask
 from fedqueue.store import Store, open_store
 
@@ -38,6 +38,10 @@ class Services:
     blobs: BlobStore
     redis: redis.Redis
     enqueue: Enqueue
+    _heartbeats: Heartbeats = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self._heartbeats = Heartbeats(self.redis, self.settings.heartbeat_ttl_s)
 
     def _key(self, kind: str, run_id: str, round_index: int, device: int) -> str:
         return f"{self.settings.key_prefix}:{kind}:{run_id}:{round_index}:{device}"
@@ -60,39 +64,56 @@ class Services:
             count, _, _ = pipe.execute()
         return int(count)
 
-    def count_stored(self, run_id: str, round_index: int) -> int:
-        """Count one more stored result of a round; the new total."""
-        key = f"{self.settings.key_prefix}:stored:{run_id}:{round_index}"
+    def start_attempt(self, run_id: str, round_index: int, device: int, worker: str) -> int:
+        """Count this delivery of a device task and mark it running, in one atomic call.
+
+        Both in one transaction: a scheduler that sees the attempt counted also sees the
+        task running, so it never takes a task that is just starting for a lost one.
+        The count lives in Redis, so it survives the worker crashing.
+        """
+        attempts = self._attempt_key(run_id, round_index, device)
         with self.redis.pipeline(transaction=True) as pipe:
-            pipe.incr(key)
-            pipe.expire(key, self.settings.blob_ttl_s)
-            count, _ = pipe.execute()
+            pipe.incr(attempts)
+            pipe.expire(attempts, self.settings.blob_ttl_s)
+            pipe.set(self._key("running", run_id, round_index, device), worker, ex=self.settings.heartbeat_ttl_s)
+            count, _, _ = pipe.execute()
         return int(count)
 
-    @contextlib.contextmanager
-    def heartbeat(self, run_id: str, round_index: int, device: int, worker: str) -> Iterator[None]:
-        """Keep the running mark of a started task alive while the block runs; clear it after.
+    def record_stored(self, run_id: str, round_index: int, device: int) -> int:
+        """A device's result is in the store: clear its running mark and count it; the round's new total."""
+        running = self._key("running", run_id, round_index, device)
+        self._heartbeats.remove(running)
+        stored = f"{self.settings.key_prefix}:stored:{run_id}:{round_index}"
+        with self.redis.pipeline(transaction=True) as pipe:
+            pipe.delete(running)
+            pipe.incr(stored)
+            pipe.expire(stored, self.settings.blob_ttl_s)
+            _, count, _ = pipe.execute()
+        return int(count)
 
-        The mark expires `heartbeat_ttl_s` after its worker dies, which is how a
-        scheduler tells a lost task from a running one.
+    def start_attempt(self, run_id: str, round_index: int, device: int, worker: str) -> int:
+        """Count this delivery of a device task and mark it running, in one atomic call.
+
+        Both in one transaction: a scheduler that sees the attempt counted also sees the
+        task running, so it never takes a task that is just starting for a lost one.
+        The count lives in Redis, so it survives the worker crashing.
         """
-        key = self._key("running", run_id, round_index, device)
-        stop = threading.Event()
+        attempts = self._attempt_key(run_id, round_index, device)
+        with self.redis.pipeline(transaction=True) as pipe:
+            pipe.incr(attempts)
+            pipe.expire(attempts, self.settings.blob_ttl_s)
+            pipe.set(self._key("running", run_id, round_index, device), worker, ex=self.settings.heartbeat_ttl_s)
+            count, _, _ = pipe.execute()
+        return int(count)
 
-        def beat() -> None:
-            while not stop.wait(self.settings.heartbeat_ttl_s / 3):
-                with contextlib.suppress(redis.RedisError):
-                    self.redis.set(key, worker, ex=self.settings.heartbeat_ttl_s)
+    def heartbeat(self, run_id: str, round_index: int, device: int, worker: str) -> ContextManager[None]:
+        """Keep the running mark of a started task alive while the block runs.
 
-        heart = threading.Thread(target=beat, name=f"heartbeat-{device}", daemon=True)
-        heart.start()
-        try:
-            yield
-        finally:
-            stop.set()
-            heart.join()
-            with contextlib.suppress(redis.RedisError):
-                self.redis.delete(key)
+        The mark expires `heartbeat_ttl_s` after its worker dies, which is how a scheduler
+        tells a lost task from a running one. It is left to expire after the block too: a
+        stored result outranks a running mark, and deleting it would cost a round trip per task.
+        """
+        return self._heartbeats.beating(self._key("running", run_id, round_index, device), worker)
 
     def hold(self, run_id: str, round_index: int, device: int, worker: str) -> None:
         """Keep a device marked as running for one heartbeat period (a retry is on its way)."""

@@ -93,12 +93,17 @@ def kill_tree(pid: int) -> None:
 
 
 def running_worker(handle: api.RunHandle, round_index: int, devices: list[int]) -> tuple[int, str] | None:
-    """A (device, worker hostname) currently running, read from the heartbeat keys."""
+    """A (device, worker hostname) currently running, read from the heartbeat keys.
+
+    A finished task's mark lingers until it expires, so devices with a stored result are skipped.
+    """
     from fedqueue.services import connect_redis
 
     client = connect_redis(handle.settings.broker_url or "")
     try:
         for device in devices:
+            if handle.store.has_result(handle.id, round_index, device):
+                continue
             value = client.get(f"{handle.settings.key_prefix}:running:{handle.id}:{round_index}:{device}")
             if value:
                 return device, value.decode()

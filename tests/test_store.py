@@ -232,8 +232,8 @@ def test_record_device_result_stores_once_keeping_first(store: Store) -> None:
     """A repeated (run, round, device) is not stored again and does not overwrite the first row."""
     run_id = new_run(store)
     assert not store.has_result(run_id, 1, 4)
-    assert store.record_device_result(device_result(run_id, 1, 4, worker="first", loss=0.25)) is True
-    assert store.record_device_result(device_result(run_id, 1, 4, worker="second", loss=9.0, pid=99)) is False
+    assert store.record_device_result(device_result(run_id, 1, 4, worker="first", loss=0.25)) == 1
+    assert store.record_device_result(device_result(run_id, 1, 4, worker="second", loss=9.0, pid=99)) is None
     assert store.has_result(run_id, 1, 4)
     assert not store.has_result(run_id, 1, 5)
     assert not store.has_result(run_id, 2, 4)
@@ -290,7 +290,7 @@ def _record_in_child(url: str, run_id: str, worker: int, per_worker: int, start_
         for i in range(per_worker):
             stored += child.record_device_result(
                 device_result(run_id, 1, worker * per_worker + i, worker=f"p{worker}")
-            )
+            ) is not None
         return stored
     finally:
         child.close()
@@ -311,6 +311,36 @@ def test_concurrent_processes_lose_no_result(store: Store, database_url: str) ->
     rows = store.device_tasks(run_id, 1)
     assert [row.device for row in rows] == list(range(procs * per_worker))
     assert {row.worker for row in rows} == {f"p{worker}" for worker in range(procs)}
+
+
+def test_round_counts_its_stored_results_once_each(store: Store) -> None:
+    """Each new result returns its round's new count; a repeat returns None; a deleted one is uncounted."""
+    run_id = new_run(store)
+    store.add_round(round_row(run_id, 1))
+    store.add_round(round_row(run_id, 2))
+    assert [store.record_device_result(device_result(run_id, 1, device)) for device in (3, 1)] == [1, 2]
+    assert store.record_device_result(device_result(run_id, 1, 3, worker="again")) is None
+    assert store.record_device_result(device_result(run_id, 2, 3)) == 1  # rounds count apart
+    store.delete_result(run_id, 1, 3)
+    store.delete_result(run_id, 1, 3)  # a repeated delete uncounts nothing more
+    assert store.record_device_result(device_result(run_id, 1, 2, state="failed")) == 2
+    assert store.get_round(run_id, 1).stored == store.count_done(run_id, 1) == 2
+
+
+def test_concurrent_threads_count_each_result_once(store: Store) -> None:
+    """Eight threads storing one round's results at once: the counts returned are exactly 1..N."""
+    run_id = new_run(store)
+    store.add_round(round_row(run_id, 1))
+    threads, per_thread = 8, 5
+    barrier = threading.Barrier(threads)
+
+    def write(worker: int) -> list[int | None]:
+        barrier.wait(timeout=30)
+        return [store.record_device_result(device_result(run_id, 1, worker * per_thread + i)) for i in range(per_thread)]
+
+    with ThreadPoolExecutor(threads) as pool:
+        counts = [count for outcome in pool.map(write, range(threads)) for count in outcome]
+    assert sorted(c for c in counts if c is not None) == list(range(1, threads * per_thread + 1))
 
 
 # checkpoints

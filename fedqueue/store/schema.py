@@ -43,6 +43,8 @@ class RoundRow(Base):
     model_sha256: Mapped[str] = mapped_column(String(64))
     model_nbytes: Mapped[int] = mapped_column(Integer)
     enqueued_at: Mapped[float] = mapped_column(Float)
+    # Results stored so far (done or failed), counted in each result's own transaction.
+    stored: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     claimed_at: Mapped[float | None] = mapped_column(Float, nullable=True)
     aggregated_at: Mapped[float | None] = mapped_column(Float, nullable=True)
     aggregate_ms: Mapped[float | None] = mapped_column(Float, nullable=True)
