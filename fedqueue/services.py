@@ -64,48 +64,6 @@ class Services:
             count, _, _ = pipe.execute()
         return int(count)
 
-    def start_attempt(self, run_id: str, round_index: int, device: int, worker: str) -> int:
-        """Count this delivery of a device task and mark it running, in one atomic call.
-
-        Both in one transaction: a scheduler that sees the attempt counted also sees the
-        task running, so it never takes a task that is just starting for a lost one.
-        The count lives in Redis, so it survives the worker crashing.
-        """
-        attempts = self._attempt_key(run_id, round_index, device)
-        with self.redis.pipeline(transaction=True) as pipe:
-            pipe.incr(attempts)
-            pipe.expire(attempts, self.settings.blob_ttl_s)
-            pipe.set(self._key("running", run_id, round_index, device), worker, ex=self.settings.heartbeat_ttl_s)
-            count, _, _ = pipe.execute()
-        return int(count)
-
-    def record_stored(self, run_id: str, round_index: int, device: int) -> int:
-        """A device's result is in the store: clear its running mark and count it; the round's new total."""
-        running = self._key("running", run_id, round_index, device)
-        self._heartbeats.remove(running)
-        stored = f"{self.settings.key_prefix}:stored:{run_id}:{round_index}"
-        with self.redis.pipeline(transaction=True) as pipe:
-            pipe.delete(running)
-            pipe.incr(stored)
-            pipe.expire(stored, self.settings.blob_ttl_s)
-            _, count, _ = pipe.execute()
-        return int(count)
-
-    def start_attempt(self, run_id: str, round_index: int, device: int, worker: str) -> int:
-        """Count this delivery of a device task and mark it running, in one atomic call.
-
-        Both in one transaction: a scheduler that sees the attempt counted also sees the
-        task running, so it never takes a task that is just starting for a lost one.
-        The count lives in Redis, so it survives the worker crashing.
-        """
-        attempts = self._attempt_key(run_id, round_index, device)
-        with self.redis.pipeline(transaction=True) as pipe:
-            pipe.incr(attempts)
-            pipe.expire(attempts, self.settings.blob_ttl_s)
-            pipe.set(self._key("running", run_id, round_index, device), worker, ex=self.settings.heartbeat_ttl_s)
-            count, _, _ = pipe.execute()
-        return int(count)
-
     def heartbeat(self, run_id: str, round_index: int, device: int, worker: str) -> ContextManager[None]:
         """Keep the running mark of a started task alive while the block runs.
 
