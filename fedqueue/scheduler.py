@@ -129,6 +129,7 @@ def _policy_failure(config: RunConfig, round_index: int, tasks: list[DeviceTaskR
 
 def _aggregate_claimed_round(services: Services, run_id: str, round_index: int) -> None:
     from fedqueue.experiment import data_spec, resolve_plugins
+    from fedqueue.fl.aggregate import LoadedOnUse
     from fedqueue.fl.data import load_federated
     from fedqueue.fl.devices import torch_device
     from fedqueue.fl.evaluate import evaluate
@@ -151,11 +152,14 @@ def _aggregate_claimed_round(services: Services, run_id: str, round_index: int) 
     global_state = decode_state(
         services.blobs.get(BlobRef(key=row.model_key, sha256=row.model_sha256, nbytes=row.model_nbytes))
     )
-    updates = []
+    refs = []
     for task in results:
         assert task.update_key and task.update_sha256 and task.update_nbytes is not None
-        ref = BlobRef(key=task.update_key, sha256=task.update_sha256, nbytes=task.update_nbytes)
-        updates.append((task.device, task.samples, decode_state(services.blobs.get(ref))))
+        refs.append(BlobRef(key=task.update_key, sha256=task.update_sha256, nbytes=task.update_nbytes))
+    # Each update is read when the rule reaches it: one in memory at a time, whatever the round's size.
+    updates = LoadedOnUse(
+        [(task.device, task.samples) for task in results], lambda position: decode_state(services.blobs.get(refs[position]))
+    )
     new_state = resolve_plugins(config).aggregate(global_state, updates, config.global_lr, config.plugin)
     encoded = encode_state(new_state)
     aggregate_ms = (time.perf_counter() - began) * 1000

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from typing import overload
 
 import torch
 from torch import Tensor
@@ -10,20 +11,50 @@ from torch import Tensor
 from fedqueue.fl.plugins import Options, Update
 
 
-def _ordered(updates: Sequence[Update]) -> list[Update]:
-    if not updates:
+class LoadedOnUse(Sequence[Update]):
+    """Updates whose weights are read (from the blob store) each time one is indexed.
+
+    Aggregating a round this way holds one update at a time, so a round's memory does
+    not grow with its number of devices. Devices and sample counts are known up front.
+    """
+
+    def __init__(self, counts: Sequence[tuple[int, int]], load: Callable[[int], Mapping[str, Tensor]]) -> None:
+        self.counts = list(counts)
+        self._load = load
+
+    def __len__(self) -> int:
+        return len(self.counts)
+
+    @overload
+    def __getitem__(self, index: int) -> Update: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> list[Update]: ...
+
+    def __getitem__(self, index: int | slice) -> Update | list[Update]:
+        if isinstance(index, slice):
+            return [self[i] for i in range(*index.indices(len(self)))]
+        device, samples = self.counts[index]
+        return device, samples, self._load(index if index >= 0 else index + len(self))
+
+
+def _order(updates: Sequence[Update]) -> tuple[list[int], int]:
+    """Positions of the updates by device id, and their total samples; refuses what FedAvg cannot use."""
+    counts = updates.counts if isinstance(updates, LoadedOnUse) else [(d, s) for d, s, _ in updates]
+    if not counts:
         raise ValueError("fedavg needs at least one update")
     # Floating-point sums depend on order; a fixed order makes the result reproducible.
-    ordered = sorted(updates, key=lambda update: update[0])
-    devices = [device for device, _, _ in ordered]
+    order = sorted(range(len(counts)), key=lambda position: counts[position][0])
+    devices = [counts[position][0] for position in order]
     if len(set(devices)) != len(devices):
         raise ValueError(f"fedavg got more than one update from a device: {devices}")
-    for device, samples, _ in ordered:
+    for device, samples in counts:
         if samples < 0:
             raise ValueError(f"device {device} reported {samples} samples")
-    if sum(samples for _, samples, _ in ordered) <= 0:
+    total = sum(samples for _, samples in counts)
+    if total <= 0:
         raise ValueError("fedavg updates carry no samples")
-    return ordered
+    return order, total
 
 
 def _local(device: int, state: Mapping[str, Tensor], name: str, like: Tensor) -> Tensor:
@@ -45,25 +76,30 @@ def fedavg(
 ) -> dict[str, Tensor]:
     """global + global_lr * sample-weighted mean of (local - global), per tensor.
 
-    updates are (device_id, num_samples, local_state). Non-floating tensors (counters
-    such as BatchNorm's num_batches_tracked) come from the lowest device id.
+    updates are (device_id, num_samples, local_state), each indexed once, in device order
+    (so a `LoadedOnUse` round is read one update at a time). Non-floating tensors
+    (counters such as BatchNorm's num_batches_tracked) come from the lowest device id.
     """
-    ordered = _ordered(updates)
-    total = sum(samples for _, samples, _ in ordered)
-    result: dict[str, Tensor] = {}
-    for name, current in global_state.items():
-        if not current.is_floating_point():
-            first_device, _, first_state = ordered[0]
-            result[name] = _local(first_device, first_state, name, current).detach().clone()
-            continue
-        # float64 accumulation keeps low-precision weights from drifting through the sum.
-        base = current.detach().to(torch.float64)
-        delta = torch.zeros_like(base)
-        for device, samples, state in ordered:
+    order, total = _order(updates)
+    # float64 accumulation keeps low-precision weights from drifting through the sum.
+    base = {
+        name: current.detach().to(torch.float64) for name, current in global_state.items()
+        if current.is_floating_point()
+    }
+    delta = {name: torch.zeros_like(value) for name, value in base.items()}
+    counters: dict[str, Tensor] = {}
+    for rank, position in enumerate(order):
+        device, samples, state = updates[position]
+        for name, current in global_state.items():
             local = _local(device, state, name, current).detach()
-            delta += (samples / total) * (local.to(device=base.device, dtype=torch.float64) - base)
-        result[name] = (base + global_lr * delta).to(current.dtype).contiguous()
-    return result
+            if name in base:
+                delta[name] += (samples / total) * (local.to(device=base[name].device, dtype=torch.float64) - base[name])
+            elif rank == 0:
+                counters[name] = local.clone()
+    return {
+        name: counters[name] if name not in base else (base[name] + global_lr * delta[name]).to(current.dtype).contiguous()
+        for name, current in global_state.items()
+    }
 
 
 def fedavg_rule(

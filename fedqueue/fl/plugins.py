@@ -80,6 +80,13 @@ class LocalStep(Protocol):
 
 
 class AggregateRule(Protocol):
+    """The new global state from a round's updates, sorted by device.
+
+    fedqueue passes a sequence that reads each update from storage when it is indexed:
+    go through it once, keeping only what the rule needs, and a round of any size fits
+    in memory.
+    """
+
     def __call__(
         self, global_state: Mapping[str, Tensor], updates: Sequence[Update], global_lr: float, options: Options
     ) -> dict[str, Tensor]: ...

@@ -5,7 +5,7 @@ import itertools
 import pytest
 import torch
 
-from fedqueue.fl.aggregate import fedavg
+from fedqueue.fl.aggregate import LoadedOnUse, fedavg
 
 
 def _state(seed: int, dtype: torch.dtype = torch.float32) -> dict[str, torch.Tensor]:
@@ -85,3 +85,20 @@ def test_bad_updates() -> None:
         fedavg(base, [(1, 2, _state(1)), (1, 3, _state(2))], 1.0)
     with pytest.raises(ValueError):
         fedavg(base, [(1, 2, {"w": base["w"]})], 1.0)
+
+
+def test_updates_loaded_on_use_are_read_once_each_and_give_the_same_weights() -> None:
+    """A round read one update at a time aggregates bit for bit like one held in memory."""
+    base = _state(0)
+    held = [(device, 5 + device, _state(device + 1)) for device in (6, 2, 9, 4)]
+    reads: list[int] = []
+
+    def load(position: int) -> dict[str, torch.Tensor]:
+        reads.append(position)
+        return held[position][2]
+
+    streamed = LoadedOnUse([(device, samples) for device, samples, _ in held], load)
+    assert _same(fedavg(base, streamed, 0.9), fedavg(base, held, 0.9))
+    assert sorted(reads) == [0, 1, 2, 3]  # each blob read once
+    assert reads == [1, 3, 0, 2]  # in device order: 2, 4, 6, 9
+    assert streamed[-1][0] == 4 and [device for device, _, _ in streamed[1:3]] == [2, 9]
