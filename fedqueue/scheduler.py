@@ -11,7 +11,8 @@ import hashlib
 import logging
 import time
 import uuid
-from typing import TYPE_CHECKING
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -20,12 +21,15 @@ from fedqueue.messages import BlobRef, DeviceTask
 from fedqueue.runconfig import RunConfig
 from fedqueue.services import Services
 from fedqueue.store import Store
-from fedqueue.store.schema import DeviceTaskRow, RoundRow
+from fedqueue.store.schema import RoundRow
 
 if TYPE_CHECKING:
     import torch
+    from sqlalchemy.engine import Row
 
 log = logging.getLogger(__name__)
+
+UPDATES_READ_AHEAD = 4  # updates fetched and checked in the background while one is summed
 
 
 def select_devices(seed: int, round_index: int, num_devices: int, per_round: int) -> list[int]:
@@ -109,7 +113,7 @@ def finish_round(services: Services, run_id: str, round_index: int, stale_before
     return True
 
 
-def _policy_failure(config: RunConfig, round_index: int, tasks: list[DeviceTaskRow]) -> str | None:
+def _policy_failure(config: RunConfig, round_index: int, tasks: Sequence[Row[Any]]) -> str | None:
     """Why the round must stop the run under its failure policy, or None to aggregate what succeeded."""
     failed = [task for task in tasks if task.state != "done"]
     succeeded = len(tasks) - len(failed)
@@ -141,7 +145,7 @@ def _aggregate_claimed_round(services: Services, run_id: str, round_index: int) 
     config = RunConfig.from_dict(run.config)
     row = services.store.get_round(run_id, round_index)
     assert row is not None
-    tasks = services.store.device_tasks(run_id, round_index)
+    tasks = services.store.round_outcomes(run_id, round_index)
     stop = _policy_failure(config, round_index, tasks)
     if stop is not None:
         services.store.complete_round(run_id, round_index)
@@ -156,11 +160,13 @@ def _aggregate_claimed_round(services: Services, run_id: str, round_index: int) 
     for task in results:
         assert task.update_key and task.update_sha256 and task.update_nbytes is not None
         refs.append(BlobRef(key=task.update_key, sha256=task.update_sha256, nbytes=task.update_nbytes))
-    # Each update is read when the rule reaches it: one in memory at a time, whatever the round's size.
-    updates = LoadedOnUse(
-        [(task.device, task.samples) for task in results], lambda position: decode_state(services.blobs.get(refs[position]))
-    )
-    new_state = resolve_plugins(config).aggregate(global_state, updates, config.global_lr, config.plugin)
+    # Each update is read as the rule reaches it (a few ahead): memory stays flat whatever the round's size.
+    with LoadedOnUse(
+        [(task.device, task.samples) for task in results],
+        lambda position: decode_state(services.blobs.get(refs[position])),
+        read_ahead=UPDATES_READ_AHEAD,
+    ) as updates:
+        new_state = resolve_plugins(config).aggregate(global_state, updates, config.global_lr, config.plugin)
     encoded = encode_state(new_state)
     aggregate_ms = (time.perf_counter() - began) * 1000
 

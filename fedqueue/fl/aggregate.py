@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import overload
 
 import torch
@@ -12,15 +13,42 @@ from fedqueue.fl.plugins import Options, Update
 
 
 class LoadedOnUse(Sequence[Update]):
-    """Updates whose weights are read (from the blob store) each time one is indexed.
+    """Updates whose weights are read (from the blob store) when they are indexed.
 
-    Aggregating a round this way holds one update at a time, so a round's memory does
+    Aggregating a round this way holds a few updates at a time, so a round's memory does
     not grow with its number of devices. Devices and sample counts are known up front.
+    Indexed in order, the next `read_ahead` updates are read by background threads while
+    the current one is summed: fetching and checking blobs overlaps the arithmetic.
+    Use it as a context manager, so reads still under way are dropped at the end.
     """
 
-    def __init__(self, counts: Sequence[tuple[int, int]], load: Callable[[int], Mapping[str, Tensor]]) -> None:
+    def __init__(
+        self, counts: Sequence[tuple[int, int]], load: Callable[[int], Mapping[str, Tensor]], read_ahead: int = 0
+    ) -> None:
         self.counts = list(counts)
         self._load = load
+        self._read_ahead = read_ahead
+        self._pending: dict[int, Future[Mapping[str, Tensor]]] = {}
+        self._readers = ThreadPoolExecutor(max_workers=2, thread_name_prefix="update-reader") if read_ahead else None
+
+    def __enter__(self) -> LoadedOnUse:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        if self._readers is not None:
+            for future in self._pending.values():
+                future.cancel()
+            self._pending.clear()
+            self._readers.shutdown(wait=True)
+
+    def _state(self, position: int) -> Mapping[str, Tensor]:
+        if self._readers is None:
+            return self._load(position)
+        for ahead in range(position + 1, min(position + 1 + self._read_ahead, len(self))):
+            if ahead not in self._pending:
+                self._pending[ahead] = self._readers.submit(self._load, ahead)
+        pending = self._pending.pop(position, None)
+        return pending.result() if pending is not None else self._load(position)
 
     def __len__(self) -> int:
         return len(self.counts)
@@ -35,7 +63,7 @@ class LoadedOnUse(Sequence[Update]):
         if isinstance(index, slice):
             return [self[i] for i in range(*index.indices(len(self)))]
         device, samples = self.counts[index]
-        return device, samples, self._load(index if index >= 0 else index + len(self))
+        return device, samples, self._state(index if index >= 0 else index + len(self))
 
 
 def _order(updates: Sequence[Update]) -> tuple[list[int], int]:
@@ -87,13 +115,17 @@ def fedavg(
         if current.is_floating_point()
     }
     delta = {name: torch.zeros_like(value) for name, value in base.items()}
+    # One scratch buffer per tensor, reused for every update: no allocation per update and tensor.
+    scratch = {name: torch.empty_like(value) for name, value in base.items()}
     counters: dict[str, Tensor] = {}
     for rank, position in enumerate(order):
         device, samples, state = updates[position]
         for name, current in global_state.items():
             local = _local(device, state, name, current).detach()
             if name in base:
-                delta[name] += (samples / total) * (local.to(device=base[name].device, dtype=torch.float64) - base[name])
+                # delta += (samples / total) * (local - base), one rounding per operation as written.
+                difference = scratch[name].copy_(local).sub_(base[name])
+                delta[name].add_(difference.mul_(samples / total))
             elif rank == 0:
                 counters[name] = local.clone()
     return {

@@ -12,7 +12,7 @@ from typing import Any, TypeVar
 from sqlalchemy import and_, bindparam, delete, func, or_, select, update
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
-from sqlalchemy.engine import Engine
+from sqlalchemy.engine import Engine, Row
 from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -266,6 +266,21 @@ class Store:
             query = query.where(DeviceTaskRow.round_index == round_index)
         with self.session() as session:
             return list(session.scalars(query.order_by(DeviceTaskRow.round_index, DeviceTaskRow.device)))
+
+    @retry_transient
+    def round_outcomes(self, run_id: str, round_index: int) -> list[Row[Any]]:
+        """What aggregating a round needs of each result, by device: light rows, not ORM objects."""
+        columns = (
+            DeviceTaskRow.device, DeviceTaskRow.state, DeviceTaskRow.samples, DeviceTaskRow.loss, DeviceTaskRow.error,
+            DeviceTaskRow.update_key, DeviceTaskRow.update_sha256, DeviceTaskRow.update_nbytes,
+        )
+        query = (
+            select(*columns)
+            .where(DeviceTaskRow.run_id == run_id, DeviceTaskRow.round_index == round_index)
+            .order_by(DeviceTaskRow.device)
+        )
+        with self.engine.connect() as connection:
+            return list(connection.execute(query))
 
     # checkpoints
 

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import itertools
+import threading
 
 import pytest
 import torch
@@ -102,3 +103,27 @@ def test_updates_loaded_on_use_are_read_once_each_and_give_the_same_weights() ->
     assert sorted(reads) == [0, 1, 2, 3]  # each blob read once
     assert reads == [1, 3, 0, 2]  # in device order: 2, 4, 6, 9
     assert streamed[-1][0] == 4 and [device for device, _, _ in streamed[1:3]] == [2, 9]
+
+
+def test_reading_ahead_reads_each_update_once_and_passes_on_a_failed_read() -> None:
+    """Background reads change nothing in the result; a blob that fails to load fails the aggregation."""
+    base = _state(0)
+    held = [(device, 3 + device, _state(device + 1)) for device in range(6)]
+    reads: list[int] = []
+    lock = threading.Lock()
+
+    def load(position: int) -> dict[str, torch.Tensor]:
+        with lock:
+            reads.append(position)
+        if position == broken:
+            raise ValueError(f"blob {position} does not match its sha256")
+        return held[position][2]
+
+    counts = [(device, samples) for device, samples, _ in held]
+    broken = -1
+    with LoadedOnUse(counts, load, read_ahead=3) as streamed:
+        assert _same(fedavg(base, streamed, 1.0), fedavg(base, held, 1.0))
+    assert sorted(reads) == list(range(6))
+    broken = 4
+    with LoadedOnUse(counts, load, read_ahead=3) as streamed, pytest.raises(ValueError, match="blob 4"):
+        fedavg(base, streamed, 1.0)
