@@ -22,7 +22,7 @@ demo: $(STAMP)
 test: $(STAMP)
 	$(BIN)/python -m pytest
 
-# About 6 minutes on an idle 2-core machine; each benchmark first waits (up to 3 minutes) for other work to stop.
+# About 10 minutes on an idle 2-core machine; each benchmark first waits (up to 3 minutes) for other work to stop.
 bench: $(STAMP)
 	$(BIN)/python bench/fl_round.py
 	$(BIN)/python bench/overhead.py
