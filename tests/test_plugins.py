@@ -9,6 +9,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+import torch
 
 import fedqueue
 from fedqueue.config import Settings
@@ -27,19 +28,50 @@ def plugin_settings(settings: Settings) -> Settings:
     return settings.with_plugin_path([str(EXAMPLES)])
 
 
+def final_weights_of_runs_together(
+    settings: Settings, configs: list[RunConfig], tmp_path: Path
+) -> list[dict[str, torch.Tensor]]:
+    """Submit the runs at once on two real workers; each must finish."""
+    with running_workers(settings, procs=2, log_dir=tmp_path / "logs"):
+        handles = [fedqueue.submit(config, settings=settings) for config in configs]
+        statuses = [handle.wait(timeout_s=120) for handle in handles]
+    assert [status["state"] for status in statuses] == ["finished"] * len(configs)
+    return [handle.final_weights() for handle in handles]
+
+
 def test_fedprox_with_mu_zero_equals_builtin_fedavg(plugin_settings: Settings, tmp_path: Path) -> None:
     builtin = small_config(partition="dirichlet", alpha=0.5)
     fedprox = replace(builtin, local_step="fedqueue_examples.fedprox:fedprox_step", plugin={"mu": 0.0})
     proximal = replace(fedprox, plugin={"mu": 1.0})
-    with running_workers(plugin_settings, procs=2, log_dir=tmp_path / "logs"):
-        handles = [fedqueue.submit(config, settings=plugin_settings) for config in (builtin, fedprox, proximal)]
-        statuses = [handle.wait(timeout_s=120) for handle in handles]
-    assert [status["state"] for status in statuses] == ["finished"] * 3
-    weights = [handle.final_weights() for handle in handles]
+    weights = final_weights_of_runs_together(plugin_settings, [builtin, fedprox, proximal], tmp_path)
     assert_same_weights(weights[0], weights[1])
     # The plugin really runs: a strong proximal term changes the result.
     assert any(not (weights[0][name] == weights[2][name]).all() for name in weights[0])
 
+
+def test_clipped_aggregation_rule_runs_on_the_workers(plugin_settings: Settings, tmp_path: Path) -> None:
+    """A server-side rule through real workers: unclipped it is FedAvg bit for bit; clipped, it bounds the step."""
+    from fedqueue.experiment import data_spec
+    from fedqueue.fl.data import load_federated
+    from fedqueue.fl.models import initial_state
+
+    builtin = small_config(rounds=1, global_lr=0.5)
+    loose = replace(builtin, aggregate="fedqueue_examples.clipping:clipped_fedavg", plugin={"clip_norm": 1e9})
+    tight = replace(loose, plugin={"clip_norm": 0.01})
+    plugin_settings.activate_plugin_path()
+    resolve.cache_clear()
+    with pytest.raises(ConfigError, match="clip_norm must be a number > 0"):
+        check_plugins(replace(loose, plugin={"clip_norm": -1}))
+    weights = final_weights_of_runs_together(plugin_settings, [builtin, loose, tight], tmp_path)
+    assert_same_weights(weights[0], weights[1])
+    data = load_federated(data_spec(builtin))
+    start = initial_state(builtin.model, data.input_shape, data.num_classes, builtin.seed)
+
+    def step(state: dict[str, torch.Tensor]) -> float:
+        return sum(float((state[name].double() - start[name].double()).pow(2).sum()) for name in start) ** 0.5
+
+    # The mean of changes clipped to 0.01 moves the model at most global_lr x 0.01; FedAvg moved it further.
+    assert 0 < step(weights[2]) <= 0.5 * 0.01 * (1 + 1e-6) < step(weights[0])
 
 def test_custom_dataset_with_natural_splits_runs_end_to_end(plugin_settings: Settings, tmp_path: Path) -> None:
     config = RunConfig.from_dict({

@@ -66,9 +66,14 @@ class LoadedOnUse(Sequence[Update]):
         return device, samples, self._state(index if index >= 0 else index + len(self))
 
 
+def counts_of(updates: Sequence[Update]) -> list[tuple[int, int]]:
+    """(device, samples) of every update, without reading any weights of a `LoadedOnUse`."""
+    return list(updates.counts) if isinstance(updates, LoadedOnUse) else [(d, s) for d, s, _ in updates]
+
+
 def _order(updates: Sequence[Update]) -> tuple[list[int], int]:
     """Positions of the updates by device id, and their total samples; refuses what FedAvg cannot use."""
-    counts = updates.counts if isinstance(updates, LoadedOnUse) else [(d, s) for d, s, _ in updates]
+    counts = counts_of(updates)
     if not counts:
         raise ValueError("fedavg needs at least one update")
     # Floating-point sums depend on order; a fixed order makes the result reproducible.
