@@ -252,12 +252,9 @@ class Store:
 
     @retry_transient
     def count_done(self, run_id: str, round_index: int) -> int:
-        with self.session() as session:
-            return session.scalar(
-                select(func.count()).where(
-                    DeviceTaskRow.run_id == run_id, DeviceTaskRow.round_index == round_index
-                )
-            ) or 0
+        """Result rows stored for a round (done or failed), counted from the rows themselves."""
+        with self.engine.connect() as connection:
+            return connection.execute(self._rows_stored, {"run": run_id, "round": round_index}).scalar() or 0
 
     @retry_transient
     def device_tasks(self, run_id: str, round_index: int | None = None) -> list[DeviceTaskRow]:
