@@ -33,7 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from common import ForeignLoad, machine, wait_run, machine_line, markdown_table, verdict, wait_for_quiet  # noqa: E402
 
-from fedqueue.runconfig import RunConfig  # noqa: E402
+from fedqueue.fl.config import RunConfig  # noqa: E402
 
 TARGETS = {"loop": 2.0, "threads": 1.7, "floor": 1.15, "efficiency": 0.85}
 State = dict[str, Any]
@@ -52,7 +52,7 @@ def train_device(config: RunConfig, state: State, round_index: int, device: int)
     """One device's local training, exactly as a fedqueue worker does it."""
     import torch
 
-    from fedqueue.experiment import data_spec, train_config
+    from fedqueue.fl.experiment import data_spec, train_config
     from fedqueue.fl.data import device_data, load_federated
     from fedqueue.fl.models import build_model
     from fedqueue.fl.seeding import task_seed
@@ -68,7 +68,7 @@ def train_device(config: RunConfig, state: State, round_index: int, device: int)
 
 
 def initial(config: RunConfig) -> State:
-    from fedqueue.experiment import data_spec
+    from fedqueue.fl.experiment import data_spec
     from fedqueue.fl.data import load_federated
     from fedqueue.fl.models import initial_state
 
@@ -77,7 +77,7 @@ def initial(config: RunConfig) -> State:
 
 
 def selected(config: RunConfig, round_index: int) -> list[int]:
-    from fedqueue.scheduler import select_devices
+    from fedqueue.fl.rounds import select_devices
 
     return select_devices(config.seed, round_index, config.num_devices, config.devices_per_round)
 
@@ -125,7 +125,7 @@ def _pool_init() -> None:
 
 def _pool_task(args: tuple[dict[str, Any], str, int, int]) -> tuple[int, int, bytes]:
     global _POOL_MODEL
-    from fedqueue.blobs import decode_state, encode_state
+    from fedqueue.fl.weights import decode_state, encode_state
 
     raw_config, model_path, round_index, device = args
     if _POOL_MODEL is None or _POOL_MODEL[0] != model_path:
@@ -135,7 +135,7 @@ def _pool_task(args: tuple[dict[str, Any], str, int, int]) -> tuple[int, int, by
 
 
 def way_floor(config: RunConfig, procs: int, folder: Path) -> tuple[list[float], State]:
-    from fedqueue.blobs import decode_state, encode_state
+    from fedqueue.fl.weights import decode_state, encode_state
 
     context = multiprocessing.get_context("spawn")  # never fork a process that has imported torch
     with context.Pool(procs, initializer=_pool_init) as pool:

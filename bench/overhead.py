@@ -120,7 +120,7 @@ def measure_fedqueue(url: str, client: redis.Redis, procs: int, tasks: int, fold
     settings = Settings(broker_url=url, database_url=f"sqlite:///{folder / 'overhead.db'}",
                         key_prefix="bench-overhead").with_plugin_path([str(BENCH_DIR)])
     prefix = settings.key_prefix
-    queue_key, unacked_key = f"{prefix}:{settings.queue_name}", f"{prefix}:unacked"
+    queue_key, unacked_key = f"{prefix}:{settings.queue("devices")}", f"{prefix}:unacked"
     with fedqueue.local_cluster(procs=procs, settings=settings) as cluster:
         control = make_app(cluster.settings).control
         alive = lambda: check_workers(cluster)  # noqa: E731
@@ -131,10 +131,10 @@ def measure_fedqueue(url: str, client: redis.Redis, procs: int, tasks: int, fold
         enqueued_at = handle.store.list_rounds(handle.id)[0].enqueued_at
         round_report = build_report(handle.store, handle.id)
 
-        control.cancel_consumer(settings.queue_name, reply=True, timeout=2)
+        control.cancel_consumer(settings.queue("devices"), reply=True, timeout=2)
         paused = fedqueue.submit(noop_config(tasks), settings=cluster.settings)
         began = time.time()
-        control.add_consumer(settings.queue_name, reply=True, timeout=2)
+        control.add_consumer(settings.queue("devices"), reply=True, timeout=2)
         drained_at = wait_drained(client, queue_key, unacked_key, alive=alive)
         wait_run(paused, cluster)
         drain_report = build_report(paused.store, paused.id)
@@ -158,14 +158,14 @@ def measure_fedqueue(url: str, client: redis.Redis, procs: int, tasks: int, fold
 
 # (owner, attribute, label): the leaves of one device task, timed without nesting.
 def _timed_parts() -> list[tuple[Any, str, str]]:
-    import fedqueue.device_task as device_task
-    import fedqueue.experiment as experiment
+    import fedqueue.fl.device_task as device_task
+    import fedqueue.fl.experiment as experiment
     import fedqueue.fl.data as data
     import fedqueue.fl.models as models
     import fedqueue.fl.train as train
-    import fedqueue.scheduler as scheduler
-    from fedqueue.blobs import RedisBlobStore
-    from fedqueue.services import Services
+    import fedqueue.fl.rounds as scheduler
+    from fedqueue.core.blobs import RedisBlobStore
+    from fedqueue.core.services import Services
     from fedqueue.store.repo import Store
 
     return [
@@ -186,14 +186,14 @@ def _timed_parts() -> list[tuple[Any, str, str]]:
 
 def breakdown(url: str, folder: Path, tasks: int) -> dict[str, Any]:
     """One device task's parts, timed in this process: the Celery task body without Celery."""
-    import fedqueue.device_task as device_task
-    from fedqueue.client import open_client
-    from fedqueue.device_task import WorkerCache, run_device_task
+    import fedqueue.fl.device_task as device_task
+    from fedqueue.queue.client import open_client
+    from fedqueue.fl.device_task import WorkerCache, run_device_task
     from fedqueue.fl.devices import configure_determinism
     from fedqueue.fl.warmup import warm_up
-    from fedqueue.messages import DeviceTask
-    from fedqueue.runconfig import RunConfig
-    from fedqueue.scheduler import submit_run
+    from fedqueue.fl.messages import DeviceTask
+    from fedqueue.fl.config import RunConfig
+    from fedqueue.fl.rounds import submit_run
     from fedqueue.store.repo import Store
 
     settings = Settings(broker_url=url, database_url=f"sqlite:///{folder / 'breakdown.db'}",
@@ -258,7 +258,7 @@ def breakdown(url: str, folder: Path, tasks: int) -> dict[str, Any]:
     per_task_s = (total_s - aggregation_s) / tasks
     parts = {label: value / tasks for label, value in timers.seconds.items()}
     parts["other (message decode, load_state_dict, seeds, timing)"] = per_task_s - sum(parts.values())
-    services.redis.delete(f"{settings.key_prefix}:{settings.queue_name}")
+    services.redis.delete(f"{settings.key_prefix}:{settings.queue("devices")}")
     services.close()
     return {"parts": parts, "per_task_s": per_task_s, "enqueue_per_task_s": enqueue_s / tasks,
             "aggregation_s": aggregation_s}

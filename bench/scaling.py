@@ -72,10 +72,10 @@ class PeakMemory:
 
 
 def scheduler_steps(url: str, folder: Path, devices: int) -> dict[str, float]:
-    from fedqueue.blobs import encode_state
-    from fedqueue.client import open_client
-    from fedqueue.runconfig import RunConfig
-    from fedqueue.scheduler import final_state, finish_round, submit_run, update_key
+    from fedqueue.fl.weights import encode_state
+    from fedqueue.queue.client import open_client
+    from fedqueue.fl.config import RunConfig
+    from fedqueue.fl.rounds import final_state, finish_round, submit_run, update_key
     from fedqueue.store.repo import DeviceResult
 
     settings = Settings(broker_url=url, database_url=f"sqlite:///{folder / f'scheduler-{devices}.db'}",
@@ -112,7 +112,7 @@ def scheduler_steps(url: str, folder: Path, devices: int) -> dict[str, float]:
         finish_s = time.perf_counter() - began
     if services.store.get_run(run_id).state != "finished":
         raise RuntimeError(f"scheduler run for {devices} devices did not finish")
-    services.redis.delete(f"{settings.key_prefix}:{settings.queue_name}")  # no worker reads this queue
+    services.redis.delete(f"{settings.key_prefix}:{settings.queue("devices")}")  # no worker reads this queue
     services.close()
     return {"submit_s": submit_s, "submit_bytes": submit_memory.bytes, "check_s": check_s, "finish_s": finish_s,
             "finish_bytes": finish_memory.bytes}

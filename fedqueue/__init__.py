@@ -17,7 +17,7 @@ def __getattr__(name: str) -> Any:
 
         return getattr(api, name)
     if name == "RunConfig":
-        from fedqueue.runconfig import RunConfig
+        from fedqueue.fl.config import RunConfig
 
         return RunConfig
     if name == "Settings":

@@ -16,14 +16,14 @@ from typing import TYPE_CHECKING, Any
 
 from fedqueue.config import Settings
 from fedqueue.errors import ConfigError
-from fedqueue.runconfig import RunConfig, load_run_config
+from fedqueue.fl.config import RunConfig, load_run_config
 
 if TYPE_CHECKING:
     import torch
 
-    from fedqueue.local import LocalCluster
+    from fedqueue.core.local import LocalCluster
     from fedqueue.store import Store
-    from fedqueue.supervisor import RunSupervisor
+    from fedqueue.core.supervisor import RunSupervisor
 
 ConfigLike = RunConfig | Mapping[str, Any] | str | os.PathLike[str]
 
@@ -63,7 +63,7 @@ class RunHandle:
 
     def status(self) -> dict[str, Any]:
         """State, rounds done, accuracy per evaluated round, workers, max_concurrency, failures."""
-        from fedqueue.summary import run_summary
+        from fedqueue.report.summary import run_summary
 
         return run_summary(self.store, self.id)
 
@@ -94,7 +94,7 @@ class RunHandle:
 
     def final_weights(self) -> dict[str, torch.Tensor]:
         """The latest checkpointed global model."""
-        from fedqueue.scheduler import final_state
+        from fedqueue.fl.rounds import final_state
 
         return final_state(self.store, self.id)
 
@@ -105,8 +105,8 @@ def scheduling(handle: RunHandle) -> Iterator[RunSupervisor]:
 
     Raises LeaseHeld when another live scheduler has the run.
     """
-    from fedqueue.client import open_client
-    from fedqueue.supervisor import RunSupervisor
+    from fedqueue.queue.client import open_client
+    from fedqueue.core.supervisor import RunSupervisor
 
     services = open_client(handle.settings)
     try:
@@ -138,7 +138,8 @@ def submit(
     **overrides: Any,
 ) -> RunHandle:
     """Validate, enqueue round 1 on the configured broker and return at once."""
-    from fedqueue.client import submit as submit_run
+    from fedqueue.fl.rounds import submit_run
+    from fedqueue.queue.client import open_client
 
     run_config = load_config(config, overrides)
     settings = _settings(settings, plugin_path)
@@ -146,7 +147,11 @@ def submit(
         raise ConfigError(
             "FEDQUEUE_BROKER_URL: not set (use fedqueue.run(), or submit inside fedqueue.local_cluster())"
         )
-    return RunHandle(submit_run(settings, run_config), settings)
+    services = open_client(settings)
+    try:
+        return RunHandle(submit_run(services, run_config), settings)
+    finally:
+        services.close()
 
 
 @contextlib.contextmanager
@@ -155,7 +160,7 @@ def local_cluster(
     plugin_path: list[str] | None = None,
 ) -> Iterator[LocalCluster]:
     """An embedded Redis (unless a broker is configured) and local workers, for the `with` block."""
-    from fedqueue.local import LocalCluster
+    from fedqueue.core.local import LocalCluster
     from fedqueue.queue.workers import detect_gpus, plan_workers
 
     settings = _settings(settings, plugin_path)
@@ -188,9 +193,9 @@ def run(
 def runs(settings: Settings | None = None) -> list[dict[str, Any]]:
     """Every run in the store, oldest first."""
     from fedqueue.store import open_store
-    from fedqueue.summary import run_line
+    from fedqueue.report.summary import run_line
 
-    store = open_store((settings or Settings.from_env()).database_url, migrate=True)
+    store = open_store((settings or Settings.from_env()).database_url)
     try:
         rows = store.list_runs()
         rounds = store.round_rows_for([row.id for row in rows])

@@ -50,6 +50,8 @@ class Settings:
     visibility_timeout_override_s: int | None = None
     # Folders searched for plugin modules, by workers and by the submitting process.
     plugin_path: tuple[str, ...] = ()
+    # The job kinds a worker serves (comma-separated, e.g. "fl,llm"); None serves every installed kind.
+    jobs: str | None = None
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
@@ -72,10 +74,14 @@ class Settings:
                 _int(env, "FEDQUEUE_VISIBILITY_TIMEOUT_S", 0) if env.get("FEDQUEUE_VISIBILITY_TIMEOUT_S") else None
             ),
             plugin_path=tuple(part for part in (env.get("FEDQUEUE_PLUGIN_PATH") or "").split(os.pathsep) if part),
+            jobs=env.get("FEDQUEUE_JOBS") or None,
         )
 
     def with_broker(self, broker_url: str) -> Settings:
         return replace(self, broker_url=broker_url)
+
+    def with_jobs(self, jobs: str | None) -> Settings:
+        return self if jobs is None else replace(self, jobs=jobs)
 
     def with_plugin_path(self, folders: list[str] | tuple[str, ...] | None) -> Settings:
         """These settings plus plugin folders (made absolute: workers may start elsewhere)."""
@@ -100,9 +106,9 @@ class Settings:
             return self.visibility_timeout_override_s
         return self.task_time_limit_s * 2 + 60
 
-    @property
-    def queue_name(self) -> str:
-        return f"{self.key_prefix}.devices"
+    def queue(self, suffix: str) -> str:
+        """A queue's full name: `devices` (FL device tasks), `control` (scheduler steps), a kind's own."""
+        return f"{self.key_prefix}.{suffix}"
 
     def to_env(self) -> dict[str, str]:
         """The environment that gives a child process these same settings."""
@@ -124,6 +130,8 @@ class Settings:
             env["FEDQUEUE_BLOB_DIR"] = self.blob_dir
         if self.plugin_path:
             env["FEDQUEUE_PLUGIN_PATH"] = os.pathsep.join(self.plugin_path)
+        if self.jobs:
+            env["FEDQUEUE_JOBS"] = self.jobs
         return env
 
 

@@ -6,11 +6,11 @@ import time
 
 import torch
 
-from fedqueue.client import open_client
+from fedqueue.queue.client import open_client
 from fedqueue.config import Settings
-from fedqueue.runconfig import RunConfig
-from fedqueue.scheduler import final_state, select_devices, submit_run
-from fedqueue.services import Services
+from fedqueue.fl.config import RunConfig
+from fedqueue.fl.rounds import final_state, select_devices, submit_run
+from fedqueue.core.services import Services
 from fedqueue.store import Store
 
 
@@ -41,7 +41,7 @@ def run_to_end(settings: Settings, config: RunConfig, services: Services | None 
 
 def reference_final_state(config: RunConfig) -> dict[str, torch.Tensor]:
     """The same experiment, computed in this process with no queue: what the workers must match."""
-    from fedqueue.experiment import data_spec, train_config
+    from fedqueue.fl.experiment import data_spec, train_config
     from fedqueue.fl.aggregate import fedavg
     from fedqueue.fl.data import device_data, load_federated
     from fedqueue.fl.models import build_model, initial_state
@@ -65,7 +65,7 @@ def reference_final_state(config: RunConfig) -> dict[str, torch.Tensor]:
 
 
 def held_out_accuracy(config: RunConfig, state: dict[str, torch.Tensor]) -> float:
-    from fedqueue.experiment import data_spec
+    from fedqueue.fl.experiment import data_spec
     from fedqueue.fl.data import load_federated
     from fedqueue.fl.evaluate import evaluate
     from fedqueue.fl.models import build_model

@@ -18,7 +18,7 @@ import psutil
 from fedqueue import api
 from fedqueue.config import Settings
 from fedqueue.queue.app import make_app
-from fedqueue.runconfig import RunConfig
+from fedqueue.fl.config import RunConfig
 from tests.helpers import small_config
 
 PLUGINS = Path(__file__).with_name("plugin_modules")
@@ -97,7 +97,7 @@ def running_worker(handle: api.RunHandle, round_index: int, devices: list[int]) 
 
     A finished task's mark lingers until it expires, so devices with a stored result are skipped.
     """
-    from fedqueue.services import connect_redis
+    from fedqueue.core.services import connect_redis
 
     client = connect_redis(handle.settings.broker_url or "")
     try:

@@ -12,9 +12,10 @@ import pytest
 import redis
 import torch
 
-from fedqueue.blobs import DirBlobStore, RedisBlobStore, decode_state, encode_state
+from fedqueue.core.blobs import DirBlobStore, RedisBlobStore
+from fedqueue.fl.weights import decode_state, encode_state
 from fedqueue.errors import BlobIntegrityError
-from fedqueue.messages import BlobRef
+from fedqueue.core.codec import BlobRef
 
 TTL_S = 120
 

@@ -13,8 +13,9 @@ from hypothesis import strategies as st
 from fedqueue import api
 from fedqueue.config import Settings
 from fedqueue.errors import ConfigError, DataError
-from fedqueue.queue.app import TRAIN_DEVICE, make_app
-from fedqueue.runconfig import RunConfig, load_run_config
+from fedqueue.fl.kind import TRAIN_DEVICE
+from fedqueue.queue.app import make_app
+from fedqueue.fl.config import RunConfig, load_run_config
 from tests.conftest import running_workers
 from tests.helpers import small_config
 from tests.reliability_support import cli_env, wait_until
@@ -77,7 +78,7 @@ def test_malformed_unknown_and_pickled_messages_are_refused(settings: Settings, 
     with running_workers(settings, procs=1, log_dir=logs):
         app = make_app(settings)
         try:
-            queue = settings.queue_name
+            queue = settings.queue("devices")
             app.send_task("fedqueue.no_such_task", args=[{}], queue=queue)
             app.send_task(TRAIN_DEVICE, args=[{"run_id": "r", "bogus": 1}], queue=queue)
             app.send_task(TRAIN_DEVICE, args=["not an object"], queue=queue)
@@ -107,4 +108,4 @@ def test_malformed_unknown_and_pickled_messages_are_refused(settings: Settings, 
     assert status["state"] == "finished" and status["tasks_done"] == 2
     assert not marker.exists()  # the pickle was never loaded
     client = redis.Redis.from_url(settings.broker_url or "")
-    assert client.llen(f"{settings.key_prefix}:{settings.queue_name}") == 0  # nothing bounced back
+    assert client.llen(f"{settings.key_prefix}:{settings.queue("devices")}") == 0  # nothing bounced back

@@ -12,7 +12,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fedqueue.messages import BlobRef, DeviceTask, MessageError
+from fedqueue.core.codec import BlobRef
+from fedqueue.fl.messages import DeviceTask, MessageError
 
 SHA = hashlib.sha256(b"weights").hexdigest()
 

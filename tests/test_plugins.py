@@ -14,9 +14,9 @@ import torch
 import fedqueue
 from fedqueue.config import Settings
 from fedqueue.errors import ConfigError, DataError
-from fedqueue.experiment import check_plugins
+from fedqueue.fl.experiment import check_plugins
 from fedqueue.fl.plugins import resolve
-from fedqueue.runconfig import RunConfig
+from fedqueue.fl.config import RunConfig
 from tests.conftest import running_workers
 from tests.helpers import assert_same_weights, reference_final_state, small_config
 
@@ -51,7 +51,7 @@ def test_fedprox_with_mu_zero_equals_builtin_fedavg(plugin_settings: Settings, t
 
 def test_clipped_aggregation_rule_runs_on_the_workers(plugin_settings: Settings, tmp_path: Path) -> None:
     """A server-side rule through real workers: unclipped it is FedAvg bit for bit; clipped, it bounds the step."""
-    from fedqueue.experiment import data_spec
+    from fedqueue.fl.experiment import data_spec
     from fedqueue.fl.data import load_federated
     from fedqueue.fl.models import initial_state
 
@@ -85,7 +85,7 @@ def test_custom_dataset_with_natural_splits_runs_end_to_end(plugin_settings: Set
     assert status["state"] == "finished" and status["tasks_done"] == 12
     # Each device trained on its writer's own samples: the sizes the plugin's split gives.
     sys.path.insert(0, str(EXAMPLES))
-    from fedqueue.experiment import data_spec
+    from fedqueue.fl.experiment import data_spec
     from fedqueue.fl.data import load_federated
 
     partitions = load_federated(data_spec(config)).partitions

@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from fedqueue.client import open_client
+from fedqueue.queue.client import open_client
 from fedqueue.config import Settings
-from fedqueue.scheduler import final_state, submit_run
-from fedqueue.summary import run_summary
+from fedqueue.fl.rounds import final_state, submit_run
+from fedqueue.report.summary import run_summary
 from tests.conftest import running_workers
 from tests.helpers import assert_same_weights, held_out_accuracy, reference_final_state, run_to_end, small_config, wait_finished
 

@@ -17,7 +17,7 @@ import pytest
 from fedqueue import api
 from fedqueue.config import Settings
 from fedqueue.queue.embedded import EmbeddedRedis
-from fedqueue.scheduler import select_devices
+from fedqueue.fl.rounds import select_devices
 from tests.conftest import running_workers
 from tests.helpers import assert_same_weights, reference_final_state
 from tests.reliability_support import (
@@ -172,7 +172,7 @@ def signal_kill(pid: int) -> None:
 
 
 def api_attempts(handle: api.RunHandle, device: int) -> int:
-    from fedqueue.services import connect_redis
+    from fedqueue.core.services import connect_redis
 
     client = connect_redis(handle.settings.broker_url or "")
     try:

@@ -18,12 +18,12 @@ import fedqueue
 from fedqueue.config import Settings
 from fedqueue.errors import NotFound
 from fedqueue.report import RunData, build_report, compute_report, write_report
-from fedqueue.report_html import render_html
+from fedqueue.report.html import render_html
 from fedqueue.store import Store, open_store
 from fedqueue.store.repo import DeviceResult
 from fedqueue.store.schema import RoundRow, RunRow
 from fedqueue.store.utilization import Sample, record_samples, samples_between
-from fedqueue.timeline import Span
+from fedqueue.report.timeline import Span
 from tests.conftest import running_workers
 from tests.helpers import small_config
 
@@ -146,7 +146,8 @@ def filled_store(path: Path, rounds: int) -> tuple[Store, str]:
                 update_sha256=None, update_nbytes=None, error="boom" if failed else None,
             ))
         clock = enqueued + 0.5
-        store.complete_round("hand", index, aggregate_ms=20.0, eval_ms=10.0, accuracy=0.1 + index / (rounds + 1),
+        assert store.claim_round("hand", index, "agg", stale_before=0.0)
+        store.complete_round("hand", index, "agg", aggregate_ms=20.0, eval_ms=10.0, accuracy=0.1 + index / (rounds + 1),
                              loss=2.0 - index / rounds, train_loss=2.1 - index / rounds)
     record_samples(store, [Sample(f"cpu{w}@host", 100 + w, "cpu", start + t / 4, 50.0 + 10 * w, 2**28)
                            for w in (0, 1) for t in range(1, 4 * rounds)])

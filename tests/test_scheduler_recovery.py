@@ -14,10 +14,10 @@ import pytest
 from sqlalchemy import create_engine, text
 
 from fedqueue import api
-from fedqueue.blobs import decode_state
+from fedqueue.fl.weights import decode_state
 from fedqueue.config import Settings
 from fedqueue.errors import ServiceUnavailable
-from fedqueue.runconfig import RunConfig
+from fedqueue.fl.config import RunConfig
 from fedqueue.store import Store, open_store
 from tests.conftest import running_workers
 from tests.helpers import assert_same_weights, reference_final_state

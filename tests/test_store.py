@@ -58,7 +58,8 @@ def device_result(run_id: str, round_index: int, device: int, worker: str = "w1"
         run_id=run_id, round_index=round_index, device=device, state="done", worker=worker, pid=1234,
         device_used="cpu", attempt=1, enqueued_at=now, started_at=now + 0.1, finished_at=now + 0.5,
         load_ms=1.5, train_ms=20.25, upload_ms=2.0, samples=10 + device, loss=0.5 + device,
-        update_key=f"{run_id}/update/{round_index}/{device}", update_sha256="b" * 64, update_nbytes=64,
+        # One key per delivery, as workers make them: the key tells a retry of this delivery from another one.
+        update_key=f"{run_id}/update/{round_index}/{device}/{worker}", update_sha256="b" * 64, update_nbytes=64,
     )
     return replace(result, **overrides)  # type: ignore[arg-type]
 
@@ -188,11 +189,26 @@ def test_rounds_listed_in_index_order(store: Store) -> None:
 
 
 def test_second_round_row_with_same_index_is_refused(store: Store) -> None:
-    """The unique (run_id, round_index) constraint refuses a duplicate round."""
+    """Two starters of one round: the unique (run_id, round_index) lets the first record it, the second learns so."""
     run_id = new_run(store)
-    store.add_round(round_row(run_id, 1))
-    with pytest.raises(IntegrityError):
-        store.add_round(round_row(run_id, 1))
+    assert store.add_round(round_row(run_id, 1)) is True
+    assert store.add_round(round_row(run_id, 1, state="done")) is False
+    rows = store.list_rounds(run_id)
+    assert len(rows) == 1 and rows[0].state == "training"
+
+
+def test_round_starters_racing_from_threads_record_it_once(store: Store) -> None:
+    """Eight threads starting the same round at once: one True, no exception, one row."""
+    run_id = new_run(store)
+    barrier = threading.Barrier(8)
+
+    def start() -> bool:
+        barrier.wait(timeout=30)
+        return store.add_round(round_row(run_id, 1))
+
+    with ThreadPoolExecutor(8) as pool:
+        results = list(pool.map(lambda _: start(), range(8)))
+    assert sorted(results) == [False] * 7 + [True]
     assert len(store.list_rounds(run_id)) == 1
 
 
@@ -201,12 +217,69 @@ def test_claim_round_exactly_one_caller_wins(store: Store) -> None:
     run_id = new_run(store)
     store.add_round(round_row(run_id, 1))
     store.add_round(round_row(run_id, 2, state="done"))
-    results = [store.claim_round(run_id, 1) for _ in range(5)]
+    stale_before = time.time() - 60
+    results = [store.claim_round(run_id, 1, f"agg{n}", stale_before) for n in range(5)]
     assert results == [True, False, False, False, False]
     claimed = store.get_round(run_id, 1)
-    assert claimed is not None and claimed.state == "aggregating"
-    assert store.claim_round(run_id, 2) is False  # not training: nothing to claim
-    assert store.claim_round(run_id, 7) is False  # no such round
+    assert claimed is not None and claimed.state == "aggregating" and claimed.claim_owner == "agg0"
+    assert store.claim_round(run_id, 2, "agg9", stale_before) is False  # not training: nothing to claim
+    assert store.claim_round(run_id, 7, "agg9", stale_before) is False  # no such round
+
+
+def test_a_renewed_claim_is_never_taken_over_and_a_stale_one_is(store: Store) -> None:
+    """Takeover needs a claim older than the cut-off; renewal keeps it young; the loser can no longer renew or close."""
+    run_id = new_run(store)
+    store.add_round(round_row(run_id, 1))
+    assert store.claim_round(run_id, 1, "first", stale_before=time.time() - 60)
+    assert store.renew_claim(run_id, 1, "first") is True
+    # Renewed just now: a cut-off in the past does not make it stale.
+    assert store.claim_round(run_id, 1, "second", stale_before=time.time() - 5) is False
+    # Not renewed since before the cut-off: taken over.
+    assert store.claim_round(run_id, 1, "second", stale_before=time.time() + 1) is True
+    assert store.renew_claim(run_id, 1, "first") is False
+    assert store.complete_round(run_id, 1, "first") is False
+    store.unclaim_round(run_id, 1, "first")  # not its claim any more: nothing happens
+    row = store.get_round(run_id, 1)
+    assert row is not None and row.state == "aggregating" and row.claim_owner == "second"
+    assert store.complete_round(run_id, 1, "second", accuracy=0.5) is True
+    row = store.get_round(run_id, 1)
+    assert row is not None and row.state == "done" and row.accuracy == 0.5
+
+
+def test_unclaim_hands_the_round_back_for_a_retry(store: Store) -> None:
+    run_id = new_run(store)
+    store.add_round(round_row(run_id, 1))
+    assert store.claim_round(run_id, 1, "first", stale_before=time.time() - 60)
+    store.unclaim_round(run_id, 1, "first")
+    row = store.get_round(run_id, 1)
+    assert row is not None and row.state == "training" and row.claim_owner is None
+    assert store.claim_round(run_id, 1, "retry", stale_before=time.time() - 60)
+
+
+def test_finish_run_never_overwrites_an_ended_run(store: Store) -> None:
+    """A run failed by its aggregation stays failed when a late finisher comes along."""
+    run_id = new_run(store)
+    assert store.finish_run(run_id, "failed", "round 1: aggregation failed") is True
+    assert store.finish_run(run_id, "finished") is False
+    run = store.get_run(run_id)
+    assert run.state == "failed" and run.error == "round 1: aggregation failed"
+
+
+def test_a_retry_after_a_lost_commit_acknowledgement_knows_the_row_is_its_own(store: Store) -> None:
+    """The same delivery stored twice (its first commit's reply was lost) is told "stored by you", with the count.
+
+    Another delivery of the device is told None, so only it deletes its blob: the stored row's blob stays.
+    """
+    run_id = new_run(store)
+    store.add_round(round_row(run_id, 1))
+    mine = device_result(run_id, 1, 3, worker="first")
+    assert store.record_device_result(mine) == 1
+    assert store.record_device_result(mine) == 1  # the retry: same update key, counted once
+    assert store.record_device_result(device_result(run_id, 1, 1, worker="first")) == 2
+    assert store.record_device_result(device_result(run_id, 1, 3, worker="second")) is None
+    row = store.get_round(run_id, 1)
+    assert row is not None and row.stored == 2
+    assert [task.update_key for task in store.device_tasks(run_id, 1) if task.device == 3] == [mine.update_key]
 
 
 def test_claim_round_from_many_threads_has_one_winner(store: Store) -> None:
@@ -218,7 +291,7 @@ def test_claim_round_from_many_threads_has_one_winner(store: Store) -> None:
 
     def claim() -> bool:
         barrier.wait(timeout=30)
-        return store.claim_round(run_id, 1)
+        return store.claim_round(run_id, 1, threading.current_thread().name, time.time() - 60)
 
     with ThreadPoolExecutor(threads) as pool:
         results = list(pool.map(lambda _: claim(), range(threads)))

@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from fedqueue.config import mask_url
-from fedqueue.summary import max_concurrency
+from fedqueue.report.summary import max_concurrency
 
 Interval = tuple[float, float]
 

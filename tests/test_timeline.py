@@ -7,8 +7,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fedqueue.summary import max_concurrency
-from fedqueue.timeline import (
+from fedqueue.report.summary import max_concurrency
+from fedqueue.report.timeline import (
     Span,
     concurrency_steps,
     dispatch_gaps,

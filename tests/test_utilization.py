@@ -11,7 +11,7 @@ import pytest
 from fedqueue import utilization
 from fedqueue.store import open_store
 from fedqueue.store.utilization import Sample, record_samples, samples_between
-from fedqueue.utilization import CpuProbe, GpuProbe, Sampler, make_probe, pinned_gpu
+from fedqueue.core.utilization import CpuProbe, GpuProbe, Sampler, make_probe, pinned_gpu
 
 
 def test_samples_round_trip_within_a_window_and_for_chosen_workers(database_url: str) -> None:

@@ -5,9 +5,8 @@ from __future__ import annotations
 from celery import Celery
 
 from fedqueue.config import Settings
+from fedqueue.core.jobs import CONTROL_QUEUE
 from fedqueue.errors import ConfigError
-
-TRAIN_DEVICE = "fedqueue.train_device"
 
 
 def make_app(settings: Settings) -> Celery:
@@ -17,6 +16,9 @@ def make_app(settings: Settings) -> Celery:
         "visibility_timeout": settings.visibility_timeout_s,
         "global_keyprefix": f"{settings.key_prefix}:",
         "socket_connect_timeout": 5,
+        # Queues are read in the order a worker lists them, control first: an aggregation
+        # never waits behind a long queue of device tasks, only for the next free slot.
+        "queue_order_strategy": "priority",
     }
     if settings.visibility_timeout_override_s is not None:
         # A short timeout only means something if Redis is swept for expired deliveries as often.
@@ -34,9 +36,8 @@ def make_app(settings: Settings) -> Celery:
         task_acks_late=True,
         task_reject_on_worker_lost=True,
         worker_prefetch_multiplier=1,
-        task_time_limit=settings.task_time_limit_s,
-        task_soft_time_limit=max(1, settings.task_time_limit_s - 30),
-        task_default_queue=settings.queue_name,
+        # The threads pool ignores Celery's time limits: fedqueue.core.watchdog enforces them.
+        task_default_queue=settings.queue(CONTROL_QUEUE),
         task_create_missing_queues=True,
         broker_transport_options=transport_options,
         broker_connection_retry_on_startup=True,

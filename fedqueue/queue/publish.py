@@ -1,19 +1,19 @@
-"""Sending device tasks to the queue."""
+"""Sending task messages of any job kind to their queues."""
 
 from __future__ import annotations
 
 import logging
 import time
 from collections.abc import Sequence
+from typing import Any
 
 import redis
 from celery import Celery
 from kombu.exceptions import OperationalError
 
 from fedqueue.config import Settings
-from fedqueue.messages import DeviceTask
-from fedqueue.queue.app import TRAIN_DEVICE
-from fedqueue.services import Enqueue
+from fedqueue.core import jobs
+from fedqueue.core.services import Enqueue
 
 log = logging.getLogger(__name__)
 
@@ -24,25 +24,26 @@ _BROKER_ERRORS = (redis.ConnectionError, redis.TimeoutError, OperationalError)
 
 
 def enqueue_with(app: Celery, settings: Settings) -> Enqueue:
-    """An `Enqueue` that publishes each task as a JSON message, batched over one pooled connection."""
+    """An `Enqueue` that publishes each message as JSON to its handler's queue, batched over one connection."""
 
-    def publish(tasks: Sequence[DeviceTask]) -> None:
+    def publish(messages: Sequence[Any]) -> None:
         with app.producer_or_acquire() as producer, producer.batch(max_size=PUBLISH_BATCH):
-            for task in tasks:
+            for message in messages:
+                handler = jobs.handler_for(message)
                 app.send_task(
-                    TRAIN_DEVICE, args=[task.to_dict()], queue=settings.queue_name, producer=producer,
+                    handler.name, args=[message.to_dict()], queue=settings.queue(handler.queue), producer=producer,
                     # What Flower shows for the task; also spares Celery a repr of every message.
-                    argsrepr=f"run {task.run_id} round {task.round_index} device {task.device}", kwargsrepr="{}",
+                    argsrepr=message.label, kwargsrepr="{}",
                 )
 
-    def enqueue(tasks: Sequence[DeviceTask]) -> None:
+    def enqueue(messages: Sequence[Any]) -> None:
         # A batch cut short by a dropped connection is sent again whole: a task sent twice is stored once.
         for delay in RETRY_DELAYS_S:
             try:
-                return publish(tasks)
+                return publish(messages)
             except _BROKER_ERRORS as err:
-                log.warning("publishing %d tasks failed (%s); retrying in %.1f s", len(tasks), err, delay)
+                log.warning("publishing %d tasks failed (%s); retrying in %.1f s", len(messages), err, delay)
                 time.sleep(delay)
-        return publish(tasks)
+        return publish(messages)
 
     return enqueue

@@ -1,73 +1,122 @@
-"""Celery tasks: decode the message, hand it to the device-task code, nothing else."""
+"""Celery tasks: one per job-kind handler. Decode the message, count the attempt, call the handler. Nothing else.
+
+The rules every kind gets here: a malformed message is rejected unread; a
+failure before the outcome is stored puts the message back (never an acked,
+lost task); a handler that raises is retried up to `max_attempts`, then its
+kind's `give_up` stores the failure; a task past the time limit ends the process.
+"""
 
 from __future__ import annotations
 
 import logging
 import threading
+import time
 import traceback
 from typing import Any
 
 from celery import Celery, Task
-from celery.exceptions import Reject
+from celery.exceptions import Reject, Retry
 
 from fedqueue.config import Settings
-from fedqueue.device_task import WorkerCache, record_failure, run_device_task
-from fedqueue.messages import DeviceTask, MessageError
-from fedqueue.queue.app import TRAIN_DEVICE
+from fedqueue.core import jobs
+from fedqueue.core.codec import MessageError
+from fedqueue.core.services import Services, open_services
+from fedqueue.core.watchdog import Watchdog
 from fedqueue.queue.publish import enqueue_with
-from fedqueue.services import Services, open_services
 
 log = logging.getLogger(__name__)
 
+# Before a message whose services failed goes back to the queue: a blip passes, a loop stays slow.
+REQUEUE_PAUSE_S = 1.0
+
 
 class WorkerState:
-    """Connections and caches of one worker process, opened at its first task (never at start-up)."""
+    """Connections, caches and the watchdog of one worker process; connections open at its first task."""
 
     def __init__(self, app: Celery, settings: Settings) -> None:
         self._app = app
         self._settings = settings
         self._lock = threading.Lock()
         self._services: Services | None = None
-        self.cache = WorkerCache()
+        self._caches: dict[str, Any] = {}
+        self.watchdog = Watchdog(settings.task_time_limit_s)
 
     def services(self) -> Services:
         with self._lock:
             if self._services is None:
-                from fedqueue.fl.devices import configure_determinism
-
-                configure_determinism(self._settings.threads_per_task)
                 self._services = open_services(
                     self._settings, enqueue_with(self._app, self._settings), migrate=False
                 )
             return self._services
 
+    def cache(self, kind: jobs.JobKind) -> Any:
+        with self._lock:
+            if kind.name not in self._caches:
+                self._caches[kind.name] = kind.new_cache()
+            return self._caches[kind.name]
+
 
 def register_tasks(app: Celery, settings: Settings) -> WorkerState:
     state = WorkerState(app, settings)
+    for kind, handler in jobs.handlers():
+        _register(app, settings, state, kind, handler)
+    return state
 
-    @app.task(name=TRAIN_DEVICE, bind=True, acks_late=True, ignore_result=True)
-    def train_device(self: Task, message: Any) -> None:
+
+def _requeue(reason: str) -> Reject:
+    time.sleep(REQUEUE_PAUSE_S)
+    return Reject(reason, requeue=True)
+
+
+def _register(app: Celery, settings: Settings, state: WorkerState, kind: jobs.JobKind, handler: jobs.TaskHandler) -> None:
+    @app.task(name=handler.name, bind=True, acks_late=True, ignore_result=True)
+    def run_task(self: Task, raw: Any) -> None:
         try:
-            task = DeviceTask.from_dict(message)
+            message = handler.message_type.from_dict(raw)  # type: ignore[attr-defined]
         except MessageError as err:
-            log.error("rejected malformed task message: %s", err)
+            log.error("rejected malformed %s message: %s", handler.name, err)
             raise Reject(str(err), requeue=False) from None
-        services = state.services()
         worker = self.request.hostname or "unknown"
-        attempt = services.start_attempt(task.run_id, task.round_index, task.device, worker)
+        key = message.attempt_key
         try:
-            with services.heartbeat(task.run_id, task.round_index, task.device, worker):
+            services = state.services()
+            attempt = services.start_attempt(key, worker)
+        except Exception as err:  # nothing stored and nothing counted: the message must not be acked
+            log.warning("%s %s: services unavailable (%s); message put back", handler.name, key, err)
+            raise _requeue(str(err)) from None
+        context = jobs.TaskContext(services=services, worker=worker, attempt=attempt, cache=state.cache(kind))
+
+        def on_timeout() -> None:
+            services.mark_timed_out(key)
+            if attempt >= settings.max_attempts:
+                handler.give_up(context, message, attempt, f"time limit exceeded ({settings.task_time_limit_s} s)")
+
+        try:
+            with services.heartbeat(key, worker):
                 # A task that keeps killing its worker comes back with no exception to count: cap it here.
                 if attempt > settings.max_attempts:
-                    seen = attempt - 1
-                    record_failure(services, task, worker, seen, f"gave up after {seen} attempts (worker lost)")
+                    handler.give_up(context, message, attempt - 1, services.lost_reason(key, attempt - 1))
                     return
-                run_device_task(services, state.cache, task, worker, attempt)
+                with state.watchdog.watching(f"{handler.name} {message.label}", on_timeout), kind.task_scope(settings):
+                    handler.run(context, message)
         except Exception as err:
-            if attempt < settings.max_attempts:
-                log.warning("device task failed (attempt %d), retrying: %s", attempt, err)
-                services.hold(task.run_id, task.round_index, task.device, worker)
-                raise self.retry(exc=err, countdown=1, max_retries=None) from None
-            record_failure(services, task, worker, attempt, traceback.format_exc())
+            _after_failure(self, services, settings, handler, context, message, err)
 
-    return state
+
+def _after_failure(
+    task: Task, services: Services, settings: Settings, handler: jobs.TaskHandler, context: jobs.TaskContext,
+    message: Any, err: Exception,
+) -> None:
+    """Retry a failed attempt, or store the failure once attempts are used up; never lose the message."""
+    key = message.attempt_key
+    try:
+        if context.attempt < settings.max_attempts:
+            log.warning("%s %s failed (attempt %d), retrying: %s", handler.name, key, context.attempt, err)
+            services.hold(key, context.worker)
+            raise task.retry(exc=err, countdown=1, max_retries=None)
+        handler.give_up(context, message, context.attempt, "".join(traceback.format_exception(err)))
+    except Retry:
+        raise
+    except Exception as storing:  # the outcome could not be stored: the next delivery tries again
+        log.warning("%s %s: outcome not stored (%s); message put back", handler.name, key, storing)
+        raise _requeue(str(storing)) from None

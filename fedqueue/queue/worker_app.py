@@ -5,9 +5,10 @@ from typing import Any
 from celery.signals import worker_init, worker_ready, worker_shutdown
 
 from fedqueue.config import Settings
+from fedqueue.core import jobs
+from fedqueue.core.utilization import Sampler
 from fedqueue.queue.app import make_app
 from fedqueue.queue.tasks import register_tasks
-from fedqueue.utilization import Sampler
 
 settings = Settings.from_env()
 settings.activate_plugin_path()
@@ -19,11 +20,9 @@ _sampler: Sampler | None = None
 @worker_init.connect
 def _warm_up(**_: Any) -> None:
     # Before the worker consumes (and before it answers pings): the first task then runs at full speed.
-    from fedqueue.fl.devices import configure_determinism
-    from fedqueue.fl.warmup import warm_up
-
-    configure_determinism(settings.threads_per_task)
-    warm_up()
+    for kind in jobs.select(settings.jobs):
+        if kind.warm_up is not None:
+            kind.warm_up(settings)
 
 
 @worker_ready.connect

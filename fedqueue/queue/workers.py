@@ -18,6 +18,8 @@ from pathlib import Path
 from typing import IO
 
 from fedqueue.config import Settings
+from fedqueue.core import jobs
+from fedqueue.core.watchdog import TIMEOUT_EXIT_CODE
 from fedqueue.errors import ConfigError, ServiceUnavailable
 
 
@@ -38,7 +40,7 @@ def stop_when_parent_dies() -> None:
 @dataclass(frozen=True)
 class WorkerSpec:
     name: str  # "gpu0" or "cpu0": the part of the hostname before '@'
-    cuda_visible_devices: str  # "" hides every GPU
+    cuda_visible_devices: str  # an index or a GPU/MIG UUID; "" hides every GPU
     slots: int
 
 
@@ -65,16 +67,28 @@ def plan_workers(gpus: list[str], procs: int | None, slots: int) -> list[WorkerS
     if procs is not None and procs < 1:
         raise ConfigError(f"--procs: must be at least 1, got {procs}")
     if gpus and procs is None:
-        return [WorkerSpec(name=f"gpu{gpu}", cuda_visible_devices=gpu, slots=slots) for gpu in gpus]
+        # An index names the worker after its GPU (gpu3); a UUID (GPU-..., MIG-...) by its position.
+        return [
+            WorkerSpec(name=f"gpu{gpu if gpu.isdigit() else position}", cuda_visible_devices=gpu, slots=slots)
+            for position, gpu in enumerate(gpus)
+        ]
     count = procs if procs is not None else (os.cpu_count() or 1)
     return [WorkerSpec(name=f"cpu{index}", cuda_visible_devices="", slots=slots) for index in range(count)]
+
+
+def worker_queues(settings: Settings) -> list[str]:
+    """The control queue first (read first: see the app's queue order), then each served kind's queues."""
+    suffixes = [jobs.CONTROL_QUEUE]
+    for kind in jobs.select(settings.jobs):
+        suffixes += [queue for queue in kind.queues if queue not in suffixes]
+    return [settings.queue(suffix) for suffix in suffixes]
 
 
 def worker_command(spec: WorkerSpec, settings: Settings, loglevel: str = "INFO") -> list[str]:
     return [
         sys.executable, "-m", "celery", "-A", "fedqueue.queue.worker_app:app", "worker",
         "--pool", "threads", "--concurrency", str(spec.slots), "--hostname", f"{spec.name}@%h",
-        "--queues", settings.queue_name, "--task-events", "--without-mingle", "--without-gossip",
+        "--queues", ",".join(worker_queues(settings)), "--task-events", "--without-mingle", "--without-gossip",
         "--loglevel", loglevel,
     ]
 
@@ -97,7 +111,11 @@ class WorkerGroup:
 
     def _spawn(self, spec: WorkerSpec) -> subprocess.Popen[bytes]:
         self._started_at[spec.name] = time.monotonic()
-        env = {**os.environ, **self.settings.to_env(), "CUDA_VISIBLE_DEVICES": spec.cuda_visible_devices}
+        env = {
+            **os.environ, **self.settings.to_env(),
+            # PCI order: the index nvidia-smi and NVML print is the one CUDA uses.
+            "CUDA_DEVICE_ORDER": "PCI_BUS_ID", "CUDA_VISIBLE_DEVICES": spec.cuda_visible_devices,
+        }
         output: IO[bytes] | None = None
         if self._log_dir is not None:
             self._log_dir.mkdir(parents=True, exist_ok=True)
@@ -124,7 +142,8 @@ class WorkerGroup:
             if process.poll() is None:
                 continue
             spec = self.specs[index]
-            early = process.returncode > 0 and now - self._started_at.get(spec.name, 0.0) < EARLY_EXIT_S
+            crashed = process.returncode > 0 and process.returncode != TIMEOUT_EXIT_CODE
+            early = crashed and now - self._started_at.get(spec.name, 0.0) < EARLY_EXIT_S
             self._early_exits[spec.name] = self._early_exits.get(spec.name, 0) + 1 if early else 0
             if self._early_exits[spec.name] >= MAX_EARLY_EXITS:
                 raise ServiceUnavailable(

@@ -13,7 +13,7 @@ from sqlalchemy import and_, bindparam, delete, func, or_, select, update
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.engine import Engine, Row
-from sqlalchemy.exc import OperationalError
+from sqlalchemy.exc import IntegrityError, OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
 from fedqueue.errors import NotFound
@@ -85,9 +85,15 @@ class Store:
         self._count_stored = (
             update(RoundRow).where(*this_round).values(stored=RoundRow.stored + 1).returning(RoundRow.stored)
         )
+        this_device = (
+            DeviceTaskRow.run_id == bindparam("run"), DeviceTaskRow.round_index == bindparam("round"),
+            DeviceTaskRow.device == bindparam("device"),
+        )
         self._rows_stored = select(func.count()).where(
             DeviceTaskRow.run_id == bindparam("run"), DeviceTaskRow.round_index == bindparam("round")
         )
+        self._stored_update_key = select(DeviceTaskRow.update_key).where(*this_device)
+        self._stored_count = select(RoundRow.stored).where(*this_round)
 
     def session(self) -> Session:
         return self._sessions()
@@ -97,12 +103,15 @@ class Store:
 
     # runs
 
-    def create_run(self, run_id: str, name: str, config: dict[str, Any], rounds_total: int) -> None:
+    def create_run(
+        self, run_id: str, name: str, config: dict[str, Any], rounds_total: int, *, kind: str = "fl",
+        broker_id: str | None = None,
+    ) -> None:
         with self.session() as session, session.begin():
             session.add(
                 RunRow(
-                    id=run_id, name=name, config=config, state="running",
-                    rounds_total=rounds_total, created_at=time.time(),
+                    id=run_id, kind=kind, name=name, config=config, state="running",
+                    rounds_total=rounds_total, created_at=time.time(), broker_id=broker_id,
                 )
             )
 
@@ -119,17 +128,43 @@ class Store:
             return list(session.scalars(select(RunRow).order_by(RunRow.created_at)))
 
     @retry_transient
-    def finish_run(self, run_id: str, state: str, error: str | None = None) -> None:
+    def unleased_runs(self, created_before: float) -> list[str]:
+        """Running runs whose lease is free or expired: nobody repairs them right now.
+
+        Only runs created before `created_before`: a submitter that follows its run takes the lease first.
+        """
+        free = or_(RunRow.lease_owner.is_(None), RunRow.lease_expires_at < time.time())
+        query = select(RunRow.id).where(RunRow.state == "running", RunRow.created_at < created_before, free)
+        with self.session() as session:
+            return list(session.scalars(query))
+
+    @retry_transient
+    def set_broker_id(self, run_id: str, broker_id: str) -> None:
         with self.session() as session, session.begin():
-            session.execute(
-                update(RunRow).where(RunRow.id == run_id).values(state=state, finished_at=time.time(), error=error)
+            session.execute(update(RunRow).where(RunRow.id == run_id).values(broker_id=broker_id))
+
+    @retry_transient
+    def finish_run(self, run_id: str, state: str, error: str | None = None) -> bool:
+        """End a running run; False if it had already ended (a late finisher never overwrites the outcome)."""
+        with self.session() as session, session.begin():
+            result = session.execute(
+                update(RunRow)
+                .where(RunRow.id == run_id, RunRow.state == "running")
+                .values(state=state, finished_at=time.time(), error=error)
             )
+        return result.rowcount == 1
 
     # rounds
 
-    def add_round(self, row: RoundRow) -> None:
-        with self.session() as session, session.begin():
-            session.add(row)
+    @retry_transient
+    def add_round(self, row: RoundRow) -> bool:
+        """Record a round; False when it is already there (another starter won: nothing to do)."""
+        try:
+            with self.session() as session, session.begin():
+                session.add(row)
+        except IntegrityError:
+            return False
+        return True
 
     @retry_transient
     def get_round(self, run_id: str, round_index: int) -> RoundRow | None:
@@ -146,31 +181,45 @@ class Store:
             )
 
     @retry_transient
-    def claim_round(self, run_id: str, round_index: int, stale_before: float | None = None) -> bool:
-        """Move a round from training to aggregating; exactly one caller wins.
+    def claim_round(self, run_id: str, round_index: int, owner: str, stale_before: float) -> bool:
+        """Move a round from training to aggregating for `owner`; exactly one caller wins.
 
-        With `stale_before`, an aggregating round claimed before that time (its claimer
-        died) can be claimed again.
+        An aggregating round whose claim was last renewed before `stale_before` (its
+        holder died) can be claimed again; one that is renewed never is.
         """
-        claimable = RoundRow.state == "training"
-        if stale_before is not None:
-            claimable = or_(claimable, and_(RoundRow.state == "aggregating", RoundRow.claimed_at < stale_before))
+        stale = and_(RoundRow.state == "aggregating", RoundRow.claimed_at < stale_before)
         with self.session() as session, session.begin():
             result = session.execute(
                 update(RoundRow)
-                .where(RoundRow.run_id == run_id, RoundRow.round_index == round_index, claimable)
-                .values(state="aggregating", claimed_at=time.time())
+                .where(RoundRow.run_id == run_id, RoundRow.round_index == round_index,
+                       or_(RoundRow.state == "training", stale))
+                .values(state="aggregating", claim_owner=owner, claimed_at=time.time())
+            )
+        return result.rowcount == 1
+
+    def _held(self, run_id: str, round_index: int, owner: str) -> tuple[Any, ...]:
+        return (
+            RoundRow.run_id == run_id, RoundRow.round_index == round_index, RoundRow.state == "aggregating",
+            RoundRow.claim_owner == owner,
+        )
+
+    @retry_transient
+    def renew_claim(self, run_id: str, round_index: int, owner: str) -> bool:
+        """Keep an aggregation claim fresh; False once another aggregator took it over."""
+        with self.session() as session, session.begin():
+            result = session.execute(
+                update(RoundRow).where(*self._held(run_id, round_index, owner)).values(claimed_at=time.time())
             )
         return result.rowcount == 1
 
     @retry_transient
-    def unclaim_round(self, run_id: str, round_index: int) -> None:
+    def unclaim_round(self, run_id: str, round_index: int, owner: str) -> None:
         """Hand an aggregating round back (its aggregation failed), so it can be claimed again."""
         with self.session() as session, session.begin():
             session.execute(
                 update(RoundRow)
-                .where(RoundRow.run_id == run_id, RoundRow.round_index == round_index, RoundRow.state == "aggregating")
-                .values(state="training", claimed_at=None)
+                .where(*self._held(run_id, round_index, owner))
+                .values(state="training", claim_owner=None, claimed_at=None)
             )
 
     @retry_transient
@@ -211,13 +260,15 @@ class Store:
                 )
 
     @retry_transient
-    def complete_round(self, run_id: str, round_index: int, **metrics: Any) -> None:
+    def complete_round(self, run_id: str, round_index: int, owner: str, state: str = "done", **metrics: Any) -> bool:
+        """Close a round its `owner` holds; False when the claim was lost (someone else finishes it)."""
         with self.session() as session, session.begin():
-            session.execute(
+            result = session.execute(
                 update(RoundRow)
-                .where(RoundRow.run_id == run_id, RoundRow.round_index == round_index)
-                .values(state="done", aggregated_at=time.time(), **metrics)
+                .where(*self._held(run_id, round_index, owner))
+                .values(state=state, aggregated_at=time.time(), **metrics)
             )
+        return result.rowcount == 1
 
     # device tasks
 
@@ -226,15 +277,20 @@ class Store:
         """Insert the result unless one is already stored.
 
         Returns how many results its round now has stored (counted in the same transaction,
-        so the worker that stores a round's last result knows it), or None when this
-        device's result was already there.
+        so the worker that stores a round's last result knows it), or None when another
+        delivery's result was already there. A retry after a commit whose acknowledgement
+        was lost finds its own row (the same update key, unique per delivery) and counts as stored.
         """
         # Statements built once, values bound per call: building them per call cost 6x the insert.
+        where = {"run": result.run_id, "round": result.round_index}
         with self.engine.begin() as connection:
             if connection.execute(self._insert_result, asdict(result)).first() is None:
-                return None
-            where = {"run": result.run_id, "round": result.round_index}
-            count = connection.execute(self._count_stored, where).scalar()
+                stored_key = connection.execute(self._stored_update_key, {**where, "device": result.device}).scalar()
+                if result.update_key is None or stored_key != result.update_key:
+                    return None
+                count = connection.execute(self._stored_count, where).scalar()
+            else:
+                count = connection.execute(self._count_stored, where).scalar()
             if count is None:  # no round row (only in tests of the store alone): count the rows
                 count = connection.execute(self._rows_stored, where).scalar()
         return int(count or 0)

@@ -8,6 +8,11 @@ from sqlalchemy import JSON, BigInteger, Float, ForeignKey, Integer, LargeBinary
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 
+NAME_MAX = 200  # longest run name; the run config refuses longer ones
+# Byte sizes reach past 2 GiB: 64 bits on Postgres; SQLite's INTEGER already holds 64 bits.
+ByteSize = BigInteger().with_variant(Integer(), "sqlite")
+
+
 class Base(DeclarativeBase):
     pass
 
@@ -16,7 +21,9 @@ class RunRow(Base):
     __tablename__ = "runs"
 
     id: Mapped[str] = mapped_column(String(32), primary_key=True)
-    name: Mapped[str] = mapped_column(String(200), default="")
+    # The job kind that owns the run ("fl", "llm"): the supervisor repairs it with that kind's pass.
+    kind: Mapped[str] = mapped_column(String(16), default="fl", server_default="fl")
+    name: Mapped[str] = mapped_column(String(NAME_MAX), default="")
     config: Mapped[dict[str, Any]] = mapped_column(JSON)
     state: Mapped[str] = mapped_column(String(16))  # running | finished | failed
     rounds_total: Mapped[int] = mapped_column(Integer)
@@ -26,6 +33,8 @@ class RunRow(Base):
     # The scheduler process following this run; another one is refused while the lease is live.
     lease_owner: Mapped[str | None] = mapped_column(String(100), nullable=True)
     lease_expires_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+    # Redis's run_id when the run last saw its broker: a different one means Redis restarted.
+    broker_id: Mapped[str | None] = mapped_column(String(64), nullable=True)
 
 
 class RoundRow(Base):
@@ -37,14 +46,16 @@ class RoundRow(Base):
     round_index: Mapped[int] = mapped_column(Integer)
     # The global model version the round trains from (round k trains version k-1).
     version: Mapped[int] = mapped_column(Integer)
-    state: Mapped[str] = mapped_column(String(16))  # training | aggregating | done
+    state: Mapped[str] = mapped_column(String(16))  # training | aggregating | done | failed
     selected: Mapped[list[int]] = mapped_column(JSON)
     model_key: Mapped[str] = mapped_column(String(300))
     model_sha256: Mapped[str] = mapped_column(String(64))
-    model_nbytes: Mapped[int] = mapped_column(Integer)
+    model_nbytes: Mapped[int] = mapped_column(ByteSize)
     enqueued_at: Mapped[float] = mapped_column(Float)
     # Results stored so far (done or failed), counted in each result's own transaction.
     stored: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    # The aggregator holding the round, and when it last renewed its claim.
+    claim_owner: Mapped[str | None] = mapped_column(String(64), nullable=True)
     claimed_at: Mapped[float | None] = mapped_column(Float, nullable=True)
     aggregated_at: Mapped[float | None] = mapped_column(Float, nullable=True)
     aggregate_ms: Mapped[float | None] = mapped_column(Float, nullable=True)
@@ -78,7 +89,7 @@ class DeviceTaskRow(Base):
     loss: Mapped[float | None] = mapped_column(Float, nullable=True)
     update_key: Mapped[str | None] = mapped_column(String(300), nullable=True)
     update_sha256: Mapped[str | None] = mapped_column(String(64), nullable=True)
-    update_nbytes: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    update_nbytes: Mapped[int | None] = mapped_column(ByteSize, nullable=True)
     error: Mapped[str | None] = mapped_column(Text, nullable=True)
 
 

@@ -1,25 +1,29 @@
 """Plans rounds, publishes the global model, enqueues device tasks, aggregates finished rounds.
 
-Each step is a transition recorded in the store, so any process (the CLI or the
-worker that stores a round's last result) can take the next one, and a
-transition is taken once: `claim_round` lets exactly one caller aggregate.
+Each step is a transition recorded in the store, so any process can take the
+next one, and a transition is taken once: `add_round` records a round once,
+`claim_round` lets one aggregator work at a time, and the aggregator renews its
+claim while it works, so it is taken over only once its holder is gone.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import logging
+import threading
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from fedqueue.blobs import decode_state, encode_state
-from fedqueue.messages import BlobRef, DeviceTask
-from fedqueue.runconfig import RunConfig
-from fedqueue.services import Services
+from fedqueue.core.codec import BlobRef
+from fedqueue.core.services import Services
+from fedqueue.fl.config import RunConfig
+from fedqueue.fl.messages import AggregateTask, DeviceTask
+from fedqueue.fl.weights import decode_state, encode_state
 from fedqueue.store import Store
 from fedqueue.store.schema import RoundRow
 
@@ -53,7 +57,7 @@ def new_run_id() -> str:
 
 def submit_run(services: Services, config: RunConfig, run_id: str | None = None) -> str:
     """Record the run, publish version 0 of the model and enqueue round 1."""
-    from fedqueue.experiment import call_plugin, check_plugins, data_spec
+    from fedqueue.fl.experiment import call_plugin, check_plugins, data_spec
     from fedqueue.fl.data import load_federated
     from fedqueue.fl.models import initial_state
 
@@ -65,30 +69,37 @@ def submit_run(services: Services, config: RunConfig, run_id: str | None = None)
         config.plugin,
     )
     encoded = encode_state(state)
-    services.store.create_run(run_id, config.name, config.to_dict(), config.rounds)
-    services.mark_broker_state(run_id)
+    services.store.create_run(run_id, config.name, config.to_dict(), config.rounds, broker_id=services.broker_id())
     _checkpoint(services, run_id, 0, encoded)
     start_round(services, run_id, config, 1, encoded)
     return run_id
 
 
-def start_round(services: Services, run_id: str, config: RunConfig, round_index: int, model: bytes) -> None:
+def round_key(run_id: str, round_index: int) -> str:
+    return f"{run_id}:{round_index}"
+
+
+def start_round(services: Services, run_id: str, config: RunConfig, round_index: int, model: bytes) -> bool:
+    """Record and enqueue a round; False when another starter (an aggregator, a repair pass) already did."""
     version = round_index - 1
     ref = services.blobs.put(global_key(run_id, version), model)
     selected = select_devices(config.seed, round_index, config.num_devices, config.devices_per_round)
     now = time.time()
-    services.store.add_round(
+    recorded = services.store.add_round(
         RoundRow(
             run_id=run_id, round_index=round_index, version=version, state="training", selected=selected,
             model_key=ref.key, model_sha256=ref.sha256, model_nbytes=ref.nbytes, enqueued_at=now,
         )
     )
+    if not recorded:
+        return False
     services.enqueue(
         [DeviceTask(run_id=run_id, round_index=round_index, device=device, model=ref, enqueued_at=now,
                     round_size=len(selected))
          for device in selected]
     )
-    services.mark_enqueued(run_id, round_index)
+    services.mark_enqueued(round_key(run_id, round_index))
+    return True
 
 
 def round_is_complete(services: Services, run_id: str, round_index: int) -> bool:
@@ -96,21 +107,69 @@ def round_is_complete(services: Services, run_id: str, round_index: int) -> bool
     return row is not None and services.store.count_done(run_id, round_index) >= len(row.selected)
 
 
-def finish_round(services: Services, run_id: str, round_index: int, stale_before: float | None = None) -> bool:
-    """Aggregate a complete round, evaluate, checkpoint, start the next. False if another caller won.
+def request_aggregation(services: Services, run_id: str, round_index: int) -> bool:
+    """Enqueue the round's aggregation task, unless it was requested within the last two claim periods."""
+    task = AggregateTask(run_id=run_id, round_index=round_index)
+    if not services.request_once(task.attempt_key, within_s=2 * services.settings.heartbeat_ttl_s):
+        return False
+    services.enqueue([task])
+    return True
 
-    A failure while aggregating hands the claim back, so the round can be finished again.
+
+class ClaimLost(Exception):
+    """Another aggregator took the round over: this one stops without writing."""
+
+
+@contextlib.contextmanager
+def _renewing(services: Services, run_id: str, round_index: int, owner: str) -> Iterator[threading.Event]:
+    """Renew the claim every third of its lifetime while the block runs; the event is set if it was lost."""
+    stop, lost = threading.Event(), threading.Event()
+
+    def renew() -> None:
+        while not stop.wait(services.settings.heartbeat_ttl_s / 3):
+            try:
+                if not services.store.renew_claim(run_id, round_index, owner):
+                    lost.set()
+                    return
+            except Exception as err:  # a blip: the claim lives a full period, the next renewal may pass
+                log.warning("run %s round %d: claim not renewed (%s)", run_id, round_index, err)
+
+    thread = threading.Thread(target=renew, name="fedqueue-claim", daemon=True)
+    thread.start()
+    try:
+        yield lost
+    finally:
+        stop.set()
+        thread.join()
+
+
+def aggregate_round(services: Services, run_id: str, round_index: int, owner: str) -> bool:
+    """Aggregate a complete round, evaluate, checkpoint, start the next. False if there was nothing to do.
+
+    The claim is renewed while this runs. A failure hands it back and raises, so the task is retried.
     """
     if not round_is_complete(services, run_id, round_index):
         return False
-    if not services.store.claim_round(run_id, round_index, stale_before):
+    stale_before = time.time() - services.settings.heartbeat_ttl_s
+    if not services.store.claim_round(run_id, round_index, owner, stale_before):
         return False
     try:
-        _aggregate_claimed_round(services, run_id, round_index)
+        with _renewing(services, run_id, round_index, owner) as lost:
+            _aggregate_claimed_round(services, run_id, round_index, owner, lost)
+    except ClaimLost:
+        log.warning("run %s round %d: aggregation taken over by another worker; stopped", run_id, round_index)
+        return False
     except BaseException:
-        services.store.unclaim_round(run_id, round_index)
+        services.store.unclaim_round(run_id, round_index, owner)
         raise
     return True
+
+
+def fail_aggregation(services: Services, run_id: str, round_index: int, attempts: int, error: str) -> None:
+    """A round whose aggregation failed every attempt ends its run, with the error for `fedqueue status`."""
+    services.store.finish_run(
+        run_id, "failed", f"round {round_index}: aggregation failed after {attempts} attempts\n{error}"
+    )
 
 
 def _policy_failure(config: RunConfig, round_index: int, tasks: Sequence[Row[Any]]) -> str | None:
@@ -131,8 +190,10 @@ def _policy_failure(config: RunConfig, round_index: int, tasks: Sequence[Row[Any
     return None
 
 
-def _aggregate_claimed_round(services: Services, run_id: str, round_index: int) -> None:
-    from fedqueue.experiment import data_spec, resolve_plugins
+def _aggregate_claimed_round(
+    services: Services, run_id: str, round_index: int, owner: str, lost: threading.Event
+) -> None:
+    from fedqueue.fl.experiment import data_spec, resolve_plugins
     from fedqueue.fl.aggregate import LoadedOnUse
     from fedqueue.fl.data import load_federated
     from fedqueue.fl.devices import torch_device
@@ -148,8 +209,8 @@ def _aggregate_claimed_round(services: Services, run_id: str, round_index: int) 
     tasks = services.store.round_outcomes(run_id, round_index)
     stop = _policy_failure(config, round_index, tasks)
     if stop is not None:
-        services.store.complete_round(run_id, round_index)
-        services.store.finish_run(run_id, "failed", stop)
+        if services.store.complete_round(run_id, round_index, owner, state="failed"):
+            services.store.finish_run(run_id, "failed", stop)
         return
     results = [task for task in tasks if task.state == "done"]
     began = time.perf_counter()
@@ -184,16 +245,23 @@ def _aggregate_claimed_round(services: Services, run_id: str, round_index: int) 
         accuracy, loss = evaluate(model.to(device), data.test, device)
         metrics.update(accuracy=accuracy, loss=loss, eval_ms=(time.perf_counter() - began) * 1000)
 
+    if lost.is_set() or not services.store.renew_claim(run_id, round_index, owner):
+        raise ClaimLost()
     _checkpoint(services, run_id, round_index, encoded)
-    services.store.complete_round(run_id, round_index, **metrics)
+    if not services.store.complete_round(run_id, round_index, owner, **metrics):
+        raise ClaimLost()
     services.blobs.delete([task.update_key for task in results if task.update_key])
     services.blobs.delete([row.model_key])
-    if round_index < config.rounds:
-        start_round(services, run_id, config, round_index + 1, encoded)
-    else:
-        services.blobs.put(global_key(run_id, round_index), encoded)
-        services.store.finish_run(run_id, "finished")
+    start_next(services, run_id, config, round_index, encoded)
     log.info("run %s round %d aggregated from %d updates", run_id, round_index, len(updates))
+
+
+def start_next(services: Services, run_id: str, config: RunConfig, done_round: int, model: bytes) -> bool:
+    """After a round is done: start the next one, or finish the run after the last. Idempotent."""
+    if done_round < config.rounds:
+        return start_round(services, run_id, config, done_round + 1, model)
+    services.blobs.put(global_key(run_id, done_round), model)
+    return services.store.finish_run(run_id, "finished")
 
 
 def _checkpoint(services: Services, run_id: str, version: int, encoded: bytes) -> None:

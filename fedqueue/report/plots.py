@@ -16,8 +16,8 @@ from matplotlib.patches import Patch
 
 from fedqueue.store.schema import RoundRow
 from fedqueue.store.utilization import Sample
-from fedqueue.timeline import Lane, Span
-from fedqueue.utilization import INTERVAL_S as SAMPLE_INTERVAL_S
+from fedqueue.report.timeline import Lane, Span
+from fedqueue.core.utilization import INTERVAL_S as SAMPLE_INTERVAL_S
 
 DPI = 110
 LANE_HEIGHT_IN = 0.42

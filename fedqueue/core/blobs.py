@@ -13,11 +13,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
 from fedqueue.errors import BlobIntegrityError
-from fedqueue.messages import BlobRef
+from fedqueue.core.codec import BlobRef
 
 if TYPE_CHECKING:
     import redis
-    import torch
 
 
 class BlobStore(Protocol):
@@ -97,15 +96,3 @@ class DirBlobStore:
 
     def exists(self, key: str) -> bool:
         return self._path(key).is_file()
-
-
-def encode_state(state: dict[str, torch.Tensor]) -> bytes:
-    from safetensors.torch import save
-
-    return save({name: tensor.contiguous() for name, tensor in state.items()})
-
-
-def decode_state(data: bytes) -> dict[str, torch.Tensor]:
-    from safetensors.torch import load
-
-    return load(data)

@@ -1,9 +1,10 @@
 """Bring a run's queue back in line with its store: the scheduler's repair pass.
 
-Run every few seconds by the process that follows a run (`fedqueue run`,
-`fedqueue resume`). It finds device tasks that neither finished nor are running
+Run every few seconds by whoever holds the run's lease: the process that
+follows it (`fedqueue run`, `fedqueue resume`), or else a `fedqueue worker`
+launcher that adopted it. It finds device tasks that neither finished nor are running
 (their worker died, or Redis restarted and forgot its queue) and enqueues them
-again, republishes what Redis lost, finishes rounds whose aggregator died, and
+again, republishes what Redis lost, re-sends aggregations whose aggregator died, and
 starts a round that a crash between rounds never started. Every action is
 idempotent: results are keyed by (run, round, device), rounds are claimed once.
 """
@@ -13,17 +14,16 @@ from __future__ import annotations
 import logging
 import time
 
-from fedqueue.device_task import record_failure
-from fedqueue.messages import BlobRef, DeviceTask
-from fedqueue.runconfig import RunConfig
-from fedqueue.scheduler import finish_round, start_round
-from fedqueue.services import Services
+from fedqueue.core.codec import BlobRef
+from fedqueue.core.services import Services
+from fedqueue.fl.config import RunConfig
+from fedqueue.fl.device_task import record_failure
+from fedqueue.fl.messages import AggregateTask, DeviceTask
+from fedqueue.fl.rounds import request_aggregation, round_key, start_next, start_round
 from fedqueue.store.schema import RoundRow
 
 log = logging.getLogger(__name__)
 
-# An aggregation claimed longer ago than this is taken to have died with its worker.
-AGGREGATION_STALE_S = 120.0
 # A round recorded this long ago whose tasks are not all on the queue lost its starter mid-way.
 ENQUEUE_GRACE_S = 30.0
 
@@ -35,27 +35,45 @@ def reconcile(services: Services, run_id: str) -> list[str]:
         return []
     config = RunConfig.from_dict(run.config)
     actions: list[str] = []
-    broker_lost = services.broker_state_lost(run_id)
+    # Redis's own run_id changes when it restarts; without persistence its queue and blobs are gone.
+    broker_id = services.broker_id()
+    broker_lost = run.broker_id is not None and run.broker_id != broker_id
     if broker_lost:
-        actions.append("broker state missing (Redis restarted?): checking the current round")
+        actions.append("broker restarted (its run_id changed): checking the current round")
+    actions += _repair_rounds(services, run_id, config, broker_lost)
+    if run.broker_id != broker_id:
+        services.store.set_broker_id(run_id, broker_id)
+    return actions
+
+
+def _repair_rounds(services: Services, run_id: str, config: RunConfig, broker_lost: bool) -> list[str]:
     rounds = services.store.list_rounds(run_id)
     if not rounds:
         start_round(services, run_id, config, 1, _checkpoint_bytes(services, run_id, 0))
-        return actions + ["round 1 was never started: started"]
+        return ["round 1 was never started: started"]
     current = rounds[-1]
     if current.state == "done":
-        if current.round_index < config.rounds:
-            start_round(services, run_id, config, current.round_index + 1,
-                        _checkpoint_bytes(services, run_id, current.round_index))
-            actions.append(f"round {current.round_index + 1} was never started: started")
-        return actions
+        # Its aggregator died between closing the round and starting the next (or finishing the run).
+        if start_next(services, run_id, config, current.round_index,
+                      _checkpoint_bytes(services, run_id, current.round_index)):
+            if current.round_index < config.rounds:
+                return [f"round {current.round_index + 1} was never started: started"]
+            return ["the last round was done but the run not finished: finished"]
+        return []
     if current.state == "aggregating":
-        if finish_round(services, run_id, current.round_index, stale_before=time.time() - AGGREGATION_STALE_S):
-            actions.append(f"round {current.round_index}: aggregation taken over from a lost worker")
-        return actions
-    actions += _repair_training_round(services, run_id, config, current, broker_lost)
-    if finish_round(services, run_id, current.round_index):
-        actions.append(f"round {current.round_index}: aggregated")
+        stale = (current.claimed_at or 0) < time.time() - services.settings.heartbeat_ttl_s
+        if stale and request_aggregation(services, run_id, current.round_index):
+            return [f"round {current.round_index}: aggregation claim no longer renewed; taken over"]
+        return []
+    if current.state != "training":
+        return []
+    actions = _repair_training_round(services, run_id, config, current, broker_lost)
+    if broker_lost:
+        # An aggregation request may have been lost with the queue.
+        services.redis.delete(services.key("requested", AggregateTask(run_id, current.round_index).attempt_key))
+    complete = services.store.count_done(run_id, current.round_index) >= len(current.selected)
+    if complete and request_aggregation(services, run_id, current.round_index):
+        actions.append(f"round {current.round_index}: all results stored; aggregation requested")
     return actions
 
 
@@ -68,52 +86,54 @@ def _repair_training_round(
         services.blobs.put(model.key, _checkpoint_bytes(services, run_id, current.version))
         actions.append(f"round {current.round_index}: global model {current.version} republished")
     # A round recorded but not (fully) enqueued: its starter died in between.
-    unsent = (
-        not services.was_enqueued(run_id, current.round_index)
-        and time.time() - current.enqueued_at > ENQUEUE_GRACE_S
-    )
+    group = round_key(run_id, current.round_index)
+    unsent = not services.was_enqueued(group) and time.time() - current.enqueued_at > ENQUEUE_GRACE_S
     if unsent:
         actions.append(f"round {current.round_index} was never fully enqueued")
     requeue_unstarted = broker_lost or unsent
     # Read in this order: attempts, then heartbeats, then results. A task seen started (attempts)
     # and not running (no heartbeat) has either stored its result before its heartbeat went,
     # and so shows up in the results read last, or is lost.
-    queue_empty = services.queue_length() == 0
+    queue_empty = services.queue_length("devices") == 0
     candidates = _unstored(services, run_id, current, check_blobs=broker_lost)
-    attempts = services.attempts_of(run_id, current.round_index, candidates)
-    running = services.running_of(run_id, current.round_index, candidates)
-    requeued = services.requeued_of(run_id, current.round_index, candidates)
+    tasks = {
+        device: DeviceTask(run_id=run_id, round_index=current.round_index, device=device, model=model,
+                           enqueued_at=time.time(), round_size=len(current.selected))
+        for device in candidates
+    }
+    keys = [task.attempt_key for task in tasks.values()]
+    attempts = services.attempts_of(keys)
+    running = services.running_of(keys)
+    requeued = services.requeued_of(keys)
     stored = set(candidates) - set(_unstored(services, run_id, current, check_blobs=False))
     lost = []
-    for device in candidates:
-        if device in stored or running[device]:
+    for device, task in tasks.items():
+        key = task.attempt_key
+        if device in stored or running[key]:
             continue
-        tries = attempts[device]
+        tries = attempts[key]
         if requeue_unstarted:
             pass
         elif tries == 0:
             # Never started: waiting its turn on the queue, unless the queue is empty and it
             # stays unstarted (its worker died holding the message).
-            if not (queue_empty and services.stranded_long_enough(run_id, current.round_index, device)):
+            if not (queue_empty and services.stranded_long_enough(key)):
                 continue
-        elif requeued[device] == tries:
+        elif requeued[key] == tries:
             # Already enqueued again after the last lost attempt: wait for that delivery.
             continue
-        task = DeviceTask(run_id=run_id, round_index=current.round_index, device=device, model=model,
-                          enqueued_at=time.time(), round_size=len(current.selected))
         if tries >= services.settings.max_attempts:
-            record_failure(services, task, "scheduler", tries,
-                           f"worker lost during each of {tries} attempts (crashed or killed)")
+            record_failure(services, task, "scheduler", tries, services.lost_reason(key, tries))
             actions.append(f"round {current.round_index}: device {device} failed after {tries} attempts")
             continue
         lost.append(task)
-        services.mark_requeued(run_id, current.round_index, device, tries)
+        services.mark_requeued(key, tries)
     if lost:
         services.enqueue(lost)
         devices = ", ".join(str(task.device) for task in lost[:20]) + (" ..." if len(lost) > 20 else "")
         actions.append(f"round {current.round_index}: enqueued again {len(lost)} devices: {devices}")
     if requeue_unstarted:
-        services.mark_enqueued(run_id, current.round_index)
+        services.mark_enqueued(group)
     return actions
 
 

@@ -18,7 +18,7 @@ from rich.table import Table
 
 from fedqueue.config import Settings, mask_url
 from fedqueue.errors import FedqueueError
-from fedqueue.runconfig import RunConfig, load_run_config, parse_override
+from fedqueue.fl.config import RunConfig, load_run_config, parse_override
 
 app = typer.Typer(
     no_args_is_help=True, pretty_exceptions_enable=False, add_completion=False,
@@ -79,7 +79,7 @@ PluginPathOpt = Annotated[
 def _follow(handle: Any, cluster: Any = None) -> dict[str, Any]:
     """Schedule the run (lease, repairs) and show its progress until it ends."""
     from fedqueue import api
-    from fedqueue.follow import follow_run, print_summary
+    from fedqueue.cli.follow import follow_run, print_summary
 
     with api.scheduling(handle) as supervisor:
         try:
@@ -100,7 +100,7 @@ def run(
 ) -> None:
     """Submit a run and follow it to the end. With no broker configured, start Redis and workers here."""
     from fedqueue import api
-    from fedqueue.experiment import check_plugins
+    from fedqueue.fl.experiment import check_plugins
     from fedqueue.store import open_store
 
     run_config = _config(config, set_, rounds, seed)
@@ -193,11 +193,11 @@ def submit(
 @friendly_errors
 def status(run_id: Annotated[str, typer.Argument(help="Run id.")], json_: JsonOpt = False) -> None:
     """Show one run's progress, accuracy, workers and overlap of tasks."""
-    from fedqueue.follow import print_summary
+    from fedqueue.cli.follow import print_summary
     from fedqueue.store import open_store
-    from fedqueue.summary import run_summary
+    from fedqueue.report.summary import run_summary
 
-    store = open_store(Settings.from_env().database_url, migrate=True)
+    store = open_store(Settings.from_env().database_url)
     summary = run_summary(store, run_id)
     if json_:
         print(json.dumps(summary, indent=2))
@@ -220,7 +220,7 @@ def report(
     from fedqueue.report import build_report, write_report
     from fedqueue.store import open_store
 
-    store = open_store(Settings.from_env().database_url, migrate=True)
+    store = open_store(Settings.from_env().database_url)
     try:
         if json_ and out is None:
             print(json.dumps(build_report(store, run_id), indent=2))
@@ -261,48 +261,68 @@ def runs(json_: JsonOpt = False) -> None:
     console.print(table)
 
 
+JobsOpt = Annotated[
+    str | None, typer.Option("--jobs", help="Job kinds these workers serve, e.g. fl,llm (default: every installed kind).")
+]
+
+
 @app.command()
 @friendly_errors
 def worker(
     procs: ProcsOpt = None, slots: SlotsOpt = 1,
-    gpus: Annotated[str | None, typer.Option(help="GPU indices to use, e.g. 0,1 (default: all found).")] = None,
-    plugin_path: PluginPathOpt = None,
+    gpus: Annotated[
+        str | None, typer.Option(help="GPUs to use, by index or UUID, e.g. 0,1 (default: all found).")
+    ] = None,
+    plugin_path: PluginPathOpt = None, jobs: JobsOpt = None,
 ) -> None:
-    """Start one worker process per GPU (or per core) on the configured broker; stop with Ctrl-C."""
+    """Start one worker process per GPU (or per core) on the configured broker; stop with Ctrl-C.
+
+    The launcher also adopts running runs that nobody follows and repairs them.
+    """
+    from fedqueue.core import jobs as job_kinds
+    from fedqueue.queue.client import open_client
     from fedqueue.queue.workers import WorkerGroup, detect_gpus, plan_workers
 
-    settings = Settings.from_env().with_plugin_path(plugin_path)
+    settings = Settings.from_env().with_plugin_path(plugin_path).with_jobs(jobs)
     if not settings.broker_url:
         raise FedqueueError("FEDQUEUE_BROKER_URL: not set (or use `fedqueue up` for a local broker)")
     _warn_if_insecure(settings)
-    from fedqueue.services import connect_redis
-
-    connect_redis(settings.broker_url).close()
+    job_kinds.select(settings.jobs)  # an unknown kind is refused before anything starts
+    services = open_client(settings)  # the broker answers, the store is current
     found = [g.strip() for g in gpus.split(",") if g.strip()] if gpus else detect_gpus()
     group = WorkerGroup(settings, plan_workers(found, procs, slots)).start()
-    _supervise(group, f"{len(group.specs)} workers on {mask_url(settings.broker_url)}")
+    try:
+        _supervise(group, f"{len(group.specs)} workers on {mask_url(settings.broker_url)}", services)
+    finally:
+        services.close()
 
 
 @app.command()
 @friendly_errors
 def up(procs: ProcsOpt = None, slots: SlotsOpt = 1, plugin_path: PluginPathOpt = None) -> None:
     """Run an embedded Redis and local workers in the foreground, for submitting from another shell."""
-    from fedqueue.local import LocalCluster
+    from fedqueue.core.local import LocalCluster
+    from fedqueue.queue.client import open_client
     from fedqueue.queue.workers import detect_gpus, plan_workers
 
     settings = Settings.from_env().with_plugin_path(plugin_path)
     specs = plan_workers(detect_gpus(), procs, slots)
     cluster = LocalCluster.start(settings, specs)
     console.print(f"broker ready: export FEDQUEUE_BROKER_URL={cluster.settings.broker_url}")
+    services = open_client(cluster.settings)
     try:
-        _supervise(cluster.workers, f"{len(specs)} workers, logs in {cluster.log_dir}")
+        _supervise(cluster.workers, f"{len(specs)} workers, logs in {cluster.log_dir}", services)
     finally:
+        services.close()
         if cluster.redis is not None:
             cluster.redis.stop()
 
 
-def _supervise(group: Any, what: str) -> None:
-    """Wait on workers. First Ctrl-C/SIGTERM: warm stop (running tasks finish); second: stop at once."""
+def _supervise(group: Any, what: str, services: Any) -> None:
+    """Wait on workers and adopt unfollowed runs. First Ctrl-C/SIGTERM: warm stop; second: stop at once."""
+    from fedqueue.core.adopt import RunAdopter
+
+    adopter = RunAdopter(services)
     stops = 0
 
     def on_signal(signum: int, _frame: Any) -> None:
@@ -324,8 +344,11 @@ def _supervise(group: Any, what: str) -> None:
                 # enqueued again by the run's scheduler.
                 for name in group.restart_exited():
                     errors.print(f"worker {name} exited; started again")
+                for action in adopter.tick():
+                    errors.print(f"repair: {action}", highlight=False)
             time.sleep(0.2)
     finally:
+        adopter.release_all()
         group.stop(timeout_s=0 if stops else 60)
 
 

@@ -9,12 +9,13 @@ import time
 from collections import OrderedDict
 from typing import TYPE_CHECKING
 
-from fedqueue.blobs import decode_state, encode_state
+from fedqueue.core.codec import BlobRef
+from fedqueue.core.services import Services
 from fedqueue.errors import BlobIntegrityError
-from fedqueue.messages import BlobRef, DeviceTask
-from fedqueue.runconfig import RunConfig
-from fedqueue.scheduler import finish_round, update_key
-from fedqueue.services import Services
+from fedqueue.fl.config import RunConfig
+from fedqueue.fl.messages import DeviceTask
+from fedqueue.fl.rounds import request_aggregation, update_key
+from fedqueue.fl.weights import decode_state, encode_state
 from fedqueue.store.repo import DeviceResult
 
 if TYPE_CHECKING:
@@ -62,7 +63,7 @@ def run_device_task(services: Services, cache: WorkerCache, task: DeviceTask, wo
 
     `attempt` numbers this delivery (1 for the first), as counted by `Services.start_attempt`.
     """
-    from fedqueue.experiment import data_spec, resolve_plugins, train_config
+    from fedqueue.fl.experiment import data_spec, resolve_plugins, train_config
     from fedqueue.fl.data import device_data, load_federated
     from fedqueue.fl.devices import device_label, torch_device
     from fedqueue.fl.models import build_model
@@ -118,15 +119,15 @@ def run_device_task(services: Services, cache: WorkerCache, task: DeviceTask, wo
     return True
 
 
-def record_failure(services: Services, task: DeviceTask, worker: str, attempts: int, error: str) -> None:
+def record_failure(
+    services: Services, task: DeviceTask, worker: str, attempts: int, error: str, device_used: str = "-"
+) -> None:
     """Store a device that failed every attempt, so its round can still close."""
-    from fedqueue.fl.devices import device_label
-
     now = time.time()
     stored = services.store.record_device_result(
         DeviceResult(
             run_id=task.run_id, round_index=task.round_index, device=task.device, state="failed",
-            worker=worker, pid=os.getpid(), device_used=device_label()[:32], attempt=attempts,
+            worker=worker, pid=os.getpid(), device_used=device_used[:32], attempt=attempts,
             enqueued_at=task.enqueued_at, started_at=now, finished_at=now, load_ms=0.0, train_ms=0.0,
             upload_ms=0.0, samples=0, loss=None, update_key=None, update_sha256=None, update_nbytes=None,
             error=error[-4000:],
@@ -137,9 +138,9 @@ def record_failure(services: Services, task: DeviceTask, worker: str, attempts: 
 
 
 def _close_round_if_last(services: Services, task: DeviceTask, stored: int) -> None:
-    """The worker that stored a round's last result (`stored` counts them) aggregates it."""
+    """The worker that stored a round's last result (`stored` counts them) enqueues its aggregation."""
     if stored >= task.round_size:
-        finish_round(services, task.run_id, task.round_index)
+        request_aggregation(services, task.run_id, task.round_index)
 
 
 def _elapsed_ms(start: float) -> float:

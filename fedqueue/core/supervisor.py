@@ -7,9 +7,9 @@ import os
 import socket
 import time
 
+from fedqueue.core import jobs
+from fedqueue.core.services import Services
 from fedqueue.errors import FedqueueError
-from fedqueue.reconcile import reconcile
-from fedqueue.services import Services
 
 log = logging.getLogger(__name__)
 
@@ -47,10 +47,15 @@ class RunSupervisor:
         if now < self._next_repair:
             return []
         self._next_repair = now + REPAIR_EVERY_S
-        actions = reconcile(self.services, self.run_id)
+        actions = repair(self.services, self.run_id)
         for action in actions:
             log.warning("run %s: %s", self.run_id, action)
         return actions
 
     def release(self) -> None:
         self.services.store.release_lease(self.run_id, self.owner)
+
+
+def repair(services: Services, run_id: str) -> list[str]:
+    """One repair pass over a run, by its job kind's own rules."""
+    return jobs.get(services.store.get_run(run_id).kind).repair(services, run_id)

@@ -17,7 +17,7 @@ from fedqueue.errors import ConfigError
 from fedqueue.store import Store
 from fedqueue.store.schema import DeviceTaskRow, RoundRow, RunRow
 from fedqueue.store.utilization import Sample, samples_between
-from fedqueue.timeline import (
+from fedqueue.report.timeline import (
     Lane,
     Span,
     concurrency_steps,
@@ -231,7 +231,7 @@ def _round(value: float | None, digits: int = 3) -> float | None:
 def write_report(store: Store, run_id: str, out_dir: Path, now: float | None = None) -> dict[str, Any]:
     """Write the three pictures and report.html into out_dir; return the numbers."""
     from fedqueue import plots
-    from fedqueue.report_html import render_html
+    from fedqueue.report.html import render_html
 
     data = load_run_data(store, run_id, now)
     report = compute_report(data)

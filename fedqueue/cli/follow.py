@@ -10,7 +10,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextC
 from rich.table import Table
 
 from fedqueue.store import Store
-from fedqueue.summary import run_summary
+from fedqueue.report.summary import run_summary
 
 
 def follow_run(

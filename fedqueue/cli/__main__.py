@@ -1,0 +1,5 @@
+import sys
+
+from fedqueue.cli import main
+
+sys.exit(main())

@@ -1,0 +1,146 @@
+"""The job-kind registry: how the queue, the workers and the supervisor reach FL, LLM and later kinds.
+
+A job kind is a name, its task handlers (each a Celery task name, a queue and
+three callables) and its repair pass. Kinds register through the
+`fedqueue.jobs` entry-point group, so the core never imports one: the arrows
+point from a kind to the core, never back.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from importlib.metadata import entry_points
+from typing import TYPE_CHECKING, Any, ContextManager, Protocol
+
+from fedqueue.errors import ConfigError
+
+if TYPE_CHECKING:
+    from fedqueue.config import Settings
+    from fedqueue.core.services import Services
+
+ENTRY_POINT_GROUP = "fedqueue.jobs"
+# Scheduler steps (aggregations, round starts): consumed before any kind's queue, so they never wait behind one.
+CONTROL_QUEUE = "control"
+
+
+class TaskMessage(Protocol):
+    """A task's message: JSON-only, with a key that counts its attempts and a label Flower shows."""
+
+    def to_dict(self) -> dict[str, Any]: ...
+
+    @property
+    def attempt_key(self) -> str: ...
+
+    @property
+    def label(self) -> str: ...
+
+
+@dataclass(frozen=True)
+class TaskContext:
+    """What a handler gets besides its message: this process's services, its name, which delivery this is."""
+
+    services: Services
+    worker: str
+    attempt: int
+    cache: Any  # the kind's per-process cache (models, data), made once by `JobKind.new_cache`
+
+
+@dataclass(frozen=True)
+class TaskHandler:
+    name: str  # the Celery task name
+    queue: str  # a queue suffix: the kind's own, or CONTROL_QUEUE
+    # Its messages' class: `from_dict(raw)` decodes (MessageError when malformed), `to_dict()` encodes.
+    message_type: type
+    run: Callable[[TaskContext, Any], None]
+    # Attempts used up (or the task ran out of time): store the outcome so the job goes on.
+    give_up: Callable[[TaskContext, Any, int, str], None]
+
+
+def _no_scope(_settings: Settings) -> ContextManager[None]:
+    return contextlib.nullcontext()
+
+
+def _no_cache() -> Any:
+    return None
+
+
+@dataclass(frozen=True)
+class JobKind:
+    name: str
+    handlers: tuple[TaskHandler, ...]
+    # One repair pass over a run of this kind; returns what it did, one line per action.
+    repair: Callable[[Services, str], list[str]]
+    new_cache: Callable[[], Any] = _no_cache
+    # Process settings around each task of this kind (thread counts, deterministic kernels).
+    task_scope: Callable[[Settings], ContextManager[None]] = _no_scope
+    # Run once in a worker before it takes tasks (kernels, imports), where the kind needs it.
+    warm_up: Callable[[Settings], None] | None = None
+
+    @property
+    def queues(self) -> tuple[str, ...]:
+        """Queue suffixes of this kind's own tasks (the control queue is everyone's)."""
+        return tuple(sorted({handler.queue for handler in self.handlers if handler.queue != CONTROL_QUEUE}))
+
+
+_lock = threading.Lock()
+_kinds: dict[str, JobKind] = {}
+_loaded = False
+
+
+def register(kind: JobKind) -> None:
+    """Add a kind (entry points do this for installed kinds; tests may add their own)."""
+    with _lock:
+        _kinds[kind.name] = kind
+
+
+def _load_entry_points() -> None:
+    global _loaded
+    with _lock:
+        if _loaded:
+            return
+        _loaded = True
+    for point in entry_points(group=ENTRY_POINT_GROUP):
+        kind = point.load()
+        if not isinstance(kind, JobKind):
+            raise ConfigError(f"job kind {point.name!r}: {point.value} is not a JobKind")
+        register(kind)
+
+
+def kinds() -> dict[str, JobKind]:
+    _load_entry_points()
+    with _lock:
+        return dict(_kinds)
+
+
+def get(name: str) -> JobKind:
+    found = kinds().get(name)
+    if found is None:
+        raise ConfigError(f"job kind {name!r} is not installed (have: {', '.join(sorted(kinds())) or 'none'})")
+    return found
+
+
+def select(names: str | None) -> list[JobKind]:
+    """The kinds a worker serves: a comma-separated list (`fl,llm`), or every installed kind."""
+    if not names:
+        return [kinds()[name] for name in sorted(kinds())]
+    chosen = [part.strip() for part in names.split(",") if part.strip()]
+    if not chosen:
+        raise ConfigError("--jobs: name at least one job kind")
+    return [get(name) for name in chosen]
+
+
+def handlers() -> Iterator[tuple[JobKind, TaskHandler]]:
+    for kind in kinds().values():
+        for handler in kind.handlers:
+            yield kind, handler
+
+
+def handler_for(message: object) -> TaskHandler:
+    """The handler whose messages are of this message's class (what the publisher sends it as)."""
+    for _, handler in handlers():
+        if type(message) is handler.message_type:
+            return handler
+    raise LookupError(f"no job kind handles {type(message).__name__} messages")

@@ -1,0 +1,85 @@
+"""The FL job kind's task messages: small, frozen, JSON-only. Each owns its encoding and its checks."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from fedqueue.core.codec import INT_LIMIT, BlobRef, MessageError, require_fields
+
+
+@dataclass(frozen=True)
+class DeviceTask:
+    """Train one simulated device for one round, starting from a global model version."""
+
+    run_id: str
+    round_index: int
+    device: int
+    model: BlobRef
+    enqueued_at: float
+    round_size: int  # devices selected in the round: the worker storing the last result closes it
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, raw: Any) -> DeviceTask:
+        require_fields(
+            raw,
+            {
+                "run_id": str, "round_index": int, "device": int, "model": dict, "enqueued_at": (int, float),
+                "round_size": int,
+            },
+            "task",
+        )
+        if not 1 <= raw["round_index"] < INT_LIMIT:
+            raise MessageError("task.round_index: out of range")
+        if not 0 <= raw["device"] < INT_LIMIT:
+            raise MessageError("task.device: out of range")
+        if not math.isfinite(raw["enqueued_at"]):
+            raise MessageError("task.enqueued_at: must be a finite number")
+        if not 1 <= raw["round_size"] < INT_LIMIT:
+            raise MessageError("task.round_size: out of range")
+        return cls(
+            run_id=raw["run_id"],
+            round_index=raw["round_index"],
+            device=raw["device"],
+            model=BlobRef.from_dict(raw["model"]),
+            enqueued_at=float(raw["enqueued_at"]),
+            round_size=raw["round_size"],
+        )
+
+    @property
+    def attempt_key(self) -> str:
+        return f"{self.run_id}:{self.round_index}:{self.device}"
+
+    @property
+    def label(self) -> str:
+        return f"run {self.run_id} round {self.round_index} device {self.device}"
+
+
+@dataclass(frozen=True)
+class AggregateTask:
+    """Aggregate a round whose results are all stored, evaluate, and start the next round."""
+
+    run_id: str
+    round_index: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, raw: Any) -> AggregateTask:
+        require_fields(raw, {"run_id": str, "round_index": int}, "aggregate")
+        if not 1 <= raw["round_index"] < INT_LIMIT:
+            raise MessageError("aggregate.round_index: out of range")
+        return cls(run_id=raw["run_id"], round_index=raw["round_index"])
+
+    @property
+    def attempt_key(self) -> str:
+        return f"aggregate:{self.run_id}:{self.round_index}"
+
+    @property
+    def label(self) -> str:
+        return f"run {self.run_id} round {self.round_index} aggregation"

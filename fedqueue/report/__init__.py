@@ -1,0 +1,5 @@
+"""Reports from the store: numbers, timeline and plots, HTML. Reads the store only; never imports a job kind."""
+
+from fedqueue.report.numbers import RunData, build_report, compute_report, write_report
+
+__all__ = ["RunData", "build_report", "compute_report", "write_report"]

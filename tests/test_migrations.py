@@ -1,0 +1,258 @@
+"""Schema upgrades: data kept, one transaction at a time, and read-only opens that never change the schema.
+
+Each test runs on SQLite and on a Postgres database of its own (it needs an empty or an old schema).
+"""
+
+from __future__ import annotations
+
+import threading
+import uuid
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import pytest
+from alembic import command
+from alembic.config import Config
+from sqlalchemy import JSON, bindparam, create_engine, event, inspect, text
+from sqlalchemy.engine import Engine, make_url
+
+from fedqueue.errors import ServiceUnavailable
+from fedqueue.store import open_store
+from fedqueue.store.db import MIGRATIONS, head_revision, make_engine, schema_revision
+
+OLD = "0004"
+NEW_RUN_COLUMNS = {"kind", "broker_id"}
+BIG = 5 * 2**31  # a byte size past 32 bits
+WAIT_S = 60  # a guard against a hang, never a pause the test relies on
+
+
+@pytest.fixture
+def fresh_url(database_url: str) -> Iterator[str]:
+    """An empty database: the test's own SQLite file, or a new Postgres database dropped afterwards."""
+    if make_url(database_url).get_backend_name() == "sqlite":
+        yield database_url
+        return
+    admin = create_engine(database_url, isolation_level="AUTOCOMMIT")
+    name = f"fedqueue_mig_{uuid.uuid4().hex[:10]}"
+    with admin.connect() as connection:
+        connection.execute(text(f'CREATE DATABASE "{name}"'))
+    try:
+        yield make_url(database_url).set(database=name).render_as_string(hide_password=False)
+    finally:
+        with admin.connect() as connection:
+            connection.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+        admin.dispose()
+
+
+def on_engine(url: str, action: Callable[[Engine], Any]) -> Any:
+    engine = make_engine(url)
+    try:
+        return action(engine)
+    finally:
+        engine.dispose()
+
+
+def alembic_to(url: str, revision: str, step: Callable[[Config, str], None] = command.upgrade) -> None:
+    """Upgrade (or downgrade) the database to `revision` directly, as an older fedqueue would have."""
+
+    def run(engine: Engine) -> None:
+        with engine.begin() as connection:
+            config = Config()
+            config.set_main_option("script_location", str(MIGRATIONS))
+            config.attributes["connection"] = connection
+            step(config, revision)
+
+    on_engine(url, run)
+
+
+def insert_old_rows(url: str) -> None:
+    """Two runs, each with two rounds, two device tasks per round and a checkpoint, written at revision 0004."""
+    config = {"dataset": "digits", "lr": 0.1}
+    run_sql = text(
+        "INSERT INTO runs (id, name, config, state, rounds_total, created_at, lease_owner)"
+        " VALUES (:id, :name, :config, 'running', 2, 1.0, 'sched-1')"
+    ).bindparams(bindparam("config", type_=JSON))
+    round_sql = text(
+        "INSERT INTO rounds (run_id, round_index, version, state, selected, model_key, model_sha256, model_nbytes,"
+        " enqueued_at, stored) VALUES (:run, :round, :round - 1, 'done', :selected, 'k', :sha, :nbytes, 2.0, 2)"
+    ).bindparams(bindparam("selected", type_=JSON))
+    task_sql = text(
+        "INSERT INTO device_tasks (run_id, round_index, device, state, worker, pid, device_used, attempt,"
+        " enqueued_at, started_at, finished_at, load_ms, train_ms, upload_ms, samples, update_nbytes)"
+        " VALUES (:run, :round, :device, 'done', 'w1', 1, 'cpu', 1, 2.0, 2.1, 2.5, 1.0, 2.0, 3.0, 10, :nbytes)"
+    )
+    checkpoint_sql = text("INSERT INTO checkpoints (run_id, version, sha256, data) VALUES (:run, 2, :sha, :data)")
+
+    def insert(engine: Engine) -> None:
+        with engine.begin() as connection:
+            for run in ("run-a", "run-b"):
+                connection.execute(run_sql, {"id": run, "name": f"name-{run}", "config": config})
+                for round_index in (1, 2):
+                    connection.execute(round_sql, {"run": run, "round": round_index, "selected": [0, 1],
+                                                   "sha": "a" * 64, "nbytes": 1000 + round_index})
+                    for device in (0, 1):
+                        connection.execute(task_sql, {"run": run, "round": round_index, "device": device,
+                                                      "nbytes": 64 + device})
+                connection.execute(checkpoint_sql, {"run": run, "sha": "c" * 64, "data": b"model"})
+
+    on_engine(url, insert)
+
+
+def count(connection: Any, table: str) -> int:
+    return connection.execute(text(f"SELECT COUNT(*) FROM {table}")).scalar_one()
+
+
+def column_names(url: str, table: str) -> set[str]:
+    def read(engine: Engine) -> set[str]:
+        with engine.connect() as connection:
+            return {column["name"] for column in inspect(connection).get_columns(table)}
+
+    return on_engine(url, read)
+
+
+def revision_of(url: str) -> str | None:
+    return on_engine(url, schema_revision)
+
+
+# upgrades keep data
+
+
+def test_upgrade_from_0004_keeps_every_row_and_fills_the_new_columns(fresh_url: str) -> None:
+    """Rows written at 0004 survive the upgrade (no cascade from a rebuilt `runs`); new columns get defaults."""
+    alembic_to(fresh_url, OLD)
+    insert_old_rows(fresh_url)
+    store = open_store(fresh_url, migrate=True)
+    try:
+        with store.engine.begin() as connection:
+            counts = {table: count(connection, table) for table in ("runs", "rounds", "device_tasks", "checkpoints")}
+            runs = connection.execute(text("SELECT kind, broker_id, lease_owner FROM runs")).all()
+            rounds = connection.execute(text("SELECT claim_owner, model_nbytes, stored FROM rounds")).all()
+            connection.execute(text("UPDATE rounds SET model_nbytes = :big"), {"big": BIG})
+            connection.execute(text("UPDATE device_tasks SET update_nbytes = :big"), {"big": BIG})
+        with store.engine.connect() as connection:
+            big = connection.execute(text("SELECT MIN(model_nbytes) FROM rounds")).scalar_one()
+            big_update = connection.execute(text("SELECT MIN(update_nbytes) FROM device_tasks")).scalar_one()
+    finally:
+        store.close()
+    assert counts == {"runs": 2, "rounds": 4, "device_tasks": 8, "checkpoints": 2}
+    assert sorted(runs) == [("fl", None, "sched-1")] * 2
+    assert sorted(rounds) == [(None, 1001, 2), (None, 1001, 2), (None, 1002, 2), (None, 1002, 2)]
+    assert big == big_update == BIG
+    assert revision_of(fresh_url) == head_revision()
+
+
+def test_downgrade_to_0004_keeps_every_row(fresh_url: str) -> None:
+    """The downgrade drops only the new columns (no table rebuild), so no row goes with them."""
+    alembic_to(fresh_url, OLD)
+    insert_old_rows(fresh_url)
+    open_store(fresh_url, migrate=True).close()
+    alembic_to(fresh_url, OLD, command.downgrade)
+
+    def counts(engine: Engine) -> dict[str, int]:
+        with engine.connect() as connection:
+            return {table: count(connection, table) for table in ("runs", "rounds", "device_tasks", "checkpoints")}
+
+    assert on_engine(fresh_url, counts) == {"runs": 2, "rounds": 4, "device_tasks": 8, "checkpoints": 2}
+    assert not NEW_RUN_COLUMNS & column_names(fresh_url, "runs")
+    assert "claim_owner" not in column_names(fresh_url, "rounds")
+    assert revision_of(fresh_url) == OLD
+
+
+# upgrades are atomic and serialised
+
+
+@pytest.fixture
+def paused_migration() -> Iterator[tuple[threading.Event, threading.Event]]:
+    """Pause any migration right after its first new column is added, inside its transaction.
+
+    Yields (paused, resume): `paused` is set once a migrator waits; setting `resume` lets it go on.
+    """
+    paused, resume = threading.Event(), threading.Event()
+
+    def hold(_conn: Any, _cursor: Any, statement: str, *_args: Any) -> None:
+        if "add column kind" in statement.lower():
+            paused.set()
+            resume.wait(WAIT_S)
+
+    event.listen(Engine, "after_cursor_execute", hold)
+    try:
+        yield paused, resume
+    finally:
+        resume.set()
+        event.remove(Engine, "after_cursor_execute", hold)
+
+
+def test_reader_during_a_migration_sees_the_old_schema_whole_never_half(
+    fresh_url: str, paused_migration: tuple[threading.Event, threading.Event]
+) -> None:
+    """While a migration is half done, a read-only open is refused naming the old revision, and the old
+    schema shows none of the upgrade's columns; once it commits, the new schema is there in full."""
+    paused, resume = paused_migration
+    alembic_to(fresh_url, OLD)
+    insert_old_rows(fresh_url)
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        migration = pool.submit(lambda: open_store(fresh_url, migrate=True).close())
+        assert paused.wait(WAIT_S), "the migration never reached its first new column"
+        reader = pool.submit(lambda: open_store(fresh_url).close())
+        with pytest.raises(ServiceUnavailable) as refused:
+            reader.result(timeout=WAIT_S)
+        assert not NEW_RUN_COLUMNS & column_names(fresh_url, "runs")  # `kind` exists only in the open transaction
+        assert revision_of(fresh_url) == OLD
+        resume.set()
+        migration.result(timeout=WAIT_S)
+    assert f"revision {OLD}" in str(refused.value) and head_revision() in str(refused.value)
+
+    store = open_store(fresh_url)
+    try:
+        with store.engine.connect() as connection:
+            runs = connection.execute(text("SELECT kind, broker_id FROM runs")).all()
+            owners = connection.execute(text("SELECT claim_owner FROM rounds")).scalars().all()
+    finally:
+        store.close()
+    assert runs == [("fl", None)] * 2 and owners == [None] * 4
+
+
+def test_concurrent_migrators_on_a_fresh_database_all_succeed(fresh_url: str) -> None:
+    """Several processes starting at once on an empty database all open it; the schema ends at head."""
+    migrators = 4
+    start = threading.Barrier(migrators)
+
+    def migrate() -> None:
+        start.wait(WAIT_S)
+        open_store(fresh_url, migrate=True).close()
+
+    with ThreadPoolExecutor(max_workers=migrators) as pool:
+        for future in [pool.submit(migrate) for _ in range(migrators)]:
+            future.result(timeout=WAIT_S)
+    assert revision_of(fresh_url) == head_revision()
+    assert NEW_RUN_COLUMNS <= column_names(fresh_url, "runs")
+
+
+# read-only opens
+
+
+def test_read_only_open_of_an_empty_database_is_refused_and_creates_nothing(fresh_url: str) -> None:
+    """`open_store(url)` on an empty database raises one line naming the problem, and writes no table."""
+    with pytest.raises(ServiceUnavailable) as refused:
+        open_store(fresh_url)
+    message = str(refused.value)
+    assert "no fedqueue tables" in message and "\n" not in message
+    assert refused.value.exit_code == 2
+    database = make_url(fresh_url).database or ""
+    if make_url(fresh_url).get_backend_name() == "sqlite":
+        assert not Path(database).exists()  # not even an empty file
+    assert on_engine(fresh_url, lambda engine: inspect(engine).get_table_names()) == []
+
+
+def test_read_only_open_of_an_old_schema_names_both_revisions_and_upgrades_nothing(fresh_url: str) -> None:
+    """`open_store(url)` on a 0004 database says it is at 0004 and head is needed, and leaves it at 0004."""
+    alembic_to(fresh_url, OLD)
+    with pytest.raises(ServiceUnavailable) as refused:
+        open_store(fresh_url)
+    message = str(refused.value)
+    assert f"revision {OLD}" in message and f"needs {head_revision()}" in message
+    assert "fedqueue worker" in message and "\n" not in message
+    assert revision_of(fresh_url) == OLD
+    assert not NEW_RUN_COLUMNS & column_names(fresh_url, "runs")
