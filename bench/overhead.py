@@ -120,7 +120,7 @@ def measure_fedqueue(url: str, client: redis.Redis, procs: int, tasks: int, fold
     settings = Settings(broker_url=url, database_url=f"sqlite:///{folder / 'overhead.db'}",
                         key_prefix="bench-overhead").with_plugin_path([str(BENCH_DIR)])
     prefix = settings.key_prefix
-    queue_key, unacked_key = f"{prefix}:{settings.queue("devices")}", f"{prefix}:unacked"
+    queue_key, unacked_key = f"{prefix}:{settings.queue('devices')}", f"{prefix}:unacked"
     with fedqueue.local_cluster(procs=procs, settings=settings) as cluster:
         control = make_app(cluster.settings).control
         alive = lambda: check_workers(cluster)  # noqa: E731
@@ -258,7 +258,7 @@ def breakdown(url: str, folder: Path, tasks: int) -> dict[str, Any]:
     per_task_s = (total_s - aggregation_s) / tasks
     parts = {label: value / tasks for label, value in timers.seconds.items()}
     parts["other (message decode, load_state_dict, seeds, timing)"] = per_task_s - sum(parts.values())
-    services.redis.delete(f"{settings.key_prefix}:{settings.queue("devices")}")
+    services.redis.delete(f"{settings.key_prefix}:{settings.queue('devices')}")
     services.close()
     return {"parts": parts, "per_task_s": per_task_s, "enqueue_per_task_s": enqueue_s / tasks,
             "aggregation_s": aggregation_s}

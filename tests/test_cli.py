@@ -12,7 +12,9 @@ from pathlib import Path
 
 import psutil
 import pytest
+from sqlalchemy import create_engine, inspect
 
+from fedqueue.store import open_store
 from fedqueue.config import Settings
 
 FEDQUEUE = [sys.executable, "-m", "fedqueue.cli"]
@@ -64,7 +66,7 @@ def test_run_with_nothing_configured_uses_embedded_redis_and_leaves_nothing(tmp_
     status = json.loads(fedqueue("status", runs[0]["id"], "--json", cwd=tmp_path, env=cli_env()).stdout)
     assert status["rounds_done"] == 2 and status["tasks_done"] == 16
     assert set(status["accuracy"]) == {"1", "2"}
-    assert len(status["workers"]) == 2 and status["max_concurrency"] >= 1
+    assert len(status["workers"]) == 2 and status["max_concurrency"] >= 2
     assert status["wall_s"] > 0
 
 
@@ -142,6 +144,7 @@ def test_worker_stops_on_sigterm_and_leaves_no_children(settings: Settings, tmp_
         ("dataset = 'cifar10'\n", "data_root"),
         ("dataset = 'cifar10'\ndata_root = '/no/such/folder'\n", "/no/such/folder"),
         ("rounds = = 3\n", "invalid TOML"),
+        (f"name = '{'n' * 201}'\n", "name"),
     ],
 )
 def test_bad_config_is_one_line_exit_2_and_writes_nothing(tmp_path: Path, text: str, field: str) -> None:
@@ -181,5 +184,12 @@ def test_unreachable_service_is_one_line_within_10s(tmp_path: Path, variable: st
 
 
 def test_unknown_run_id(tmp_path: Path) -> None:
+    """A store with no runs yet: read-only commands say so in one line and create nothing."""
     result = fedqueue("status", "nope", cwd=tmp_path, env=cli_env())
-    assert result.returncode == 2 and "nope" in result.stderr
+    assert result.returncode == 2 and len(result.stderr.strip().splitlines()) == 1
+    assert "has no fedqueue tables" in result.stderr
+    database = tmp_path / "fedqueue.db"
+    assert not database.exists() or not inspect(create_engine(f"sqlite:///{database}")).get_table_names()
+    open_store(f"sqlite:///{tmp_path / 'fedqueue.db'}", migrate=True).close()
+    result = fedqueue("status", "nope", cwd=tmp_path, env=cli_env())
+    assert result.returncode == 2 and result.stderr.strip() == "error: run 'nope' does not exist"

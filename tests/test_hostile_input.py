@@ -48,7 +48,7 @@ def test_any_toml_text_is_accepted_or_refused_in_one_line(tmp_path: Path, text: 
     try:
         load_run_config(path)
     except (ConfigError, DataError) as err:
-        assert str(err).strip()
+        assert str(err).strip() and "\n" not in str(err).strip()
 
 
 def test_refused_submit_leaves_nothing_in_store_or_queue(settings: Settings, tmp_path: Path) -> None:
@@ -57,6 +57,7 @@ def test_refused_submit_leaves_nothing_in_store_or_queue(settings: Settings, tmp
     result = subprocess.run([sys.executable, "-m", "fedqueue.cli", "submit", str(config)], cwd=tmp_path,
                             env=cli_env(settings), capture_output=True, text=True, timeout=60)
     assert result.returncode == 2 and "devices_per_round" in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1, result.stderr
     client = redis.Redis.from_url(settings.broker_url or "")
     assert list(client.scan_iter(match=f"{settings.key_prefix}*")) == []
     assert not Path(settings.database_url.removeprefix("sqlite:///")).exists()
@@ -108,4 +109,4 @@ def test_malformed_unknown_and_pickled_messages_are_refused(settings: Settings, 
     assert status["state"] == "finished" and status["tasks_done"] == 2
     assert not marker.exists()  # the pickle was never loaded
     client = redis.Redis.from_url(settings.broker_url or "")
-    assert client.llen(f"{settings.key_prefix}:{settings.queue("devices")}") == 0  # nothing bounced back
+    assert client.llen(f"{settings.key_prefix}:{settings.queue('devices')}") == 0  # nothing bounced back

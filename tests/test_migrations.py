@@ -194,7 +194,9 @@ def test_reader_during_a_migration_sees_the_old_schema_whole_never_half(
     insert_old_rows(fresh_url)
     with ThreadPoolExecutor(max_workers=2) as pool:
         migration = pool.submit(lambda: open_store(fresh_url, migrate=True).close())
+        migration.add_done_callback(lambda _: paused.set())  # a migration that fails early is reported at once
         assert paused.wait(WAIT_S), "the migration never reached its first new column"
+        assert not migration.done(), migration.result()
         reader = pool.submit(lambda: open_store(fresh_url).close())
         with pytest.raises(ServiceUnavailable) as refused:
             reader.result(timeout=WAIT_S)
@@ -256,3 +258,18 @@ def test_read_only_open_of_an_old_schema_names_both_revisions_and_upgrades_nothi
     assert "fedqueue worker" in message and "\n" not in message
     assert revision_of(fresh_url) == OLD
     assert not NEW_RUN_COLUMNS & column_names(fresh_url, "runs")
+
+
+def test_a_schema_newer_than_this_code_is_refused_by_readers_and_migrators(fresh_url: str) -> None:
+    """A revision this fedqueue does not know (a newer fedqueue wrote it) is named, never upgraded over."""
+    open_store(fresh_url, migrate=True).close()
+
+    def stamp(engine: Engine) -> None:
+        with engine.begin() as connection:
+            connection.execute(text("UPDATE alembic_version SET version_num = '9999'"))
+
+    on_engine(fresh_url, stamp)
+    for migrate in (False, True):
+        with pytest.raises(ServiceUnavailable, match="revision 9999 is newer than this fedqueue's"):
+            open_store(fresh_url, migrate=migrate)
+    assert revision_of(fresh_url) == "9999"

@@ -94,7 +94,7 @@ def test_task_delivered_twice_is_stored_and_aggregated_once(settings: Settings, 
         # (Later rounds are enqueued by the workers, which send each task once.)
         deadline = time.monotonic() + 30
         while True:
-            attempts = {services.attempts(run_id, 1, t.device) for t in tasks if t.round_index == 1}
+            attempts = {services.attempts(f"{run_id}:1:{t.device}") for t in tasks if t.round_index == 1}
             if attempts == {2} or time.monotonic() > deadline:
                 break
             time.sleep(0.1)

@@ -228,6 +228,7 @@ def test_report_of_a_real_run_through_workers(settings: Settings, tmp_path: Path
 
 
 def test_report_of_an_unknown_run_is_one_line_and_exit_2(tmp_path: Path) -> None:
+    open_store(f"sqlite:///{tmp_path / 'store.db'}", migrate=True).close()
     result = cli("report", "nope", database=tmp_path / "store.db", cwd=tmp_path)
     assert result.returncode == 2
     assert result.stderr.strip() == "error: run 'nope' does not exist"

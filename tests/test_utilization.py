@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from fedqueue import utilization
+from fedqueue.core import utilization
 from fedqueue.store import open_store
 from fedqueue.store.utilization import Sample, record_samples, samples_between
 from fedqueue.core.utilization import CpuProbe, GpuProbe, Sampler, make_probe, pinned_gpu

@@ -41,5 +41,6 @@ def test_worker_command_uses_threads_pool_and_bounded_slots() -> None:
     command = worker_command(spec, Settings(broker_url="redis://127.0.0.1:1/0", key_prefix="p"))
     joined = " ".join(command)
     assert "--pool threads" in joined and "--concurrency 4" in joined
-    assert "--hostname gpu1@%h" in joined and "--queues p.devices" in joined
+    # The control queue first: aggregations are read before device tasks.
+    assert "--hostname gpu1@%h" in joined and "--queues p.control,p.devices" in joined
     assert "solo" not in joined

@@ -14,7 +14,7 @@ import socket
 import time
 
 from fedqueue.core.services import Services
-from fedqueue.core.supervisor import LeaseHeld, RunSupervisor
+from fedqueue.core.supervisor import LAUNCHER_OWNER, LeaseHeld, RunSupervisor
 
 log = logging.getLogger(__name__)
 
@@ -24,7 +24,7 @@ LOOK_EVERY_S = 2.0
 class RunAdopter:
     def __init__(self, services: Services, owner: str | None = None) -> None:
         self.services = services
-        self.owner = owner or f"worker launcher {socket.gethostname()}:{os.getpid()}"
+        self.owner = owner or f"{LAUNCHER_OWNER} {socket.gethostname()}:{os.getpid()}"
         self._held: dict[str, RunSupervisor] = {}
         self._next_look = 0.0
 

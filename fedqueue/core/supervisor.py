@@ -22,27 +22,46 @@ class LeaseHeld(FedqueueError):
     exit_code = 2
 
 
+# Lease owners of this form are worker launchers that adopted a run nobody followed (fedqueue.core.adopt).
+LAUNCHER_OWNER = "worker launcher"
+
+
 class RunSupervisor:
+    """Holds a run's lease and repairs it.
+
+    A follower (`fedqueue run`, `resume`) that finds a worker launcher holding the lease follows the
+    run without repairing it (the launcher does), and takes the lease over once the launcher lets go.
+    Another live follower is refused: one scheduler per run.
+    """
+
     def __init__(self, services: Services, run_id: str, owner: str | None = None) -> None:
         self.services = services
         self.run_id = run_id
         self.owner = owner or f"{socket.gethostname()}:{os.getpid()}"
         self._next_repair = 0.0
 
+    def _take(self) -> bool:
+        """Hold (or renew) the lease; False when a launcher holds it and this follower defers to it."""
+        if self.services.store.acquire_lease(self.run_id, self.owner, self.services.settings.lease_ttl_s):
+            return True
+        run = self.services.store.get_run(self.run_id)
+        holder = run.lease_owner or ""
+        if holder.startswith(LAUNCHER_OWNER) and not self.owner.startswith(LAUNCHER_OWNER):
+            return False
+        left = max(0.0, (run.lease_expires_at or 0) - time.time())
+        raise LeaseHeld(
+            f"run {self.run_id} is already scheduled by {holder} "
+            f"(its lease runs out {left:.0f} s after that scheduler stops)"
+        )
+
     def acquire(self) -> RunSupervisor:
-        if not self.services.store.acquire_lease(self.run_id, self.owner, self.services.settings.lease_ttl_s):
-            run = self.services.store.get_run(self.run_id)
-            left = max(0.0, (run.lease_expires_at or 0) - time.time())
-            raise LeaseHeld(
-                f"run {self.run_id} is already scheduled by {run.lease_owner} "
-                f"(its lease runs out {left:.0f} s after that scheduler stops)"
-            )
+        self._take()
         return self
 
     def tick(self) -> list[str]:
         """Renew the lease; every few seconds, repair the run. Returns the repairs made."""
-        if not self.services.store.acquire_lease(self.run_id, self.owner, self.services.settings.lease_ttl_s):
-            raise LeaseHeld(f"run {self.run_id}: lease lost to another scheduler")
+        if not self._take():
+            return []
         now = time.monotonic()
         if now < self._next_repair:
             return []

@@ -14,6 +14,7 @@ from typing import Any
 
 from fedqueue.errors import ConfigError, DataError
 from fedqueue.fl.plugins import describe_choices, is_valid_name
+from fedqueue.store.schema import NAME_MAX
 
 PARTITIONS = ("iid", "dirichlet")
 FAILURE_POLICIES = ("skip", "abort")
@@ -94,6 +95,8 @@ class RunConfig:
             name = getattr(self, kind)
             if not is_valid_name(kind, name):
                 raise ConfigError(f"{kind}: unknown {kind} {name!r} (choose from {describe_choices(kind)})")
+        if len(self.name) > NAME_MAX:
+            raise ConfigError(f"name: at most {NAME_MAX} characters, got {len(self.name)}")
         _choice("partition", self.partition, PARTITIONS)
         _choice("on_failure", self.on_failure, FAILURE_POLICIES)
         if self.min_devices_per_round > self.devices_per_round:

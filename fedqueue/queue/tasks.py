@@ -74,7 +74,7 @@ def _register(app: Celery, settings: Settings, state: WorkerState, kind: jobs.Jo
         try:
             message = handler.message_type.from_dict(raw)  # type: ignore[attr-defined]
         except MessageError as err:
-            log.error("rejected malformed %s message: %s", handler.name, err)
+            log.error("rejected malformed task message: %s (%s)", err, handler.name)
             raise Reject(str(err), requeue=False) from None
         worker = self.request.hostname or "unknown"
         key = message.attempt_key

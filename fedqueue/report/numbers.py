@@ -230,7 +230,7 @@ def _round(value: float | None, digits: int = 3) -> float | None:
 
 def write_report(store: Store, run_id: str, out_dir: Path, now: float | None = None) -> dict[str, Any]:
     """Write the three pictures and report.html into out_dir; return the numbers."""
-    from fedqueue import plots
+    from fedqueue.report import plots
     from fedqueue.report.html import render_html
 
     data = load_run_data(store, run_id, now)

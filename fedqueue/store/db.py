@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import functools
+import sqlite3
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -21,16 +23,31 @@ if TYPE_CHECKING:  # alembic itself is imported only when a schema is checked or
 MIGRATIONS = Path(__file__).with_name("migrations")
 CONNECT_TIMEOUT_S = 5
 SQLITE_BUSY_TIMEOUT_MS = 30_000
+WAL_SWITCH_RETRY_S = 0.02
 # Postgres advisory lock held by the migrating transaction ("fedqueue" in ASCII, a positive bigint).
 MIGRATION_LOCK_KEY = 0x6665647175657565
 UPGRADE_HINT = "`fedqueue submit`, `fedqueue run` or `fedqueue worker` upgrade it"
 
 
+def _switch_to_wal(cursor: Any) -> None:
+    # Switching a new file to WAL takes its exclusive lock, and while another connection switches it SQLite
+    # refuses at once instead of waiting out the busy timeout: wait here instead, as long as that timeout.
+    deadline = time.monotonic() + SQLITE_BUSY_TIMEOUT_MS / 1000
+    while True:
+        try:
+            cursor.execute("PRAGMA journal_mode=WAL")
+            return
+        except sqlite3.OperationalError as err:
+            if "locked" not in str(err) or time.monotonic() > deadline:
+                raise
+            time.sleep(WAL_SWITCH_RETRY_S)
+
+
 def _enable_sqlite_wal(dbapi_connection: Any, _record: Any) -> None:
     cursor = dbapi_connection.cursor()
     # WAL lets readers work beside the single writer; the busy timeout makes writers wait, not fail.
-    cursor.execute("PRAGMA journal_mode=WAL")
     cursor.execute(f"PRAGMA busy_timeout={SQLITE_BUSY_TIMEOUT_MS}")
+    _switch_to_wal(cursor)
     cursor.execute("PRAGMA synchronous=NORMAL")
     cursor.execute("PRAGMA foreign_keys=ON")
     cursor.close()
@@ -123,8 +140,10 @@ def _sqlite_migrator(url: URL) -> Engine:
     return engine
 
 
-def _is_sqlite_file(engine: Engine) -> bool:
-    return engine.dialect.name == "sqlite" and (engine.url.database or ":memory:") != ":memory:"
+def _sqlite_file(url: URL) -> Path | None:
+    """The file of a SQLite database; None for Postgres or an in-memory database."""
+    database = url.database or ":memory:"
+    return Path(database) if url.get_backend_name() == "sqlite" and database != ":memory:" else None
 
 
 def _upgrade_in_one_transaction(engine: Engine, shown: str) -> None:
@@ -150,8 +169,8 @@ def upgrade_schema(engine: Engine, shown: str | None = None) -> None:
     Readers see the old schema or the new one, never a part of the upgrade.
     """
     shown = shown or engine.url.render_as_string(hide_password=True)
-    if not _is_sqlite_file(engine):
-        _upgrade_in_one_transaction(engine, shown)  # an in-memory SQLite database has no other reader
+    if _sqlite_file(engine.url) is None:
+        _upgrade_in_one_transaction(engine, shown)  # Postgres DDL is transactional; in-memory SQLite is private
         return
     migrator = _sqlite_migrator(engine.url)
     try:
@@ -166,12 +185,6 @@ def _require_current_schema(engine: Engine, shown: str) -> None:
         raise ServiceUnavailable(_schema_problem(shown, revision))
 
 
-def _missing_sqlite_file(url: str) -> bool:
-    parsed = make_url(url)
-    database = parsed.database or ":memory:"
-    return parsed.get_backend_name() == "sqlite" and database != ":memory:" and not Path(database).exists()
-
-
 def open_store(url: str, *, migrate: bool = False) -> Store:
     """Connect (failing within seconds, with one line, when the database is down).
 
@@ -183,7 +196,7 @@ def open_store(url: str, *, migrate: bool = False) -> Store:
     try:
         if migrate:
             upgrade_schema(engine, shown)
-        elif _missing_sqlite_file(url):  # connecting would create it
+        elif (path := _sqlite_file(engine.url)) is not None and not path.exists():  # connecting would create it
             raise ServiceUnavailable(_schema_problem(shown, None))
         else:
             _require_current_schema(engine, shown)

@@ -1,6 +1,6 @@
-"""Test plugins that make device tasks slow, or make one device kill its worker.
+"""Test plugins that make device tasks slow, make one device kill its worker or hang, or make aggregation raise.
 
-Both leave the mathematics of training untouched, so runs that use them must end
+The training ones leave the mathematics of training untouched, so runs that use them must end
 with exactly the weights of the built-in cross-entropy step.
 """
 
@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import signal
+import threading
 import time
 from collections.abc import Mapping
 from typing import Any
@@ -30,6 +31,8 @@ def slow_step(
     time.sleep(float(options.get("step_sleep", 0.0)))
     inputs, labels = batch
     if float(inputs.max()) >= POISON_MARK:
+        if options.get("poison_mode") == "hang":
+            threading.Event().wait()  # the poisoned device never finishes: only a time limit ends it
         os.kill(os.getpid(), signal.SIGKILL)  # the poisoned device takes its worker down, every time
     return F.cross_entropy(model(inputs), labels)
 
@@ -42,3 +45,10 @@ def poisoned_digits(request: DatasetRequest) -> LoadedDataset:
     poisoned = int(request.options["poison_device"])
     x[torch.from_numpy(partitions[poisoned]), 0, 0, 0] = POISON_MARK
     return LoadedDataset(train=type(train)(x, train.y), test=test, num_classes=10, partitions=partitions)
+
+
+def raising_rule(
+    global_state: Mapping[str, torch.Tensor], updates: Any, global_lr: float, options: Mapping[str, Any]
+) -> dict[str, torch.Tensor]:
+    """An aggregation rule that fails every time."""
+    raise RuntimeError("this rule fails on purpose")
