@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install demo test bench clean
+.PHONY: install demo test lint bench clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -19,8 +19,14 @@ install: $(STAMP)
 demo: $(STAMP)
 	$(BIN)/fedqueue run examples/digits_fedavg.toml
 
-test: $(STAMP)
+test: $(STAMP) lint
 	$(BIN)/python -m pytest
+
+# Lint, format and type checks; part of `make test`.
+lint: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/mypy
 
 # About 10 minutes on an idle 2-core machine; each benchmark first waits (up to 3 minutes) for other work to stop.
 bench: $(STAMP)

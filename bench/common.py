@@ -37,13 +37,20 @@ def machine() -> dict[str, Any]:
             gpus = ", ".join(line.strip() for line in found.stdout.splitlines() if line.strip())
     import torch
 
-    return {"cores": os.cpu_count() or 1, "cpu": cpu, "gpu": gpus, "torch": torch.__version__.split("+")[0],
-            "python": platform.python_version()}
+    return {
+        "cores": os.cpu_count() or 1,
+        "cpu": cpu,
+        "gpu": gpus,
+        "torch": torch.__version__.split("+")[0],
+        "python": platform.python_version(),
+    }
 
 
 def machine_line(info: dict[str, Any]) -> str:
-    return (f"machine: {info['cores']} cores, {info['cpu']}, GPU: {info['gpu']}; "
-            f"torch {info['torch']}, Python {info['python']}")
+    return (
+        f"machine: {info['cores']} cores, {info['cpu']}, GPU: {info['gpu']}; "
+        f"torch {info['torch']}, Python {info['python']}"
+    )
 
 
 def markdown_table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
@@ -98,15 +105,36 @@ class Timers:
 
 
 @contextmanager
-def celery_workers(app_path: str, names: Sequence[str], queue: str, env: dict[str, str],
-                   ready: Callable[[], int]) -> Iterator[list[subprocess.Popen[bytes]]]:
+def celery_workers(
+    app_path: str, names: Sequence[str], queue: str, env: dict[str, str], ready: Callable[[], int]
+) -> Iterator[list[subprocess.Popen[bytes]]]:
     """`celery worker -P threads -c 1` processes, one per name, stopped (warm, then hard) on exit."""
     processes = [
         subprocess.Popen(
-            [sys.executable, "-m", "celery", "-A", app_path, "worker", "--pool", "threads", "--concurrency", "1",
-             "--hostname", f"{name}@%h", "--queues", queue, "--without-mingle", "--without-gossip",
-             "--loglevel", "WARNING"],
-            env={**os.environ, **env}, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+            [
+                sys.executable,
+                "-m",
+                "celery",
+                "-A",
+                app_path,
+                "worker",
+                "--pool",
+                "threads",
+                "--concurrency",
+                "1",
+                "--hostname",
+                f"{name}@%h",
+                "--queues",
+                queue,
+                "--without-mingle",
+                "--without-gossip",
+                "--loglevel",
+                "WARNING",
+            ],
+            env={**os.environ, **env},
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
         )
         for name in names
     ]

@@ -31,7 +31,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import ForeignLoad, machine, wait_run, machine_line, markdown_table, verdict, wait_for_quiet  # noqa: E402
+from common import ForeignLoad, machine, machine_line, markdown_table, verdict, wait_for_quiet, wait_run  # noqa: E402
 
 from fedqueue.fl.config import RunConfig  # noqa: E402
 
@@ -41,19 +41,29 @@ Update = tuple[int, int, State]
 
 
 def workload(devices: int, iters: int, rounds: int) -> RunConfig:
-    return RunConfig.from_dict({
-        "name": f"bench-fl-round-k{devices}", "dataset": "synthetic", "model": "cnn", "num_devices": devices,
-        "devices_per_round": devices, "rounds": rounds, "local_iters": iters, "local_batch_size": 16,
-        "local_lr": 0.05, "seed": 0, "eval_every": rounds,
-    })
+    return RunConfig.from_dict(
+        {
+            "name": f"bench-fl-round-k{devices}",
+            "dataset": "synthetic",
+            "model": "cnn",
+            "num_devices": devices,
+            "devices_per_round": devices,
+            "rounds": rounds,
+            "local_iters": iters,
+            "local_batch_size": 16,
+            "local_lr": 0.05,
+            "seed": 0,
+            "eval_every": rounds,
+        }
+    )
 
 
 def train_device(config: RunConfig, state: State, round_index: int, device: int) -> Update:
     """One device's local training, exactly as a fedqueue worker does it."""
     import torch
 
-    from fedqueue.fl.experiment import data_spec, train_config
     from fedqueue.fl.data import device_data, load_federated
+    from fedqueue.fl.experiment import data_spec, train_config
     from fedqueue.fl.models import build_model
     from fedqueue.fl.seeding import task_seed
     from fedqueue.fl.train import train_local
@@ -68,8 +78,8 @@ def train_device(config: RunConfig, state: State, round_index: int, device: int)
 
 
 def initial(config: RunConfig) -> State:
-    from fedqueue.fl.experiment import data_spec
     from fedqueue.fl.data import load_federated
+    from fedqueue.fl.experiment import data_spec
     from fedqueue.fl.models import initial_state
 
     data = load_federated(data_spec(config))
@@ -196,8 +206,10 @@ def main() -> None:
     config = workload(args.devices, args.iters, args.timed_rounds + 2)
     info = machine()
     print(machine_line(info))
-    print(f"workload: cnn on synthetic CIFAR-shaped data, K={args.devices} devices x {args.iters} local iterations"
-          f" (batch 16) per round, {args.timed_rounds} timed rounds after a warm-up round; {args.procs} processes")
+    print(
+        f"workload: cnn on synthetic CIFAR-shaped data, K={args.devices} devices x {args.iters} local iterations"
+        f" (batch 16) per round, {args.timed_rounds} timed rounds after a warm-up round; {args.procs} processes"
+    )
     wait_for_quiet()
     load = ForeignLoad()
     results: dict[str, list[float]] = {}
@@ -213,8 +225,14 @@ def main() -> None:
     print_results(args, config, results, weights, extra, foreign)
 
 
-def print_results(args: argparse.Namespace, config: RunConfig, results: dict[str, list[float]],
-                  weights: dict[str, State], extra: dict[str, Any], foreign: str) -> None:
+def print_results(
+    args: argparse.Namespace,
+    config: RunConfig,
+    results: dict[str, list[float]],
+    weights: dict[str, State],
+    extra: dict[str, Any],
+    foreign: str,
+) -> None:
     timed = slice(1, config.rounds - 1)
     per_round = {name: sum(values[timed]) / len(values[timed]) for name, values in results.items()}
     per_round["fedqueue"] = extra["span_per_round_s"]
@@ -236,22 +254,35 @@ def print_results(args: argparse.Namespace, config: RunConfig, results: dict[str
         ("(c) vs (a) loop", over_loop, f">= {TARGETS['loop']}x faster", over_loop >= TARGETS["loop"]),
         ("(c) vs (b) threads", over_threads, f">= {TARGETS['threads']}x faster", over_threads >= TARGETS["threads"]),
         ("(c) vs (d) floor", over_floor, f"<= {TARGETS['floor']}x the floor", over_floor <= TARGETS["floor"]),
-        ("(c) parallel efficiency", extra["efficiency"], f">= {TARGETS['efficiency']:.0%}",
-         extra["efficiency"] >= TARGETS["efficiency"]),
+        (
+            "(c) parallel efficiency",
+            extra["efficiency"],
+            f">= {TARGETS['efficiency']:.0%}",
+            extra["efficiency"] >= TARGETS["efficiency"],
+        ),
     ]
     print()
-    print(markdown_table(["ratio", "measured", "target", ""], [
-        (name, f"{value:.1%}" if "efficiency" in name else f"{value:.2f}x", target, verdict(ok))
-        for name, value, target, ok in checks
-    ]))
+    print(
+        markdown_table(
+            ["ratio", "measured", "target", ""],
+            [
+                (name, f"{value:.1%}" if "efficiency" in name else f"{value:.2f}x", target, verdict(ok))
+                for name, value, target, ok in checks
+            ],
+        )
+    )
     store_rounds = ", ".join(f"{value:.2f}" for value in results["fedqueue"][timed])
-    print(f"\nfedqueue: per round from the store (enqueue to aggregation) {store_rounds} s; span incl. the step to the"
-          f" next round {fq:.2f} s; {extra['slots']} slots; between two tasks of a slot"
-          f" {extra['between_tasks_ms']:.1f} ms; mean queue wait per round {extra['queue_wait_s']} s")
+    print(
+        f"\nfedqueue: per round from the store (enqueue to aggregation) {store_rounds} s; span incl. the step to the"
+        f" next round {fq:.2f} s; {extra['slots']} slots; between two tasks of a slot"
+        f" {extra['between_tasks_ms']:.1f} ms; mean queue wait per round {extra['queue_wait_s']} s"
+    )
     same = max_difference(weights["fedqueue"], weights["floor"])
-    print(f"same training: final weights (c) vs (d) max |diff| {same:.3g}"
-          f" (both 1 torch thread); (a) vs (d) {max_difference(weights['loop'], weights['floor']):.3g},"
-          f" (b) vs (d) {max_difference(weights['threads'], weights['floor']):.3g} (torch default threads)")
+    print(
+        f"same training: final weights (c) vs (d) max |diff| {same:.3g}"
+        f" (both 1 torch thread); (a) vs (d) {max_difference(weights['loop'], weights['floor']):.3g},"
+        f" (b) vs (d) {max_difference(weights['threads'], weights['floor']):.3g} (torch default threads)"
+    )
     print(foreign)
 
 

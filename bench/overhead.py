@@ -56,12 +56,16 @@ RAW_QUEUE = "bench.raw"
 def noop_config(devices: int) -> dict[str, Any]:
     from noop_plugin import CONFIG
 
-    return {**CONFIG, "name": f"overhead-{devices}", "num_devices": devices, "devices_per_round": devices,
-            "rounds": 1}
+    return {**CONFIG, "name": f"overhead-{devices}", "num_devices": devices, "devices_per_round": devices, "rounds": 1}
 
 
-def wait_drained(client: redis.Redis, queue_key: str, unacked_key: str, timeout_s: float = 600,
-                 alive: Callable[[], None] = lambda: None) -> float:
+def wait_drained(
+    client: redis.Redis,
+    queue_key: str,
+    unacked_key: str,
+    timeout_s: float = 600,
+    alive: Callable[[], None] = lambda: None,
+) -> float:
     """UNIX time at which the queue is empty and no message is unacknowledged (acks come after the task)."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
@@ -83,8 +87,13 @@ def measure_raw(url: str, client: redis.Redis, procs: int, tasks: int) -> dict[s
 
     queue_key, unacked_key = f"{RAW_QUEUE}:{RAW_QUEUE}", f"{RAW_QUEUE}:unacked"
     # Shaped like a fedqueue device message, so both carry the same bytes.
-    message = {"run_id": "0" * 12, "round_index": 1, "device": 0, "enqueued_at": time.time(),
-               "model": {"key": "0" * 12 + "/global/0", "sha256": "0" * 64, "nbytes": 0}}
+    message = {
+        "run_id": "0" * 12,
+        "round_index": 1,
+        "device": 0,
+        "enqueued_at": time.time(),
+        "model": {"key": "0" * 12 + "/global/0", "sha256": "0" * 64, "nbytes": 0},
+    }
 
     def send(count: int) -> float:
         began = time.time()
@@ -117,8 +126,9 @@ def measure_fedqueue(url: str, client: redis.Redis, procs: int, tasks: int, fold
     from fedqueue.queue.app import make_app
     from fedqueue.report import build_report
 
-    settings = Settings(broker_url=url, database_url=f"sqlite:///{folder / 'overhead.db'}",
-                        key_prefix="bench-overhead").with_plugin_path([str(BENCH_DIR)])
+    settings = Settings(
+        broker_url=url, database_url=f"sqlite:///{folder / 'overhead.db'}", key_prefix="bench-overhead"
+    ).with_plugin_path([str(BENCH_DIR)])
     prefix = settings.key_prefix
     queue_key, unacked_key = f"{prefix}:{settings.queue('devices')}", f"{prefix}:unacked"
     with fedqueue.local_cluster(procs=procs, settings=settings) as cluster:
@@ -158,12 +168,11 @@ def measure_fedqueue(url: str, client: redis.Redis, procs: int, tasks: int, fold
 
 # (owner, attribute, label): the leaves of one device task, timed without nesting.
 def _timed_parts() -> list[tuple[Any, str, str]]:
+    import fedqueue.fl.data as data
     import fedqueue.fl.device_task as device_task
     import fedqueue.fl.experiment as experiment
-    import fedqueue.fl.data as data
     import fedqueue.fl.models as models
     import fedqueue.fl.train as train
-    import fedqueue.fl.rounds as scheduler
     from fedqueue.core.blobs import RedisBlobStore
     from fedqueue.core.services import Services
     from fedqueue.store.repo import Store
@@ -187,17 +196,18 @@ def _timed_parts() -> list[tuple[Any, str, str]]:
 def breakdown(url: str, folder: Path, tasks: int) -> dict[str, Any]:
     """One device task's parts, timed in this process: the Celery task body without Celery."""
     import fedqueue.fl.device_task as device_task
-    from fedqueue.queue.client import open_client
+    from fedqueue.fl.config import RunConfig
     from fedqueue.fl.device_task import WorkerCache, run_device_task
     from fedqueue.fl.devices import configure_determinism
-    from fedqueue.fl.warmup import warm_up
     from fedqueue.fl.messages import DeviceTask
-    from fedqueue.fl.config import RunConfig
     from fedqueue.fl.rounds import submit_run
+    from fedqueue.fl.warmup import warm_up
+    from fedqueue.queue.client import open_client
     from fedqueue.store.repo import Store
 
-    settings = Settings(broker_url=url, database_url=f"sqlite:///{folder / 'breakdown.db'}",
-                        key_prefix="bench-breakdown").with_plugin_path([str(BENCH_DIR)])
+    settings = Settings(
+        broker_url=url, database_url=f"sqlite:///{folder / 'breakdown.db'}", key_prefix="bench-breakdown"
+    ).with_plugin_path([str(BENCH_DIR)])
     configure_determinism(1)
     warm_up()
     services = open_client(settings)
@@ -260,8 +270,12 @@ def breakdown(url: str, folder: Path, tasks: int) -> dict[str, Any]:
     parts["other (message decode, load_state_dict, seeds, timing)"] = per_task_s - sum(parts.values())
     services.redis.delete(f"{settings.key_prefix}:{settings.queue('devices')}")
     services.close()
-    return {"parts": parts, "per_task_s": per_task_s, "enqueue_per_task_s": enqueue_s / tasks,
-            "aggregation_s": aggregation_s}
+    return {
+        "parts": parts,
+        "per_task_s": per_task_s,
+        "enqueue_per_task_s": enqueue_s / tasks,
+        "aggregation_s": aggregation_s,
+    }
 
 
 def main() -> None:
@@ -286,22 +300,35 @@ def report(args: argparse.Namespace, raw: dict[str, float], ours: dict[str, Any]
     print(f"\n### Per-task overhead: {args.tasks} no-op tasks, {args.procs} worker processes x 1 slot\n")
     rows = [
         ("raw Celery no-op", f"{raw['round_rate']:.0f}", f"{raw['drain_rate']:.0f}"),
-        ("fedqueue no-op device task (round incl. aggregation)", f"{ours['round_rate']:.0f}",
-         f"{ours['drain_rate']:.0f}"),
-        ("fedqueue, tasks only (up to the last task's finish)", f"{ours['round_rate_tasks_only']:.0f}",
-         f"{ours['drain_rate_tasks_only']:.0f}"),
-        ("fedqueue / raw Celery", f"{ours['round_rate'] / raw['round_rate']:.2f}",
-         f"{ours['drain_rate'] / raw['drain_rate']:.2f}"),
+        (
+            "fedqueue no-op device task (round incl. aggregation)",
+            f"{ours['round_rate']:.0f}",
+            f"{ours['drain_rate']:.0f}",
+        ),
+        (
+            "fedqueue, tasks only (up to the last task's finish)",
+            f"{ours['round_rate_tasks_only']:.0f}",
+            f"{ours['drain_rate_tasks_only']:.0f}",
+        ),
+        (
+            "fedqueue / raw Celery",
+            f"{ours['round_rate'] / raw['round_rate']:.2f}",
+            f"{ours['drain_rate'] / raw['drain_rate']:.2f}",
+        ),
     ]
     print(markdown_table(["tasks/s", "round (enqueue while consuming)", "drain (already queued)"], rows))
     ratio_round = ours["round_rate"] / raw["round_rate"]
     ratio_drain = ours["drain_rate"] / raw["drain_rate"]
-    print(f"\ntarget fedqueue >= {TARGET_RATIO:.0%} of raw Celery: round {ratio_round:.0%} "
-          f"({verdict(ratio_round >= TARGET_RATIO)}), drain {ratio_drain:.0%} ({verdict(ratio_drain >= TARGET_RATIO)})")
-    print(f"fedqueue workers: {ours['task_busy_ms']:.2f} ms inside a task, {ours['between_tasks_ms']:.2f} ms between"
-          f" two tasks of a slot (result write, round check, ack, next fetch); aggregation + evaluation of"
-          f" {args.tasks} updates {ours['aggregation_s']:.2f} s; parallel efficiency"
-          f" {100 * (ours['efficiency'] or 0):.1f} %; {ours['retried']} retried")
+    print(
+        f"\ntarget fedqueue >= {TARGET_RATIO:.0%} of raw Celery: round {ratio_round:.0%} "
+        f"({verdict(ratio_round >= TARGET_RATIO)}), drain {ratio_drain:.0%} ({verdict(ratio_drain >= TARGET_RATIO)})"
+    )
+    print(
+        f"fedqueue workers: {ours['task_busy_ms']:.2f} ms inside a task, {ours['between_tasks_ms']:.2f} ms between"
+        f" two tasks of a slot (result write, round check, ack, next fetch); aggregation + evaluation of"
+        f" {args.tasks} updates {ours['aggregation_s']:.2f} s; parallel efficiency"
+        f" {100 * (ours['efficiency'] or 0):.1f} %; {ours['retried']} retried"
+    )
 
     raw_task_us = 1e6 * args.procs / raw["drain_rate"]
     ours_task_us = 1e6 * args.procs / ours["drain_rate_tasks_only"]
@@ -309,15 +336,21 @@ def report(args: argparse.Namespace, raw: dict[str, float], ours: dict[str, Any]
     body_us = 1e6 * parts["per_task_s"]
     table = [(label, f"{1e6 * seconds:.0f}", f"{100 * seconds / parts['per_task_s']:.0f} %") for label, seconds in rows]
     table.append(("**task body, in-process total**", f"**{body_us:.0f}**", "100 %"))
-    print(f"\n### Where a fedqueue no-op task's time goes ({args.breakdown_tasks} tasks in one process, "
-          f"same Redis, SQLite store)\n")
+    print(
+        f"\n### Where a fedqueue no-op task's time goes ({args.breakdown_tasks} tasks in one process, "
+        f"same Redis, SQLite store)\n"
+    )
     print(markdown_table(["part", "µs per task", "share of task body"], table))
-    print(f"\nenqueue (scheduler side, Celery publish): {1e6 * parts['enqueue_per_task_s']:.0f} µs per task;"
-          f" aggregation of {args.breakdown_tasks} updates: {parts['aggregation_s']:.2f} s")
-    print(f"worker time per task (slots / drain rate, tasks only): fedqueue {ours_task_us:.0f} µs, raw Celery"
-          f" {raw_task_us:.0f} µs: Celery delivery, ack and events ≈ {raw_task_us:.0f} µs of fedqueue's; the task"
-          f" body ≈ {body_us:.0f} µs; the rest ({ours_task_us - raw_task_us - body_us:.0f} µs) is contention between"
-          f" worker processes (SQLite's single writer, the two cores)")
+    print(
+        f"\nenqueue (scheduler side, Celery publish): {1e6 * parts['enqueue_per_task_s']:.0f} µs per task;"
+        f" aggregation of {args.breakdown_tasks} updates: {parts['aggregation_s']:.2f} s"
+    )
+    print(
+        f"worker time per task (slots / drain rate, tasks only): fedqueue {ours_task_us:.0f} µs, raw Celery"
+        f" {raw_task_us:.0f} µs: Celery delivery, ack and events ≈ {raw_task_us:.0f} µs of fedqueue's; the task"
+        f" body ≈ {body_us:.0f} µs; the rest ({ours_task_us - raw_task_us - body_us:.0f} µs) is contention between"
+        f" worker processes (SQLite's single writer, the two cores)"
+    )
     largest = rows[0]
     print(f"largest part of the task body: {largest[0]} ({1e6 * largest[1]:.0f} µs per task)")
 

@@ -48,8 +48,7 @@ FLAT = 2.0  # per-task numbers within 2x of the smallest round count as flat
 def noop_config(devices: int) -> dict[str, Any]:
     from noop_plugin import CONFIG
 
-    return {**CONFIG, "name": f"scaling-{devices}", "num_devices": devices, "devices_per_round": devices,
-            "rounds": 1}
+    return {**CONFIG, "name": f"scaling-{devices}", "num_devices": devices, "devices_per_round": devices, "rounds": 1}
 
 
 def _status_kib(field: str) -> int:
@@ -72,14 +71,17 @@ class PeakMemory:
 
 
 def scheduler_steps(url: str, folder: Path, devices: int) -> dict[str, float]:
-    from fedqueue.fl.weights import encode_state
-    from fedqueue.queue.client import open_client
     from fedqueue.fl.config import RunConfig
     from fedqueue.fl.rounds import final_state, finish_round, submit_run, update_key
+    from fedqueue.fl.weights import encode_state
+    from fedqueue.queue.client import open_client
     from fedqueue.store.repo import DeviceResult
 
-    settings = Settings(broker_url=url, database_url=f"sqlite:///{folder / f'scheduler-{devices}.db'}",
-                        key_prefix=f"bench-scaling-{devices}").with_plugin_path([str(BENCH_DIR)])
+    settings = Settings(
+        broker_url=url,
+        database_url=f"sqlite:///{folder / f'scheduler-{devices}.db'}",
+        key_prefix=f"bench-scaling-{devices}",
+    ).with_plugin_path([str(BENCH_DIR)])
     services = open_client(settings)
     config = RunConfig.from_dict(noop_config(devices))
     submit_run(services, RunConfig.from_dict(noop_config(10)))  # imports and caches, not timed
@@ -97,12 +99,29 @@ def scheduler_steps(url: str, folder: Path, devices: int) -> dict[str, float]:
     for device in row.selected:
         ref = services.blobs.put(update_key(run_id, 1, device), update)
         began = time.perf_counter()
-        services.store.record_device_result(DeviceResult(
-            run_id=run_id, round_index=1, device=device, state="done", worker="bench@local", pid=os.getpid(),
-            device_used="cpu", attempt=1, enqueued_at=now, started_at=now, finished_at=now, load_ms=0.0,
-            train_ms=0.0, upload_ms=0.0, samples=1, loss=0.5, update_key=ref.key, update_sha256=ref.sha256,
-            update_nbytes=ref.nbytes,
-        ))
+        services.store.record_device_result(
+            DeviceResult(
+                run_id=run_id,
+                round_index=1,
+                device=device,
+                state="done",
+                worker="bench@local",
+                pid=os.getpid(),
+                device_used="cpu",
+                attempt=1,
+                enqueued_at=now,
+                started_at=now,
+                finished_at=now,
+                load_ms=0.0,
+                train_ms=0.0,
+                upload_ms=0.0,
+                samples=1,
+                loss=0.5,
+                update_key=ref.key,
+                update_sha256=ref.sha256,
+                update_nbytes=ref.nbytes,
+            )
+        )
         store_s += time.perf_counter() - began
     check_s = store_s / devices
 
@@ -114,8 +133,13 @@ def scheduler_steps(url: str, folder: Path, devices: int) -> dict[str, float]:
         raise RuntimeError(f"scheduler run for {devices} devices did not finish")
     services.redis.delete(f"{settings.key_prefix}:{settings.queue('devices')}")  # no worker reads this queue
     services.close()
-    return {"submit_s": submit_s, "submit_bytes": submit_memory.bytes, "check_s": check_s, "finish_s": finish_s,
-            "finish_bytes": finish_memory.bytes}
+    return {
+        "submit_s": submit_s,
+        "submit_bytes": submit_memory.bytes,
+        "check_s": check_s,
+        "finish_s": finish_s,
+        "finish_bytes": finish_memory.bytes,
+    }
 
 
 def through_workers(sizes: list[int], procs: int, folder: Path) -> dict[int, dict[str, float]]:
@@ -165,21 +189,43 @@ def main() -> None:
     print_results(args, steps, workers, load.report())
 
 
-def print_results(args: argparse.Namespace, steps: dict[int, dict[str, float]],
-                  workers: dict[int, dict[str, float]], foreign: str) -> None:
+def print_results(
+    args: argparse.Namespace, steps: dict[int, dict[str, float]], workers: dict[int, dict[str, float]], foreign: str
+) -> None:
     print("\n### Scheduler steps in one process (real Redis and SQLite), no-op device task\n")
     rows = []
     for devices, s in steps.items():
-        rows.append((
-            f"{devices:,}", f"{1000 * s['submit_s']:.0f}", f"{1e6 * s['submit_s'] / devices:.0f}",
-            f"{s['submit_bytes'] / MiB:.1f}", f"{s['submit_bytes'] / devices:.0f}",
-            f"{1e6 * s['check_s']:.0f}",
-            f"{1000 * s['finish_s']:.0f}", f"{1e6 * s['finish_s'] / devices:.0f}",
-            f"{s['finish_bytes'] / MiB:.1f}", f"{s['finish_bytes'] / devices:.0f}",
-        ))
-    print(markdown_table(
-        ["devices", "submit ms", "µs/task", "submit peak MiB", "B/task", "result write + round count µs (per task)",
-         "aggregate ms", "µs/task", "aggregate peak MiB", "B/task"], rows))
+        rows.append(
+            (
+                f"{devices:,}",
+                f"{1000 * s['submit_s']:.0f}",
+                f"{1e6 * s['submit_s'] / devices:.0f}",
+                f"{s['submit_bytes'] / MiB:.1f}",
+                f"{s['submit_bytes'] / devices:.0f}",
+                f"{1e6 * s['check_s']:.0f}",
+                f"{1000 * s['finish_s']:.0f}",
+                f"{1e6 * s['finish_s'] / devices:.0f}",
+                f"{s['finish_bytes'] / MiB:.1f}",
+                f"{s['finish_bytes'] / devices:.0f}",
+            )
+        )
+    print(
+        markdown_table(
+            [
+                "devices",
+                "submit ms",
+                "µs/task",
+                "submit peak MiB",
+                "B/task",
+                "result write + round count µs (per task)",
+                "aggregate ms",
+                "µs/task",
+                "aggregate peak MiB",
+                "B/task",
+            ],
+            rows,
+        )
+    )
     smallest, largest = min(steps), max(steps)
 
     def flat(key: str, per_task: bool = True) -> str:
@@ -188,20 +234,44 @@ def print_results(args: argparse.Namespace, steps: dict[int, dict[str, float]],
         grows = high / low if low else float("inf")
         return f"{grows:.2f}x from {smallest:,} to {largest:,} ({'flat' if grows <= FLAT else 'GROWS'})"
 
-    print(f"\nper task, submit time: {flat('submit_s')}; aggregation time: {flat('finish_s')};"
-          f" result write (with the round's count) per task: {flat('check_s', per_task=False)}")
+    print(
+        f"\nper task, submit time: {flat('submit_s')}; aggregation time: {flat('finish_s')};"
+        f" result write (with the round's count) per task: {flat('check_s', per_task=False)}"
+    )
     low, high = steps[smallest], steps[largest]
-    print(f"peak memory: submit {low['submit_bytes'] / MiB:.1f} -> {high['submit_bytes'] / MiB:.1f} MiB,"
-          f" aggregation {low['finish_bytes'] / MiB:.1f} -> {high['finish_bytes'] / MiB:.1f} MiB"
-          f" (per task: {flat('finish_bytes')})")
+    print(
+        f"peak memory: submit {low['submit_bytes'] / MiB:.1f} -> {high['submit_bytes'] / MiB:.1f} MiB,"
+        f" aggregation {low['finish_bytes'] / MiB:.1f} -> {high['finish_bytes'] / MiB:.1f} MiB"
+        f" (per task: {flat('finish_bytes')})"
+    )
     print(f"\n### The same rounds through {args.procs} worker processes\n")
-    print(markdown_table(
-        ["devices", "round s", "tasks/s", "aggregation s", "between tasks ms", "parallel efficiency",
-         "worker peak RSS MiB", "rise during the round MiB"],
-        [(f"{devices:,}", f"{w['round_s']:.2f}", f"{w['tasks_per_s']:.0f}", f"{w['aggregate_s']:.2f}",
-          f"{w['between_ms']:.1f}", f"{100 * w['efficiency']:.1f} %", f"{w['worker_peak_bytes'] / MiB:.0f}",
-          f"{w['worker_rise_bytes'] / MiB:.1f}")
-         for devices, w in workers.items()]))
+    print(
+        markdown_table(
+            [
+                "devices",
+                "round s",
+                "tasks/s",
+                "aggregation s",
+                "between tasks ms",
+                "parallel efficiency",
+                "worker peak RSS MiB",
+                "rise during the round MiB",
+            ],
+            [
+                (
+                    f"{devices:,}",
+                    f"{w['round_s']:.2f}",
+                    f"{w['tasks_per_s']:.0f}",
+                    f"{w['aggregate_s']:.2f}",
+                    f"{w['between_ms']:.1f}",
+                    f"{100 * w['efficiency']:.1f} %",
+                    f"{w['worker_peak_bytes'] / MiB:.0f}",
+                    f"{w['worker_rise_bytes'] / MiB:.1f}",
+                )
+                for devices, w in workers.items()
+            ],
+        )
+    )
     print(foreign)
 
 

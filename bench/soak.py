@@ -29,8 +29,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from fedqueue import api  # noqa: E402
 from fedqueue.config import Settings  # noqa: E402
-from fedqueue.queue.embedded import EmbeddedRedis  # noqa: E402
 from fedqueue.fl.config import RunConfig  # noqa: E402
+from fedqueue.queue.embedded import EmbeddedRedis  # noqa: E402
 from tests.helpers import reference_final_state  # noqa: E402
 from tests.reliability_support import cli_env, ping_count, wait_until  # noqa: E402
 
@@ -57,20 +57,36 @@ def main() -> None:
     parser.add_argument("--procs", type=int, default=2)
     args = parser.parse_args()
 
-    config = RunConfig.from_dict({
-        "dataset": "digits", "model": "mlp", "num_devices": 2 * args.per_round, "devices_per_round": args.per_round,
-        "rounds": args.rounds, "local_iters": 10, "local_batch_size": 8, "local_lr": 0.1, "seed": 5,
-    })
+    config = RunConfig.from_dict(
+        {
+            "dataset": "digits",
+            "model": "mlp",
+            "num_devices": 2 * args.per_round,
+            "devices_per_round": args.per_round,
+            "rounds": args.rounds,
+            "local_iters": 10,
+            "local_batch_size": 8,
+            "local_lr": 0.1,
+            "seed": 5,
+        }
+    )
     total = args.rounds * args.per_round
     workdir = Path(tempfile.mkdtemp(prefix="fedqueue-soak-"))
     with EmbeddedRedis() as redis_server:
         settings = Settings(
-            broker_url=redis_server.url, database_url=f"sqlite:///{workdir / 'soak.db'}",
-            heartbeat_ttl_s=3, lease_ttl_s=5, max_attempts=10,
+            broker_url=redis_server.url,
+            database_url=f"sqlite:///{workdir / 'soak.db'}",
+            heartbeat_ttl_s=3,
+            lease_ttl_s=5,
+            max_attempts=10,
         )
         log = open(workdir / "workers.log", "w")
-        launcher = subprocess.Popen([sys.executable, "-m", "fedqueue.cli", "worker", "--procs", str(args.procs)],
-                                    env=cli_env(settings), stdout=log, stderr=subprocess.STDOUT)
+        launcher = subprocess.Popen(
+            [sys.executable, "-m", "fedqueue.cli", "worker", "--procs", str(args.procs)],
+            env=cli_env(settings),
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
         wait_until(lambda: ping_count(settings) >= args.procs, 120)
         stop, kills = threading.Event(), []
         this = psutil.Process()
@@ -113,9 +129,13 @@ def main() -> None:
     print(f"run {handle.id}: state {status['state']}, {len(done)} of {total} device tasks stored, wall {wall:.1f} s")
     print(f"workers SIGKILLed: {len(kills)} (every {args.kill_every} s); tasks redone after a kill: {redone}")
     print(f"tasks lost: {lost}; rows failed: {len(rows) - len(done)}")
-    print(f"final weights equal the no-queue reference bit for bit: {same} (equal means no update was lost or counted twice)")
-    print(f"scheduler peak RSS: {rss_at.get(500, float('nan')):.1f} MiB at 500 tasks, "
-          f"{rss_at[total]:.1f} MiB at {total} tasks")
+    print(
+        f"final weights equal the no-queue reference bit for bit: {same} (equal means no update was lost or counted twice)"
+    )
+    print(
+        f"scheduler peak RSS: {rss_at.get(500, float('nan')):.1f} MiB at 500 tasks, "
+        f"{rss_at[total]:.1f} MiB at {total} tasks"
+    )
 
 
 if __name__ == "__main__":

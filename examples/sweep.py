@@ -26,16 +26,22 @@ def main() -> None:
         if not settings.broker_url:
             settings = stack.enter_context(fedqueue.local_cluster()).settings
         # All four are queued before any finishes: their device tasks interleave on the workers.
-        handles = {lr: fedqueue.submit(CONFIG, settings=settings, local_lr=lr, name=f"sweep-lr{lr}")
-                   for lr in LEARNING_RATES}
+        handles = {
+            lr: fedqueue.submit(CONFIG, settings=settings, local_lr=lr, name=f"sweep-lr{lr}") for lr in LEARNING_RATES
+        }
         results = {lr: handle.wait() for lr, handle in handles.items()}
 
     table = Table(title="learning-rate sweep (FedAvg, digits, 10 rounds)")
     for column in ("local_lr", "run", "final accuracy", "wall s", "tasks"):
         table.add_column(column, justify="right")
     for lr, status in results.items():
-        table.add_row(f"{lr}", status["id"], f"{status['final_accuracy']:.4f}", f"{status['wall_s']:.2f}",
-                      str(status["tasks_done"]))
+        table.add_row(
+            f"{lr}",
+            status["id"],
+            f"{status['final_accuracy']:.4f}",
+            f"{status['wall_s']:.2f}",
+            str(status["tasks_done"]),
+        )
     Console().print(table)
 
 

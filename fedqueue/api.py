@@ -1,8 +1,8 @@
 """The Python API: what the CLI does, for scripts and sweeps.
 
-    import fedqueue
-    handle = fedqueue.run("examples/digits_fedavg.toml", rounds=3)
-    print(handle.status()["final_accuracy"])
+import fedqueue
+handle = fedqueue.run("examples/digits_fedavg.toml", rounds=3)
+print(handle.status()["final_accuracy"])
 """
 
 from __future__ import annotations
@@ -22,8 +22,8 @@ if TYPE_CHECKING:
     import torch
 
     from fedqueue.core.local import LocalCluster
-    from fedqueue.store import Store
     from fedqueue.core.supervisor import RunSupervisor
+    from fedqueue.store import Store
 
 ConfigLike = RunConfig | Mapping[str, Any] | str | os.PathLike[str]
 
@@ -84,9 +84,13 @@ class RunHandle:
         """The status plus one row per round."""
         rounds = [
             {
-                "round": row.round_index, "state": row.state, "selected": len(row.selected),
+                "round": row.round_index,
+                "state": row.state,
+                "selected": len(row.selected),
                 "seconds": None if row.aggregated_at is None else row.aggregated_at - row.enqueued_at,
-                "accuracy": row.accuracy, "loss": row.loss, "train_loss": row.train_loss,
+                "accuracy": row.accuracy,
+                "loss": row.loss,
+                "train_loss": row.train_loss,
             }
             for row in self.store.list_rounds(self.id)
         ]
@@ -105,8 +109,8 @@ def scheduling(handle: RunHandle) -> Iterator[RunSupervisor]:
 
     Raises LeaseHeld when another live scheduler has the run.
     """
-    from fedqueue.queue.client import open_client
     from fedqueue.core.supervisor import RunSupervisor
+    from fedqueue.queue.client import open_client
 
     services = open_client(handle.settings)
     try:
@@ -134,7 +138,10 @@ def _settings(settings: Settings | None, plugin_path: list[str] | None) -> Setti
 
 
 def submit(
-    config: ConfigLike, *, settings: Settings | None = None, plugin_path: list[str] | None = None,
+    config: ConfigLike,
+    *,
+    settings: Settings | None = None,
+    plugin_path: list[str] | None = None,
     **overrides: Any,
 ) -> RunHandle:
     """Validate, enqueue round 1 on the configured broker and return at once."""
@@ -156,7 +163,10 @@ def submit(
 
 @contextlib.contextmanager
 def local_cluster(
-    procs: int | None = None, slots: int = 1, *, settings: Settings | None = None,
+    procs: int | None = None,
+    slots: int = 1,
+    *,
+    settings: Settings | None = None,
     plugin_path: list[str] | None = None,
 ) -> Iterator[LocalCluster]:
     """An embedded Redis (unless a broker is configured) and local workers, for the `with` block."""
@@ -172,8 +182,14 @@ def local_cluster(
 
 
 def run(
-    config: ConfigLike, *, settings: Settings | None = None, procs: int | None = None, slots: int = 1,
-    plugin_path: list[str] | None = None, timeout_s: float | None = None, **overrides: Any,
+    config: ConfigLike,
+    *,
+    settings: Settings | None = None,
+    procs: int | None = None,
+    slots: int = 1,
+    plugin_path: list[str] | None = None,
+    timeout_s: float | None = None,
+    **overrides: Any,
 ) -> RunHandle:
     """Submit and wait. With no broker configured, local workers run it and stop afterwards."""
     run_config = load_config(config, overrides)
@@ -192,8 +208,8 @@ def run(
 
 def runs(settings: Settings | None = None) -> list[dict[str, Any]]:
     """Every run in the store, oldest first."""
-    from fedqueue.store import open_store
     from fedqueue.report.summary import run_line
+    from fedqueue.store import open_store
 
     store = open_store((settings or Settings.from_env()).database_url)
     try:

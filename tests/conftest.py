@@ -69,6 +69,8 @@ def postgres_url() -> Iterator[str]:
 
     admin = _postgres_admin()
     if admin is None:
+        if os.environ.get("CI") == "true":  # CI has a Postgres: its absence is a failure, never a skip
+            pytest.fail(f"CI=true and no Postgres answers at {SERVICE_POSTGRES}")
         pytest.skip(f"no Postgres answers at {SERVICE_POSTGRES}: Postgres store tests skipped")
     name = f"fedqueue_test_{uuid.uuid4().hex[:10]}"
     with admin.connect() as connection:  # type: ignore[attr-defined]
@@ -101,7 +103,9 @@ def settings(redis_url: str, key_prefix: str, tmp_path: Path) -> Settings:
 
 
 @contextlib.contextmanager
-def running_workers(settings: Settings, procs: int, slots: int = 1, log_dir: Path | None = None) -> Iterator[WorkerGroup]:
+def running_workers(
+    settings: Settings, procs: int, slots: int = 1, log_dir: Path | None = None
+) -> Iterator[WorkerGroup]:
     group = WorkerGroup(settings, plan_workers([], procs, slots), log_dir=log_dir)
     group.start()
     try:

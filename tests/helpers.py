@@ -6,18 +6,26 @@ import time
 
 import torch
 
-from fedqueue.queue.client import open_client
 from fedqueue.config import Settings
+from fedqueue.core.services import Services
 from fedqueue.fl.config import RunConfig
 from fedqueue.fl.rounds import final_state, select_devices, submit_run
-from fedqueue.core.services import Services
+from fedqueue.queue.client import open_client
 from fedqueue.store import Store
 
 
 def small_config(**overrides: object) -> RunConfig:
     base: dict[str, object] = {
-        "dataset": "digits", "model": "mlp", "num_devices": 30, "devices_per_round": 8, "rounds": 2,
-        "local_iters": 5, "local_batch_size": 8, "local_lr": 0.1, "local_momentum": 0.5, "seed": 7,
+        "dataset": "digits",
+        "model": "mlp",
+        "num_devices": 30,
+        "devices_per_round": 8,
+        "rounds": 2,
+        "local_iters": 5,
+        "local_batch_size": 8,
+        "local_lr": 0.1,
+        "local_momentum": 0.5,
+        "seed": 7,
     }
     base.update(overrides)
     return RunConfig.from_dict(base)
@@ -41,9 +49,9 @@ def run_to_end(settings: Settings, config: RunConfig, services: Services | None 
 
 def reference_final_state(config: RunConfig) -> dict[str, torch.Tensor]:
     """The same experiment, computed in this process with no queue: what the workers must match."""
-    from fedqueue.fl.experiment import data_spec, train_config
     from fedqueue.fl.aggregate import fedavg
     from fedqueue.fl.data import device_data, load_federated
+    from fedqueue.fl.experiment import data_spec, train_config
     from fedqueue.fl.models import build_model, initial_state
     from fedqueue.fl.seeding import task_seed
     from fedqueue.fl.train import train_local
@@ -65,9 +73,9 @@ def reference_final_state(config: RunConfig) -> dict[str, torch.Tensor]:
 
 
 def held_out_accuracy(config: RunConfig, state: dict[str, torch.Tensor]) -> float:
-    from fedqueue.fl.experiment import data_spec
     from fedqueue.fl.data import load_federated
     from fedqueue.fl.evaluate import evaluate
+    from fedqueue.fl.experiment import data_spec
     from fedqueue.fl.models import build_model
 
     data = load_federated(data_spec(config))

@@ -17,8 +17,8 @@ import psutil
 
 from fedqueue import api
 from fedqueue.config import Settings
-from fedqueue.queue.app import make_app
 from fedqueue.fl.config import RunConfig
+from fedqueue.queue.app import make_app
 from tests.helpers import small_config
 
 PLUGINS = Path(__file__).with_name("plugin_modules")
@@ -64,7 +64,11 @@ def launcher(settings: Settings, procs: int, cwd: Path) -> Iterator[subprocess.P
     log = open(cwd / f"launcher-{time.monotonic_ns()}.log", "w")
     process = subprocess.Popen(
         [sys.executable, "-m", "fedqueue.cli", "worker", "--procs", str(procs)],
-        cwd=cwd, env=cli_env(settings), stdout=log, stderr=subprocess.STDOUT, text=True,
+        cwd=cwd,
+        env=cli_env(settings),
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        text=True,
     )
     try:
         wait_until(lambda: ping_count(settings) >= procs, 90)

@@ -13,9 +13,9 @@ import redis
 import torch
 
 from fedqueue.core.blobs import DirBlobStore, RedisBlobStore
-from fedqueue.fl.weights import decode_state, encode_state
-from fedqueue.errors import BlobIntegrityError
 from fedqueue.core.codec import BlobRef
+from fedqueue.errors import BlobIntegrityError
+from fedqueue.fl.weights import decode_state, encode_state
 
 TTL_S = 120
 
@@ -61,9 +61,7 @@ def backend(request: pytest.FixtureRequest, tmp_path: Path) -> Backend:
         path = root / key
         return path.read_bytes() if path.exists() else None
 
-    return Backend(
-        "dir", DirBlobStore(root), raw=read, overwrite=lambda key, data: (root / key).write_bytes(data)
-    )
+    return Backend("dir", DirBlobStore(root), raw=read, overwrite=lambda key, data: (root / key).write_bytes(data))
 
 
 def unique_key(suffix: str = "blob") -> str:

@@ -14,8 +14,8 @@ import psutil
 import pytest
 from sqlalchemy import create_engine, inspect
 
-from fedqueue.store import open_store
 from fedqueue.config import Settings
+from fedqueue.store import open_store
 
 FEDQUEUE = [sys.executable, "-m", "fedqueue.cli"]
 
@@ -46,7 +46,7 @@ def write_config(tmp_path: Path, text: str) -> Path:
     return path
 
 
-SMALL = 'num_devices = 20\ndevices_per_round = 8\nrounds = 2\nlocal_iters = 5\nseed = 3\n'
+SMALL = "num_devices = 20\ndevices_per_round = 8\nrounds = 2\nlocal_iters = 5\nseed = 3\n"
 
 
 def test_run_with_nothing_configured_uses_embedded_redis_and_leaves_nothing(tmp_path: Path) -> None:
@@ -74,8 +74,14 @@ def test_up_then_submit_from_another_shell(tmp_path: Path) -> None:
     """`fedqueue up` serves a broker; `submit` from elsewhere returns an id; the run finishes."""
     env = cli_env(FEDQUEUE_DATABASE_URL=f"sqlite:///{tmp_path / 'shared.db'}")
     before = our_processes()
-    up = subprocess.Popen([*FEDQUEUE, "up", "--procs", "1"], cwd=tmp_path, env=env,
-                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    up = subprocess.Popen(
+        [*FEDQUEUE, "up", "--procs", "1"],
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     try:
         broker = None
         assert up.stdout is not None
@@ -84,8 +90,9 @@ def test_up_then_submit_from_another_shell(tmp_path: Path) -> None:
                 broker = line.strip().split("FEDQUEUE_BROKER_URL=")[1]
                 break
         assert broker and broker.startswith("redis://127.0.0.1:")
-        submitted = fedqueue("submit", str(write_config(tmp_path, SMALL)), cwd=tmp_path,
-                             env={**env, "FEDQUEUE_BROKER_URL": broker})
+        submitted = fedqueue(
+            "submit", str(write_config(tmp_path, SMALL)), cwd=tmp_path, env={**env, "FEDQUEUE_BROKER_URL": broker}
+        )
         assert submitted.returncode == 0, submitted.stderr
         run_id = submitted.stdout.strip()
         deadline = time.monotonic() + 120
@@ -103,8 +110,14 @@ def test_up_then_submit_from_another_shell(tmp_path: Path) -> None:
 
 def test_worker_stops_on_sigterm_and_leaves_no_children(settings: Settings, tmp_path: Path) -> None:
     env = cli_env(**settings.to_env())
-    worker = subprocess.Popen([*FEDQUEUE, "worker", "--procs", "1"], cwd=tmp_path, env=env,
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    worker = subprocess.Popen(
+        [*FEDQUEUE, "worker", "--procs", "1"],
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     children: list[psutil.Process] = []
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline and not children:

@@ -33,8 +33,13 @@ def test_a_redis_beyond_loopback_without_password_is_flagged(url: str | None, in
 
 
 def test_settings_round_trip_through_the_environment() -> None:
-    settings = Settings(broker_url="redis://h:1/0", key_prefix="p", heartbeat_ttl_s=4, plugin_path=("/a", "/b"),
-                        visibility_timeout_override_s=9)
+    settings = Settings(
+        broker_url="redis://h:1/0",
+        key_prefix="p",
+        heartbeat_ttl_s=4,
+        plugin_path=("/a", "/b"),
+        visibility_timeout_override_s=9,
+    )
     assert Settings.from_env(settings.to_env()) == settings
     assert Settings().visibility_timeout_s > Settings().task_time_limit_s  # never redelivered while running
 

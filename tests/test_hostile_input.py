@@ -7,22 +7,23 @@ import sys
 from pathlib import Path
 
 import redis
-from hypothesis import HealthCheck, given, settings as hypothesis_settings
+from hypothesis import HealthCheck, given
+from hypothesis import settings as hypothesis_settings
 from hypothesis import strategies as st
 
 from fedqueue import api
 from fedqueue.config import Settings
 from fedqueue.errors import ConfigError, DataError
+from fedqueue.fl.config import RunConfig, load_run_config
 from fedqueue.fl.kind import TRAIN_DEVICE
 from fedqueue.queue.app import make_app
-from fedqueue.fl.config import RunConfig, load_run_config
 from tests.conftest import running_workers
 from tests.helpers import small_config
 from tests.reliability_support import cli_env, wait_until
 
 KNOWN = [f for f in RunConfig.__dataclass_fields__]
 json_values = st.recursive(
-    st.none() | st.booleans() | st.integers(-10**6, 10**6) | st.floats(allow_nan=True) | st.text(max_size=20),
+    st.none() | st.booleans() | st.integers(-(10**6), 10**6) | st.floats(allow_nan=True) | st.text(max_size=20),
     lambda children: st.lists(children, max_size=3) | st.dictionaries(st.text(max_size=5), children, max_size=3),
     max_leaves=6,
 )
@@ -54,8 +55,14 @@ def test_any_toml_text_is_accepted_or_refused_in_one_line(tmp_path: Path, text: 
 def test_refused_submit_leaves_nothing_in_store_or_queue(settings: Settings, tmp_path: Path) -> None:
     config = tmp_path / "run.toml"
     config.write_text("num_devices = 5\ndevices_per_round = 9\n")
-    result = subprocess.run([sys.executable, "-m", "fedqueue.cli", "submit", str(config)], cwd=tmp_path,
-                            env=cli_env(settings), capture_output=True, text=True, timeout=60)
+    result = subprocess.run(
+        [sys.executable, "-m", "fedqueue.cli", "submit", str(config)],
+        cwd=tmp_path,
+        env=cli_env(settings),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert result.returncode == 2 and "devices_per_round" in result.stderr
     assert len(result.stderr.strip().splitlines()) == 1, result.stderr
     client = redis.Redis.from_url(settings.broker_url or "")
@@ -88,13 +95,17 @@ def test_malformed_unknown_and_pickled_messages_are_refused(settings: Settings, 
             with app.connection_for_write() as connection:
                 connection.default_channel.basic_publish(
                     connection.default_channel.prepare_message(
-                        b"{not json", content_type="application/json", content_encoding="utf-8",
+                        b"{not json",
+                        content_type="application/json",
+                        content_encoding="utf-8",
                         headers={"task": TRAIN_DEVICE, "id": "bad-json-1"},
                     ),
-                    exchange=queue, routing_key=queue,
+                    exchange=queue,
+                    routing_key=queue,
                 )
         finally:
             app.close()
+
         def worker_log() -> str:
             return "".join(path.read_text() for path in logs.glob("*.log"))
 

@@ -17,7 +17,14 @@ from fedqueue.config import Settings
 from fedqueue.fl.rounds import select_devices
 from tests.helpers import assert_same_weights, reference_final_state, small_config
 from tests.reliability_support import (
-    SLOW_STEP, cli_env, launcher, one_result_per_device, pid_of_worker, reliable_settings, slow_config, wait_for_running,
+    SLOW_STEP,
+    cli_env,
+    launcher,
+    one_result_per_device,
+    pid_of_worker,
+    reliable_settings,
+    slow_config,
+    wait_for_running,
     wait_until,
 )
 
@@ -38,8 +45,12 @@ def test_a_raising_aggregation_fails_a_plain_submit_with_its_traceback(settings:
     assert "RuntimeError: this rule fails on purpose" in run.error
     assert len(handle.store.list_rounds(handle.id)) == 1  # round 2 never started
     shown = subprocess.run(
-        [sys.executable, "-m", "fedqueue.cli", "status", handle.id], cwd=tmp_path, env=cli_env(settings),
-        capture_output=True, text=True, timeout=60,
+        [sys.executable, "-m", "fedqueue.cli", "status", handle.id],
+        cwd=tmp_path,
+        env=cli_env(settings),
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     assert "aggregation failed after 2 attempts" in shown.stdout
     assert "this rule fails on purpose" in shown.stdout
@@ -52,8 +63,13 @@ def test_a_hanging_step_is_stopped_at_the_time_limit(settings: Settings, tmp_pat
     seed, num_devices, per_round = 7, 30, 6
     poisoned = select_devices(seed, 1, num_devices, per_round)[0]
     config = small_config(
-        local_step=SLOW_STEP, dataset="fq_reliability:poisoned_digits", rounds=1, devices_per_round=per_round,
-        seed=seed, num_devices=num_devices, plugin={"poison_device": poisoned, "poison_mode": "hang"},
+        local_step=SLOW_STEP,
+        dataset="fq_reliability:poisoned_digits",
+        rounds=1,
+        devices_per_round=per_round,
+        seed=seed,
+        num_devices=num_devices,
+        plugin={"poison_device": poisoned, "poison_mode": "hang"},
     )
     with launcher(settings, procs=2, cwd=tmp_path):
         began = time.time()

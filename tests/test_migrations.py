@@ -90,11 +90,20 @@ def insert_old_rows(url: str) -> None:
             for run in ("run-a", "run-b"):
                 connection.execute(run_sql, {"id": run, "name": f"name-{run}", "config": config})
                 for round_index in (1, 2):
-                    connection.execute(round_sql, {"run": run, "round": round_index, "selected": [0, 1],
-                                                   "sha": "a" * 64, "nbytes": 1000 + round_index})
+                    connection.execute(
+                        round_sql,
+                        {
+                            "run": run,
+                            "round": round_index,
+                            "selected": [0, 1],
+                            "sha": "a" * 64,
+                            "nbytes": 1000 + round_index,
+                        },
+                    )
                     for device in (0, 1):
-                        connection.execute(task_sql, {"run": run, "round": round_index, "device": device,
-                                                      "nbytes": 64 + device})
+                        connection.execute(
+                            task_sql, {"run": run, "round": round_index, "device": device, "nbytes": 64 + device}
+                        )
                 connection.execute(checkpoint_sql, {"run": run, "sha": "c" * 64, "data": b"model"})
 
     on_engine(url, insert)

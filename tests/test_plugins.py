@@ -14,9 +14,9 @@ import torch
 import fedqueue
 from fedqueue.config import Settings
 from fedqueue.errors import ConfigError, DataError
+from fedqueue.fl.config import RunConfig
 from fedqueue.fl.experiment import check_plugins
 from fedqueue.fl.plugins import resolve
-from fedqueue.fl.config import RunConfig
 from tests.conftest import running_workers
 from tests.helpers import assert_same_weights, reference_final_state, small_config
 
@@ -51,8 +51,8 @@ def test_fedprox_with_mu_zero_equals_builtin_fedavg(plugin_settings: Settings, t
 
 def test_clipped_aggregation_rule_runs_on_the_workers(plugin_settings: Settings, tmp_path: Path) -> None:
     """A server-side rule through real workers: unclipped it is FedAvg bit for bit; clipped, it bounds the step."""
-    from fedqueue.fl.experiment import data_spec
     from fedqueue.fl.data import load_federated
+    from fedqueue.fl.experiment import data_spec
     from fedqueue.fl.models import initial_state
 
     builtin = small_config(rounds=1, global_lr=0.5)
@@ -73,20 +73,28 @@ def test_clipped_aggregation_rule_runs_on_the_workers(plugin_settings: Settings,
     # The mean of changes clipped to 0.01 moves the model at most global_lr x 0.01; FedAvg moved it further.
     assert 0 < step(weights[2]) <= 0.5 * 0.01 * (1 + 1e-6) < step(weights[0])
 
+
 def test_custom_dataset_with_natural_splits_runs_end_to_end(plugin_settings: Settings, tmp_path: Path) -> None:
-    config = RunConfig.from_dict({
-        "dataset": "fedqueue_examples.writers:load", "model": "fedqueue_examples.nets:groupnorm_cnn",
-        "num_devices": 40, "devices_per_round": 6, "rounds": 2, "local_iters": 3, "seed": 1,
-        "plugin": {"width": 8},
-    })
+    config = RunConfig.from_dict(
+        {
+            "dataset": "fedqueue_examples.writers:load",
+            "model": "fedqueue_examples.nets:groupnorm_cnn",
+            "num_devices": 40,
+            "devices_per_round": 6,
+            "rounds": 2,
+            "local_iters": 3,
+            "seed": 1,
+            "plugin": {"width": 8},
+        }
+    )
     with running_workers(plugin_settings, procs=2, log_dir=tmp_path / "logs"):
         handle = fedqueue.submit(config, settings=plugin_settings)
         status = handle.wait(timeout_s=120)
     assert status["state"] == "finished" and status["tasks_done"] == 12
     # Each device trained on its writer's own samples: the sizes the plugin's split gives.
     sys.path.insert(0, str(EXAMPLES))
-    from fedqueue.fl.experiment import data_spec
     from fedqueue.fl.data import load_federated
+    from fedqueue.fl.experiment import data_spec
 
     partitions = load_federated(data_spec(config)).partitions
     for task in handle.store.device_tasks(handle.id):
@@ -97,8 +105,10 @@ def test_custom_dataset_with_natural_splits_runs_end_to_end(plugin_settings: Set
 def test_natural_splits_must_match_num_devices(plugin_settings: Settings) -> None:
     plugin_settings.activate_plugin_path()
     with pytest.raises(DataError, match="num_devices: .* 40 natural partitions"):
-        fedqueue.submit({"dataset": "fedqueue_examples.writers:load", "num_devices": 30, "devices_per_round": 5},
-                        settings=plugin_settings)
+        fedqueue.submit(
+            {"dataset": "fedqueue_examples.writers:load", "num_devices": 30, "devices_per_round": 5},
+            settings=plugin_settings,
+        )
     assert fedqueue.runs(plugin_settings) == []  # refused before anything was written
 
 
@@ -123,20 +133,31 @@ def test_unimportable_plugin_is_one_line_and_writes_nothing(tmp_path: Path) -> N
     config.write_text('model = "nowhere.nets:build"\nnum_devices = 10\ndevices_per_round = 2\n')
     database = tmp_path / "store.db"
     env = {"PATH": "/usr/bin:/bin", "FEDQUEUE_DATABASE_URL": f"sqlite:///{database}"}
-    result = subprocess.run([sys.executable, "-m", "fedqueue.cli", "run", str(config)], cwd=tmp_path, env=env,
-                            capture_output=True, text=True, timeout=60)
+    result = subprocess.run(
+        [sys.executable, "-m", "fedqueue.cli", "run", str(config)],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert result.returncode == 2
-    assert result.stderr.strip() == "error: model: cannot import 'nowhere.nets' (ModuleNotFoundError: No module named 'nowhere')"
+    assert (
+        result.stderr.strip()
+        == "error: model: cannot import 'nowhere.nets' (ModuleNotFoundError: No module named 'nowhere')"
+    )
     assert not database.exists()
 
 
 def test_plugin_that_raises_on_the_worker_surfaces_in_status(settings: Settings, tmp_path: Path) -> None:
     plugins = tmp_path / "plugins"
     plugins.mkdir()
-    (plugins / "broken_step.py").write_text(textwrap.dedent('''
+    (plugins / "broken_step.py").write_text(
+        textwrap.dedent("""
         def step(model, batch, global_state, options):
             raise RuntimeError("boom from the plugin")
-    '''))
+    """)
+    )
     settings = replace(settings.with_plugin_path([str(plugins)]), max_attempts=2)
     config = small_config(rounds=2, devices_per_round=3, local_step="broken_step:step")
     with running_workers(settings, procs=1, log_dir=tmp_path / "logs"):

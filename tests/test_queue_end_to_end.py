@@ -8,12 +8,19 @@ from pathlib import Path
 
 import pytest
 
-from fedqueue.queue.client import open_client
 from fedqueue.config import Settings
 from fedqueue.fl.rounds import final_state, submit_run
+from fedqueue.queue.client import open_client
 from fedqueue.report.summary import run_summary
 from tests.conftest import running_workers
-from tests.helpers import assert_same_weights, held_out_accuracy, reference_final_state, run_to_end, small_config, wait_finished
+from tests.helpers import (
+    assert_same_weights,
+    held_out_accuracy,
+    reference_final_state,
+    run_to_end,
+    small_config,
+    wait_finished,
+)
 
 
 @pytest.fixture(params=["sqlite", "postgres"])

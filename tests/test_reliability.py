@@ -16,13 +16,20 @@ import pytest
 
 from fedqueue import api
 from fedqueue.config import Settings
-from fedqueue.queue.embedded import EmbeddedRedis
 from fedqueue.fl.rounds import select_devices
+from fedqueue.queue.embedded import EmbeddedRedis
 from tests.conftest import running_workers
 from tests.helpers import assert_same_weights, reference_final_state
 from tests.reliability_support import (
-    kill_tree, launcher, one_result_per_device, pid_of_worker, reliable_settings, slow_config, wait_for_running,
-    wait_until, worker_children,
+    kill_tree,
+    launcher,
+    one_result_per_device,
+    pid_of_worker,
+    reliable_settings,
+    slow_config,
+    wait_for_running,
+    wait_until,
+    worker_children,
 )
 
 
@@ -89,8 +96,13 @@ def test_poisoned_device_fails_after_the_attempt_cap(settings: Settings, tmp_pat
     settings = reliable_settings(settings, max_attempts=2)
     base = slow_config(0.0, rounds=2, devices_per_round=5, local_iters=3)
     poisoned = select_devices(base.seed, 1, base.num_devices, base.devices_per_round)[2]
-    config = replace(base, dataset="fq_reliability:poisoned_digits", on_failure=policy, min_devices_per_round=3,
-                     plugin={"step_sleep": 0.0, "poison_device": poisoned})
+    config = replace(
+        base,
+        dataset="fq_reliability:poisoned_digits",
+        on_failure=policy,
+        min_devices_per_round=3,
+        plugin={"step_sleep": 0.0, "poison_device": poisoned},
+    )
     with launcher(settings, procs=2, cwd=tmp_path):
         handle = api.submit(config, settings=settings)
         with api.scheduling(handle) as scheduler:

@@ -19,11 +19,11 @@ from fedqueue.config import Settings
 from fedqueue.errors import NotFound
 from fedqueue.report import RunData, build_report, compute_report, write_report
 from fedqueue.report.html import render_html
+from fedqueue.report.timeline import Span
 from fedqueue.store import Store, open_store
 from fedqueue.store.repo import DeviceResult
 from fedqueue.store.schema import RoundRow, RunRow
 from fedqueue.store.utilization import Sample, record_samples, samples_between
-from fedqueue.report.timeline import Span
 from tests.conftest import running_workers
 from tests.helpers import small_config
 
@@ -37,36 +37,81 @@ def approx(expected: float) -> object:
 
 
 def run_row(state: str = "running", finished_at: float | None = None, name: str = "") -> RunRow:
-    return RunRow(id="run1", name=name, config={"dataset": "digits", "model": "mlp"}, state=state, rounds_total=2,
-                  created_at=T0, finished_at=finished_at, error=None)
+    return RunRow(
+        id="run1",
+        name=name,
+        config={"dataset": "digits", "model": "mlp"},
+        state=state,
+        rounds_total=2,
+        created_at=T0,
+        finished_at=finished_at,
+        error=None,
+    )
 
 
 def round_row(index: int, enqueued: float, aggregated: float | None, selected: list[int]) -> RoundRow:
-    return RoundRow(run_id="run1", round_index=index, version=index - 1, state="done" if aggregated else "training",
-                    selected=selected, model_key="k", model_sha256="0" * 64, model_nbytes=1, enqueued_at=enqueued,
-                    aggregated_at=aggregated, aggregate_ms=100.0 if aggregated else None,
-                    eval_ms=50.0 if aggregated else None, accuracy=0.5 if aggregated else None,
-                    loss=1.0 if aggregated else None, train_loss=None)
+    return RoundRow(
+        run_id="run1",
+        round_index=index,
+        version=index - 1,
+        state="done" if aggregated else "training",
+        selected=selected,
+        model_key="k",
+        model_sha256="0" * 64,
+        model_nbytes=1,
+        enqueued_at=enqueued,
+        aggregated_at=aggregated,
+        aggregate_ms=100.0 if aggregated else None,
+        eval_ms=50.0 if aggregated else None,
+        accuracy=0.5 if aggregated else None,
+        loss=1.0 if aggregated else None,
+        train_loss=None,
+    )
 
 
-def task(round_index: int, device: int, worker: str, start: float, finish: float, *, state: str = "done",
-         attempt: int = 1, enqueued: float = T0) -> Span:
-    return Span(round_index=round_index, device=device, worker=worker, pid=7, device_used="cpu", state=state,
-                attempt=attempt, enqueued_at=enqueued, started_at=T0 + start, finished_at=T0 + finish,
-                load_ms=100.0, train_ms=600.0, upload_ms=50.0)
+def task(
+    round_index: int,
+    device: int,
+    worker: str,
+    start: float,
+    finish: float,
+    *,
+    state: str = "done",
+    attempt: int = 1,
+    enqueued: float = T0,
+) -> Span:
+    return Span(
+        round_index=round_index,
+        device=device,
+        worker=worker,
+        pid=7,
+        device_used="cpu",
+        state=state,
+        attempt=attempt,
+        enqueued_at=enqueued,
+        started_at=T0 + start,
+        finished_at=T0 + finish,
+        load_ms=100.0,
+        train_ms=600.0,
+        upload_ms=50.0,
+    )
 
 
 def example(now: float = T0 + 10.0, state: str = "running", finished_at: float | None = None) -> RunData:
     """Round 1 done (5 selected: 4 done, one retried, one failed); round 2 still training; two single-slot workers."""
     rounds = [round_row(1, T0, T0 + 4.0, [0, 1, 2, 3, 4]), round_row(2, T0 + 4.5, None, [5, 6])]
     spans = [
-        task(1, 0, "a@h", 0.5, 1.5), task(1, 1, "a@h", 1.75, 2.75, attempt=2),
-        task(1, 2, "b@h", 0.5, 2.5), task(1, 3, "b@h", 2.5, 3.5),
+        task(1, 0, "a@h", 0.5, 1.5),
+        task(1, 1, "a@h", 1.75, 2.75, attempt=2),
+        task(1, 2, "b@h", 0.5, 2.5),
+        task(1, 3, "b@h", 2.5, 3.5),
         task(1, 4, "b@h", 3.5, 3.5, state="failed", attempt=3),
         task(2, 5, "a@h", 5.0, 8.0, enqueued=T0 + 4.5),
     ]
-    samples = [Sample("a@h", 7, "cpu", T0 + second, utilization, 2**20 * (100 + second))
-               for second, utilization in zip(range(1, 11), [10, 20, 30, 40, 50, 60, 70, 80, 90, 100])]
+    samples = [
+        Sample("a@h", 7, "cpu", T0 + second, utilization, 2**20 * (100 + second))
+        for second, utilization in zip(range(1, 11), [10, 20, 30, 40, 50, 60, 70, 80, 90, 100])
+    ]
     return RunData(run=run_row(state, finished_at), rounds=rounds, spans=spans, samples=samples, now=now)
 
 
@@ -131,26 +176,67 @@ def filled_store(path: Path, rounds: int) -> tuple[Store, str]:
     clock = start + 0.1
     for index in range(1, rounds + 1):
         enqueued = clock
-        store.add_round(RoundRow(run_id="hand", round_index=index, version=index - 1, state="training",
-                                 selected=list(range(8)), model_key="k", model_sha256="0" * 64, model_nbytes=1,
-                                 enqueued_at=enqueued))
+        store.add_round(
+            RoundRow(
+                run_id="hand",
+                round_index=index,
+                version=index - 1,
+                state="training",
+                selected=list(range(8)),
+                model_key="k",
+                model_sha256="0" * 64,
+                model_nbytes=1,
+                enqueued_at=enqueued,
+            )
+        )
         for device in range(8):
             worker, slot = divmod(device % 4, 2)
             began = enqueued + 0.01 + (device // 4) * 0.2 + slot * 0.05
             failed = index == 2 and device == 7
-            store.record_device_result(DeviceResult(
-                run_id="hand", round_index=index, device=device, state="failed" if failed else "done",
-                worker=f"cpu{worker}@host", pid=100 + worker, device_used="cpu", attempt=3 if failed else 1,
-                enqueued_at=enqueued, started_at=began, finished_at=began if failed else began + 0.18,
-                load_ms=10.0, train_ms=150.0, upload_ms=10.0, samples=10, loss=1.0, update_key=None,
-                update_sha256=None, update_nbytes=None, error="boom" if failed else None,
-            ))
+            store.record_device_result(
+                DeviceResult(
+                    run_id="hand",
+                    round_index=index,
+                    device=device,
+                    state="failed" if failed else "done",
+                    worker=f"cpu{worker}@host",
+                    pid=100 + worker,
+                    device_used="cpu",
+                    attempt=3 if failed else 1,
+                    enqueued_at=enqueued,
+                    started_at=began,
+                    finished_at=began if failed else began + 0.18,
+                    load_ms=10.0,
+                    train_ms=150.0,
+                    upload_ms=10.0,
+                    samples=10,
+                    loss=1.0,
+                    update_key=None,
+                    update_sha256=None,
+                    update_nbytes=None,
+                    error="boom" if failed else None,
+                )
+            )
         clock = enqueued + 0.5
         assert store.claim_round("hand", index, "agg", stale_before=0.0)
-        store.complete_round("hand", index, "agg", aggregate_ms=20.0, eval_ms=10.0, accuracy=0.1 + index / (rounds + 1),
-                             loss=2.0 - index / rounds, train_loss=2.1 - index / rounds)
-    record_samples(store, [Sample(f"cpu{w}@host", 100 + w, "cpu", start + t / 4, 50.0 + 10 * w, 2**28)
-                           for w in (0, 1) for t in range(1, 4 * rounds)])
+        store.complete_round(
+            "hand",
+            index,
+            "agg",
+            aggregate_ms=20.0,
+            eval_ms=10.0,
+            accuracy=0.1 + index / (rounds + 1),
+            loss=2.0 - index / rounds,
+            train_loss=2.1 - index / rounds,
+        )
+    record_samples(
+        store,
+        [
+            Sample(f"cpu{w}@host", 100 + w, "cpu", start + t / 4, 50.0 + 10 * w, 2**28)
+            for w in (0, 1)
+            for t in range(1, 4 * rounds)
+        ],
+    )
     store.finish_run("hand", "finished")
     return store, "hand"
 
@@ -170,8 +256,10 @@ def test_write_report_draws_every_picture(tmp_path: Path, rounds: int) -> None:
     for name in PICTURES:
         assert_picture(tmp_path / "out" / name)
     assert numbers["slots"] == 4 and numbers["tasks_failed"] == 1 and len(numbers["rounds"]) == rounds
-    assert [(u["worker"], u["samples"] > 0) for u in numbers["utilization"]] == [("cpu0@host", True),
-                                                                                  ("cpu1@host", True)]
+    assert [(u["worker"], u["samples"] > 0) for u in numbers["utilization"]] == [
+        ("cpu0@host", True),
+        ("cpu1@host", True),
+    ]
     assert "report.html" in {path.name for path in (tmp_path / "out").iterdir()}
 
 
@@ -183,8 +271,9 @@ def test_unknown_run_is_not_found(tmp_path: Path) -> None:
 
 def cli(*args: str, database: Path, cwd: Path) -> subprocess.CompletedProcess[str]:
     env = {"PATH": "/usr/bin:/bin", "FEDQUEUE_DATABASE_URL": f"sqlite:///{database}"}
-    return subprocess.run([sys.executable, "-m", "fedqueue.cli", *args], cwd=cwd, env=env, capture_output=True,
-                          text=True, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-m", "fedqueue.cli", *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=120
+    )
 
 
 def test_report_of_a_real_run_through_workers(settings: Settings, tmp_path: Path) -> None:
@@ -214,8 +303,14 @@ def test_report_of_a_real_run_through_workers(settings: Settings, tmp_path: Path
     for row in numbers["rounds"]:
         assert (row["selected"], row["done"], row["failed"]) == (8, 8, 0)
         assert 0 < row["parallel_efficiency"] <= 1
-        assert set(row["time"]) >= {"queue_wait_mean_s", "load_s", "train_s", "upload_s", "aggregation_s",
-                                    "evaluation_s"}
+        assert set(row["time"]) >= {
+            "queue_wait_mean_s",
+            "load_s",
+            "train_s",
+            "upload_s",
+            "aggregation_s",
+            "evaluation_s",
+        }
     seconds = [entry["seconds"] for entry in numbers["slowest"]]
     assert len(seconds) == 5 and seconds == sorted(seconds, reverse=True)
     workers = {(task.worker, task.pid) for task in handle.store.device_tasks(handle.id)}

@@ -14,10 +14,10 @@ import pytest
 from sqlalchemy import create_engine, text
 
 from fedqueue import api
-from fedqueue.fl.weights import decode_state
 from fedqueue.config import Settings
 from fedqueue.errors import ServiceUnavailable
 from fedqueue.fl.config import RunConfig
+from fedqueue.fl.weights import decode_state
 from fedqueue.store import Store, open_store
 from tests.conftest import running_workers
 from tests.helpers import assert_same_weights, reference_final_state
@@ -40,8 +40,10 @@ def toml_of(config: RunConfig) -> str:
 def embedded_env(tmp_path: Path) -> dict[str, str]:
     env = {key: value for key, value in os.environ.items() if not key.startswith("FEDQUEUE_")}
     env.update(
-        FEDQUEUE_DATABASE_URL=f"sqlite:///{tmp_path / 'fedqueue.db'}", FEDQUEUE_LEASE_TTL_S="3",
-        FEDQUEUE_HEARTBEAT_TTL_S="3", FEDQUEUE_PLUGIN_PATH=str(PLUGINS),
+        FEDQUEUE_DATABASE_URL=f"sqlite:///{tmp_path / 'fedqueue.db'}",
+        FEDQUEUE_LEASE_TTL_S="3",
+        FEDQUEUE_HEARTBEAT_TTL_S="3",
+        FEDQUEUE_PLUGIN_PATH=str(PLUGINS),
     )
     return env
 
@@ -65,8 +67,13 @@ def test_killed_scheduler_is_resumed_to_the_same_weights(tmp_path: Path, moment:
     (tmp_path / "run.toml").write_text(toml_of(config))
     env = embedded_env(tmp_path)
     before = our_processes()
-    scheduler = subprocess.Popen([sys.executable, "-m", "fedqueue.cli", "run", "run.toml", "--procs", "2"],
-                                 cwd=tmp_path, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    scheduler = subprocess.Popen(
+        [sys.executable, "-m", "fedqueue.cli", "run", "run.toml", "--procs", "2"],
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     database = env["FEDQUEUE_DATABASE_URL"]
     wait_until(lambda: submitted_store(database) is not None, 60)
     store = submitted_store(database)
@@ -83,8 +90,14 @@ def test_killed_scheduler_is_resumed_to_the_same_weights(tmp_path: Path, moment:
     assert store.get_run(run_id).state == "running"
 
     time.sleep(3.5)  # the dead scheduler's lease runs out
-    resumed = subprocess.run([sys.executable, "-m", "fedqueue.cli", "resume", run_id, "--procs", "2"],
-                             cwd=tmp_path, env=env, capture_output=True, text=True, timeout=240)
+    resumed = subprocess.run(
+        [sys.executable, "-m", "fedqueue.cli", "resume", run_id, "--procs", "2"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
     assert resumed.returncode == 0, resumed.stdout[-2000:] + resumed.stderr[-2000:]
     assert "repair:" in resumed.stdout  # it found the lost queue and put the work back
     handle = api.RunHandle(run_id, Settings(database_url=database))
@@ -104,8 +117,14 @@ def test_second_scheduler_on_a_live_run_is_refused(settings: Settings, tmp_path:
             scheduler.tick()
             env = {key: value for key, value in os.environ.items() if not key.startswith("FEDQUEUE_")}
             env.update(settings.to_env())
-            second = subprocess.run([sys.executable, "-m", "fedqueue.cli", "resume", handle.id], cwd=tmp_path,
-                                    env=env, capture_output=True, text=True, timeout=60)
+            second = subprocess.run(
+                [sys.executable, "-m", "fedqueue.cli", "resume", handle.id],
+                cwd=tmp_path,
+                env=env,
+                capture_output=True,
+                text=True,
+                timeout=60,
+            )
             assert second.returncode == 2
             assert second.stderr.startswith(f"error: run {handle.id} is already scheduled by ")
             status = handle.wait(120, tick=scheduler.tick)

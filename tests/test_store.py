@@ -20,7 +20,6 @@ from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from sqlalchemy import Column, Integer, MetaData, func, inspect, select
-from sqlalchemy.exc import IntegrityError
 
 from fedqueue.errors import ConfigError, NotFound, ServiceUnavailable
 from fedqueue.store import Store, open_store
@@ -46,8 +45,14 @@ def new_run(store: Store, rounds_total: int = 3, **config: object) -> str:
 
 def round_row(run_id: str, round_index: int, state: str = "training") -> RoundRow:
     return RoundRow(
-        run_id=run_id, round_index=round_index, version=round_index - 1, state=state, selected=[3, 1, 2],
-        model_key=f"{run_id}/model/{round_index}", model_sha256="a" * 64, model_nbytes=100 + round_index,
+        run_id=run_id,
+        round_index=round_index,
+        version=round_index - 1,
+        state=state,
+        selected=[3, 1, 2],
+        model_key=f"{run_id}/model/{round_index}",
+        model_sha256="a" * 64,
+        model_nbytes=100 + round_index,
         enqueued_at=time.time(),
     )
 
@@ -55,11 +60,26 @@ def round_row(run_id: str, round_index: int, state: str = "training") -> RoundRo
 def device_result(run_id: str, round_index: int, device: int, worker: str = "w1", **overrides: object) -> DeviceResult:
     now = time.time()
     result = DeviceResult(
-        run_id=run_id, round_index=round_index, device=device, state="done", worker=worker, pid=1234,
-        device_used="cpu", attempt=1, enqueued_at=now, started_at=now + 0.1, finished_at=now + 0.5,
-        load_ms=1.5, train_ms=20.25, upload_ms=2.0, samples=10 + device, loss=0.5 + device,
+        run_id=run_id,
+        round_index=round_index,
+        device=device,
+        state="done",
+        worker=worker,
+        pid=1234,
+        device_used="cpu",
+        attempt=1,
+        enqueued_at=now,
+        started_at=now + 0.1,
+        finished_at=now + 0.5,
+        load_ms=1.5,
+        train_ms=20.25,
+        upload_ms=2.0,
+        samples=10 + device,
+        loss=0.5 + device,
         # One key per delivery, as workers make them: the key tells a retry of this delivery from another one.
-        update_key=f"{run_id}/update/{round_index}/{device}/{worker}", update_sha256="b" * 64, update_nbytes=64,
+        update_key=f"{run_id}/update/{round_index}/{device}/{worker}",
+        update_sha256="b" * 64,
+        update_nbytes=64,
     )
     return replace(result, **overrides)  # type: ignore[arg-type]
 
@@ -323,7 +343,11 @@ def test_device_tasks_ordered_and_counted(store: Store) -> None:
     assert [row.device for row in store.device_tasks(run_id, 1)] == [1, 3, 5]
     assert [row.device for row in store.device_tasks(run_id, 2)] == [0, 7]
     assert [(row.round_index, row.device) for row in store.device_tasks(run_id)] == [
-        (1, 1), (1, 3), (1, 5), (2, 0), (2, 7)
+        (1, 1),
+        (1, 3),
+        (1, 5),
+        (2, 0),
+        (2, 7),
     ]
     assert store.count_done(run_id, 1) == 3
     assert store.count_done(run_id, 2) == 2
@@ -361,9 +385,10 @@ def _record_in_child(url: str, run_id: str, worker: int, per_worker: int, start_
         time.sleep(max(0.0, start_at - time.time()))
         stored = 0
         for i in range(per_worker):
-            stored += child.record_device_result(
-                device_result(run_id, 1, worker * per_worker + i, worker=f"p{worker}")
-            ) is not None
+            stored += (
+                child.record_device_result(device_result(run_id, 1, worker * per_worker + i, worker=f"p{worker}"))
+                is not None
+            )
         return stored
     finally:
         child.close()
@@ -409,7 +434,9 @@ def test_concurrent_threads_count_each_result_once(store: Store) -> None:
 
     def write(worker: int) -> list[int | None]:
         barrier.wait(timeout=30)
-        return [store.record_device_result(device_result(run_id, 1, worker * per_thread + i)) for i in range(per_thread)]
+        return [
+            store.record_device_result(device_result(run_id, 1, worker * per_thread + i)) for i in range(per_thread)
+        ]
 
     with ThreadPoolExecutor(threads) as pool:
         counts = [count for outcome in pool.map(write, range(threads)) for count in outcome]

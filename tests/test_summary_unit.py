@@ -79,9 +79,7 @@ def test_overlapping_sets_match_sampled_brute_force(intervals: list[Interval]) -
 
 # Endpoints on a grid of quarters: exact in binary, so midpoints are exact too.
 endpoints = st.integers(min_value=0, max_value=80).map(lambda k: k / 4)
-intervals_strategy = st.lists(
-    st.tuples(endpoints, endpoints).map(lambda pair: (min(pair), max(pair))), max_size=25
-)
+intervals_strategy = st.lists(st.tuples(endpoints, endpoints).map(lambda pair: (min(pair), max(pair))), max_size=25)
 
 
 @settings(max_examples=300, deadline=None)
@@ -106,7 +104,12 @@ def test_mask_url_hides_the_password(url: str, password: str) -> None:
     before, after = urlsplit(url), urlsplit(masked)
     assert after.password == "***"
     assert (after.scheme, after.username, after.hostname, after.port, after.path, after.query) == (
-        before.scheme, before.username, before.hostname, before.port, before.path, before.query
+        before.scheme,
+        before.username,
+        before.hostname,
+        before.port,
+        before.path,
+        before.query,
     )
 
 

@@ -18,10 +18,29 @@ from fedqueue.report.timeline import (
 )
 
 
-def span(start: float, finish: float, *, worker: str = "cpu0@h", pid: int = 1, device: int = 0,
-         round_index: int = 1, state: str = "done", enqueued: float = 0.0) -> Span:
-    return Span(round_index=round_index, device=device, worker=worker, pid=pid, device_used="cpu", state=state,
-                attempt=1, enqueued_at=enqueued, started_at=start, finished_at=finish)
+def span(
+    start: float,
+    finish: float,
+    *,
+    worker: str = "cpu0@h",
+    pid: int = 1,
+    device: int = 0,
+    round_index: int = 1,
+    state: str = "done",
+    enqueued: float = 0.0,
+) -> Span:
+    return Span(
+        round_index=round_index,
+        device=device,
+        worker=worker,
+        pid=pid,
+        device_used="cpu",
+        state=state,
+        attempt=1,
+        enqueued_at=enqueued,
+        started_at=start,
+        finished_at=finish,
+    )
 
 
 def test_overlapping_tasks_of_one_worker_get_separate_lanes_and_touching_ones_share() -> None:
@@ -40,8 +59,11 @@ def test_each_worker_process_has_its_own_lanes_and_failed_tasks_take_none() -> N
         span(0.5, 0.5, worker="cpu1@h", pid=12, device=3, state="failed"),
     ]
     lanes = pack_lanes(spans)
-    assert [(lane.worker, lane.pid, lane.slot) for lane in lanes] == [("cpu0@h", 10, 0), ("cpu0@h", 11, 0),
-                                                                     ("cpu1@h", 12, 0)]
+    assert [(lane.worker, lane.pid, lane.slot) for lane in lanes] == [
+        ("cpu0@h", 10, 0),
+        ("cpu0@h", 11, 0),
+        ("cpu1@h", 12, 0),
+    ]
     assert sum(len(lane.spans) for lane in lanes) == 3
     assert lanes[0].label == "cpu0@h pid 10 cpu #0"
 
@@ -55,8 +77,10 @@ intervals = st.lists(
 @settings(max_examples=200, deadline=None)
 @given(intervals, st.integers(1, 3))
 def test_lanes_are_as_few_as_the_peak_overlap_and_never_overlap_inside(pairs: list, workers: int) -> None:
-    spans = [span(start, finish, device=index, worker=f"cpu{index % workers}@h")
-             for index, (start, finish) in enumerate(pairs)]
+    spans = [
+        span(start, finish, device=index, worker=f"cpu{index % workers}@h")
+        for index, (start, finish) in enumerate(pairs)
+    ]
     lanes = pack_lanes(spans)
     assert sorted(s.device for lane in lanes for s in lane.spans) == list(range(len(spans)))
     for lane in lanes:
@@ -88,11 +112,13 @@ def test_parallel_efficiency() -> None:
 
 
 def test_dispatch_gaps_count_only_when_the_next_task_was_already_waiting() -> None:
-    lanes = pack_lanes([
-        span(0.0, 1.0, device=0, enqueued=0.0),
-        span(1.25, 2.0, device=1, enqueued=0.0),  # waiting since 0: a gap of 0.25 s is overhead
-        span(5.0, 6.0, device=2, enqueued=4.5),  # enqueued after the slot went idle: not a gap
-    ])
+    lanes = pack_lanes(
+        [
+            span(0.0, 1.0, device=0, enqueued=0.0),
+            span(1.25, 2.0, device=1, enqueued=0.0),  # waiting since 0: a gap of 0.25 s is overhead
+            span(5.0, 6.0, device=2, enqueued=4.5),  # enqueued after the slot went idle: not a gap
+        ]
+    )
     assert dispatch_gaps(lanes) == [pytest.approx(0.25)]
 
 

@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 
 from fedqueue.core import utilization
+from fedqueue.core.utilization import CpuProbe, GpuProbe, Sampler, make_probe, pinned_gpu
 from fedqueue.store import open_store
 from fedqueue.store.utilization import Sample, record_samples, samples_between
-from fedqueue.core.utilization import CpuProbe, GpuProbe, Sampler, make_probe, pinned_gpu
 
 
 def test_samples_round_trip_within_a_window_and_for_chosen_workers(database_url: str) -> None:
@@ -96,8 +96,9 @@ def test_sampler_outlives_an_unreachable_store(tmp_path: Path) -> None:
 
 
 def test_stop_without_a_store_returns_promptly(tmp_path: Path) -> None:
-    sampler = Sampler(f"sqlite:///{tmp_path / 'never.db'}", "cpu2@host", interval_s=0.02,
-                      probe_factory=CountingProbe).start()
+    sampler = Sampler(
+        f"sqlite:///{tmp_path / 'never.db'}", "cpu2@host", interval_s=0.02, probe_factory=CountingProbe
+    ).start()
     time.sleep(0.1)
     began = time.monotonic()
     sampler.stop()

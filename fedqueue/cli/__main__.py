@@ -1,5 +1,3 @@
-import sys
-
 from fedqueue.cli import main
 
-sys.exit(main())
+main()

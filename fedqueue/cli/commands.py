@@ -21,7 +21,9 @@ from fedqueue.errors import FedqueueError
 from fedqueue.fl.config import RunConfig, load_run_config, parse_override
 
 app = typer.Typer(
-    no_args_is_help=True, pretty_exceptions_enable=False, add_completion=False,
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    add_completion=False,
     help="Federated-learning rounds on a Redis queue with GPU-pinned Celery workers.",
 )
 # Piped output is not cut at 80 columns: tables and summaries stay one line per row.
@@ -95,8 +97,13 @@ def _follow(handle: Any, cluster: Any = None) -> dict[str, Any]:
 @app.command()
 @friendly_errors
 def run(
-    config: ConfigArg, set_: SetOpt = None, rounds: RoundsOpt = None, seed: SeedOpt = None,
-    procs: ProcsOpt = None, slots: SlotsOpt = 1, plugin_path: PluginPathOpt = None,
+    config: ConfigArg,
+    set_: SetOpt = None,
+    rounds: RoundsOpt = None,
+    seed: SeedOpt = None,
+    procs: ProcsOpt = None,
+    slots: SlotsOpt = 1,
+    plugin_path: PluginPathOpt = None,
 ) -> None:
     """Submit a run and follow it to the end. With no broker configured, start Redis and workers here."""
     from fedqueue import api
@@ -146,7 +153,9 @@ def _warn_if_no_workers(settings: Settings) -> None:
 @app.command()
 @friendly_errors
 def resume(
-    run_id: Annotated[str, typer.Argument(help="Run id.")], procs: ProcsOpt = None, slots: SlotsOpt = 1,
+    run_id: Annotated[str, typer.Argument(help="Run id.")],
+    procs: ProcsOpt = None,
+    slots: SlotsOpt = 1,
     plugin_path: PluginPathOpt = None,
 ) -> None:
     """Take over scheduling a run (after its scheduler died) and follow it to the end."""
@@ -173,7 +182,10 @@ def resume(
 @app.command()
 @friendly_errors
 def submit(
-    config: ConfigArg, set_: SetOpt = None, rounds: RoundsOpt = None, seed: SeedOpt = None,
+    config: ConfigArg,
+    set_: SetOpt = None,
+    rounds: RoundsOpt = None,
+    seed: SeedOpt = None,
     plugin_path: PluginPathOpt = None,
 ) -> None:
     """Enqueue a run on the configured broker, print its id and return."""
@@ -194,8 +206,8 @@ def submit(
 def status(run_id: Annotated[str, typer.Argument(help="Run id.")], json_: JsonOpt = False) -> None:
     """Show one run's progress, accuracy, workers and overlap of tasks."""
     from fedqueue.cli.follow import print_summary
-    from fedqueue.store import open_store
     from fedqueue.report.summary import run_summary
+    from fedqueue.store import open_store
 
     store = open_store(Settings.from_env().database_url)
     summary = run_summary(store, run_id)
@@ -262,18 +274,21 @@ def runs(json_: JsonOpt = False) -> None:
 
 
 JobsOpt = Annotated[
-    str | None, typer.Option("--jobs", help="Job kinds these workers serve, e.g. fl,llm (default: every installed kind).")
+    str | None,
+    typer.Option("--jobs", help="Job kinds these workers serve, e.g. fl,llm (default: every installed kind)."),
 ]
 
 
 @app.command()
 @friendly_errors
 def worker(
-    procs: ProcsOpt = None, slots: SlotsOpt = 1,
+    procs: ProcsOpt = None,
+    slots: SlotsOpt = 1,
     gpus: Annotated[
         str | None, typer.Option(help="GPUs to use, by index or UUID, e.g. 0,1 (default: all found).")
     ] = None,
-    plugin_path: PluginPathOpt = None, jobs: JobsOpt = None,
+    plugin_path: PluginPathOpt = None,
+    jobs: JobsOpt = None,
 ) -> None:
     """Start one worker process per GPU (or per core) on the configured broker; stop with Ctrl-C.
 
@@ -354,7 +369,3 @@ def _supervise(group: Any, what: str, services: Any) -> None:
 
 def main() -> None:
     app()
-
-
-if __name__ == "__main__":
-    sys.exit(main())

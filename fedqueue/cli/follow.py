@@ -9,8 +9,8 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from fedqueue.store import Store
 from fedqueue.report.summary import run_summary
+from fedqueue.store import Store
 
 
 def follow_run(
@@ -70,7 +70,8 @@ def print_summary(console: Console, summary: dict) -> None:
         accuracy = summary["accuracy"].get(index)
         loss = summary["loss"].get(index)
         table.add_row(
-            index, f"{seconds:.2f}",
+            index,
+            f"{seconds:.2f}",
             "" if accuracy is None else f"{accuracy:.4f}",
             "" if loss is None else f"{loss:.4f}",
         )

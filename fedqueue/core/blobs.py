@@ -12,8 +12,8 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
-from fedqueue.errors import BlobIntegrityError
 from fedqueue.core.codec import BlobRef
+from fedqueue.errors import BlobIntegrityError
 
 if TYPE_CHECKING:
     import redis
@@ -51,7 +51,8 @@ class RedisBlobStore:
         return _ref(key, data)
 
     def get(self, ref: BlobRef) -> bytes:
-        return _checked(ref, self._client.get(self._prefix + ref.key))
+        data: bytes | None = self._client.get(self._prefix + ref.key)  # type: ignore[assignment]
+        return _checked(ref, data)
 
     def delete(self, keys: Iterable[str]) -> None:
         names = [self._prefix + key for key in keys]

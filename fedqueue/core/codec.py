@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import math
 import re
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any
 
 from fedqueue.errors import FedqueueError
-
 
 _SHA256 = re.compile(r"[0-9a-f]{64}")
 INT_LIMIT = 2**31  # what the store's integer columns hold

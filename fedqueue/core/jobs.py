@@ -11,9 +11,10 @@ from __future__ import annotations
 import contextlib
 import threading
 from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from importlib.metadata import entry_points
-from typing import TYPE_CHECKING, Any, ContextManager, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from fedqueue.errors import ConfigError
 
@@ -59,7 +60,7 @@ class TaskHandler:
     give_up: Callable[[TaskContext, Any, int, str], None]
 
 
-def _no_scope(_settings: Settings) -> ContextManager[None]:
+def _no_scope(_settings: Settings) -> AbstractContextManager[None]:
     return contextlib.nullcontext()
 
 
@@ -75,7 +76,7 @@ class JobKind:
     repair: Callable[[Services, str], list[str]]
     new_cache: Callable[[], Any] = _no_cache
     # Process settings around each task of this kind (thread counts, deterministic kernels).
-    task_scope: Callable[[Settings], ContextManager[None]] = _no_scope
+    task_scope: Callable[[Settings], AbstractContextManager[None]] = _no_scope
     # Run once in a worker before it takes tasks (kernels, imports), where the kind needs it.
     warm_up: Callable[[Settings], None] | None = None
 

@@ -4,15 +4,16 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
-from typing import Any, ContextManager
+from typing import Any
 
 import redis
 
-from fedqueue.core.blobs import BlobStore, DirBlobStore, RedisBlobStore
 from fedqueue.config import Settings, mask_url
-from fedqueue.errors import ConfigError, ServiceUnavailable
+from fedqueue.core.blobs import BlobStore, DirBlobStore, RedisBlobStore
 from fedqueue.core.heartbeats import Heartbeats
+from fedqueue.errors import ConfigError, ServiceUnavailable
 from fedqueue.store import Store, open_store
 
 # Sends task messages (any kind's) to their queues; see `fedqueue.queue.publish`.
@@ -68,7 +69,7 @@ class Services:
             count, _, _ = pipe.execute()
         return int(count)
 
-    def heartbeat(self, task_key: str, worker: str) -> ContextManager[None]:
+    def heartbeat(self, task_key: str, worker: str) -> AbstractContextManager[None]:
         """Keep the running mark of a started task alive while the block runs.
 
         The mark expires `heartbeat_ttl_s` after its worker dies, which is how a scheduler
@@ -84,7 +85,8 @@ class Services:
     def _many(self, what: str, task_keys: Sequence[str]) -> list[bytes | None]:
         if not task_keys:
             return []
-        return list(self.redis.mget([self.key(what, task_key) for task_key in task_keys]))
+        values: list[bytes | None] = self.redis.mget([self.key(what, task_key) for task_key in task_keys])  # type: ignore[assignment]
+        return values
 
     def attempts_of(self, task_keys: Sequence[str]) -> dict[str, int]:
         return {key: int(value or 0) for key, value in zip(task_keys, self._many("attempts", task_keys))}

@@ -170,8 +170,12 @@ class Sampler:
             return
         self._buffer.append(
             Sample(
-                worker=self._worker, pid=self._pid, device_used=probe.device_used, sampled_at=time.time(),
-                utilization=utilization, memory_bytes=memory,
+                worker=self._worker,
+                pid=self._pid,
+                device_used=probe.device_used,
+                sampled_at=time.time(),
+                utilization=utilization,
+                memory_bytes=memory,
             )
         )
         del self._buffer[:-MAX_BUFFERED]

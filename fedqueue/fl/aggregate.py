@@ -95,10 +95,7 @@ def _local(device: int, state: Mapping[str, Tensor], name: str, like: Tensor) ->
         raise ValueError(f"device {device}'s update has no {name!r}")
     tensor = state[name]
     if tensor.shape != like.shape:
-        raise ValueError(
-            f"device {device}'s {name!r} has shape {tuple(tensor.shape)},"
-            f" expected {tuple(like.shape)}"
-        )
+        raise ValueError(f"device {device}'s {name!r} has shape {tuple(tensor.shape)}, expected {tuple(like.shape)}")
     return tensor
 
 
@@ -116,7 +113,8 @@ def fedavg(
     order, total = _order(updates)
     # float64 accumulation keeps low-precision weights from drifting through the sum.
     base = {
-        name: current.detach().to(torch.float64) for name, current in global_state.items()
+        name: current.detach().to(torch.float64)
+        for name, current in global_state.items()
         if current.is_floating_point()
     }
     delta = {name: torch.zeros_like(value) for name, value in base.items()}
@@ -134,7 +132,9 @@ def fedavg(
             elif rank == 0:
                 counters[name] = local.clone()
     return {
-        name: counters[name] if name not in base else (base[name] + global_lr * delta[name]).to(current.dtype).contiguous()
+        name: counters[name]
+        if name not in base
+        else (base[name] + global_lr * delta[name]).to(current.dtype).contiguous()
         for name, current in global_state.items()
     }
 

@@ -8,8 +8,16 @@ from pathlib import Path
 import numpy as np
 
 _LABEL_NAMES = [
-    "airplane", "automobile", "bird", "cat", "deer",
-    "dog", "frog", "horse", "ship", "truck",
+    "airplane",
+    "automobile",
+    "bird",
+    "cat",
+    "deer",
+    "dog",
+    "frog",
+    "horse",
+    "ship",
+    "truck",
 ]
 _TRAIN_BATCHES = 5
 _PIXELS = 3 * 32 * 32
@@ -43,9 +51,7 @@ def _write_batch(path: Path, label: str, data: np.ndarray, labels: np.ndarray) -
     )
 
 
-def write_cifar_batches(
-    root: str | Path, train_samples: int, test_samples: int, seed: int = 0
-) -> Path:
+def write_cifar_batches(root: str | Path, train_samples: int, test_samples: int, seed: int = 0) -> Path:
     """Write `root/cifar-10-batches-py/` in CIFAR-10's pickle layout and return that folder.
 
     Pass `root` (not the returned folder) as the dataset root. Training samples are

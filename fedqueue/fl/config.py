@@ -78,8 +78,14 @@ class RunConfig:
         return self.local_epochs
 
     def _check_rules(self) -> None:
-        for key in ("num_devices", "devices_per_round", "rounds", "local_batch_size", "eval_every",
-                    "min_devices_per_round"):
+        for key in (
+            "num_devices",
+            "devices_per_round",
+            "rounds",
+            "local_batch_size",
+            "eval_every",
+            "min_devices_per_round",
+        ):
             _positive(key, getattr(self, key))
         for key in ("local_iters", "local_epochs", "samples_per_device"):
             if getattr(self, key) is not None:
@@ -88,8 +94,7 @@ class RunConfig:
             raise ConfigError("local_iters: set either local_iters or local_epochs, not both")
         if self.devices_per_round > self.num_devices:
             raise ConfigError(
-                f"devices_per_round: {self.devices_per_round} selected is more than "
-                f"num_devices = {self.num_devices}"
+                f"devices_per_round: {self.devices_per_round} selected is more than num_devices = {self.num_devices}"
             )
         for kind in ("dataset", "model", "local_step", "aggregate"):
             name = getattr(self, kind)
@@ -142,7 +147,12 @@ _FIELD_TYPES: dict[str, tuple[tuple[type, ...], str, bool]] = {
     **{
         key: ((int,), "an integer", False)
         for key in (
-            "num_devices", "devices_per_round", "rounds", "local_batch_size", "eval_every", "seed",
+            "num_devices",
+            "devices_per_round",
+            "rounds",
+            "local_batch_size",
+            "eval_every",
+            "seed",
             "min_devices_per_round",
         )
     },
@@ -158,7 +168,7 @@ def _check_type(key: str, value: Any, spec: tuple[tuple[type, ...], str, bool]) 
     if isinstance(value, bool) or not isinstance(value, accepted):
         raise ConfigError(f"{key}: expected {type_name}, got {type(value).__name__} {value!r}")
     if float in accepted:
-        value = float(value)
+        value = float(value)  # type: ignore[arg-type]  # an int or a float: checked just above
         if value != value or value in (float("inf"), float("-inf")):
             raise ConfigError(f"{key}: expected a finite number, got {value!r}")
     return value

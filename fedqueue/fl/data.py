@@ -9,9 +9,9 @@ import functools
 import json
 import pickle
 import threading
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -79,13 +79,9 @@ class FederatedData:
     input_shape: tuple[int, ...]
 
 
-def _check_partition_args(
-    num_devices: int, scheme: str, alpha: float, cap: int | None
-) -> None:
+def _check_partition_args(num_devices: int, scheme: str, alpha: float, cap: int | None) -> None:
     if scheme not in PARTITIONS:
-        raise ConfigError(
-            f"partition: unknown partition {scheme!r} (choose from {', '.join(PARTITIONS)})"
-        )
+        raise ConfigError(f"partition: unknown partition {scheme!r} (choose from {', '.join(PARTITIONS)})")
     if num_devices < 1:
         raise ConfigError(f"num_devices: must be >= 1, got {num_devices}")
     if scheme == "dirichlet" and not alpha > 0:
@@ -94,9 +90,7 @@ def _check_partition_args(
         raise ConfigError(f"samples_per_device: must be >= 1, got {cap}")
 
 
-def _dirichlet_parts(
-    labels: np.ndarray, num_devices: int, alpha: float, rng: np.random.Generator
-) -> list[np.ndarray]:
+def _dirichlet_parts(labels: np.ndarray, num_devices: int, alpha: float, rng: np.random.Generator) -> list[np.ndarray]:
     buckets: list[list[np.ndarray]] = [[] for _ in range(num_devices)]
     for cls in np.unique(labels):
         members = rng.permutation(np.flatnonzero(labels == cls))
@@ -134,9 +128,7 @@ def partition_indices(
     _check_partition_args(num_devices, scheme, alpha, cap)
     labels = np.asarray(labels).reshape(-1)
     if len(labels) < num_devices:
-        raise DataError(
-            f"partition: {len(labels)} samples cannot give each of {num_devices} devices one"
-        )
+        raise DataError(f"partition: {len(labels)} samples cannot give each of {num_devices} devices one")
     rng = np.random.default_rng(seed)
     if scheme == "iid":
         parts = list(np.array_split(rng.permutation(len(labels)), num_devices))
@@ -148,9 +140,7 @@ def partition_indices(
     return tuple(np.ascontiguousarray(part, dtype=np.int64) for part in parts)
 
 
-def _stratified_split(
-    labels: np.ndarray, test_fraction: float, seed: int
-) -> tuple[np.ndarray, np.ndarray]:
+def _stratified_split(labels: np.ndarray, test_fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
     # Its own stream, so the split is not correlated with partition_indices(seed).
     rng = np.random.default_rng([seed, 1])
     train: list[np.ndarray] = []
@@ -195,13 +185,17 @@ def _read_cifar10(root: str, train: bool) -> TensorData:
     try:
         dataset: Any = _unchecked_cifar10()(root, train=train, download=False)
     except (
-        RuntimeError, OSError, EOFError, KeyError, IndexError, TypeError, ValueError,
+        RuntimeError,
+        OSError,
+        EOFError,
+        KeyError,
+        IndexError,
+        TypeError,
+        ValueError,
         pickle.UnpicklingError,
     ) as err:
         # torchvision's own message suggests download=True, which fedqueue never does.
-        raise DataError(
-            f"dataset root {root!r}: cifar-10-batches-py files missing or unreadable"
-        ) from err
+        raise DataError(f"dataset root {root!r}: cifar-10-batches-py files missing or unreadable") from err
     # One bulk conversion instead of torchvision's per-item PIL transforms.
     pixels = torch.from_numpy(np.ascontiguousarray(dataset.data))  # N, H, W, C uint8
     x = pixels.permute(0, 3, 1, 2).contiguous().to(torch.float32).div_(255.0)
@@ -256,9 +250,7 @@ def synthetic(request: DatasetRequest) -> LoadedDataset:
 
 def _validate(spec: DataSpec) -> None:
     if not is_valid_name("dataset", spec.dataset):
-        raise ConfigError(
-            f"dataset: unknown dataset {spec.dataset!r} (choose from {describe_choices('dataset')})"
-        )
+        raise ConfigError(f"dataset: unknown dataset {spec.dataset!r} (choose from {describe_choices('dataset')})")
     if spec.seed < 0:
         raise ConfigError(f"seed: must be >= 0, got {spec.seed}")
     _check_partition_args(spec.num_devices, spec.partition, spec.alpha, spec.samples_per_device)
@@ -268,8 +260,11 @@ def _build(spec: DataSpec) -> FederatedData:
     _validate(spec)
     loader = resolve("dataset", spec.dataset)
     request = DatasetRequest(
-        root=spec.root, seed=spec.seed, num_devices=spec.num_devices,
-        samples_per_device=spec.samples_per_device, options=spec.options,
+        root=spec.root,
+        seed=spec.seed,
+        num_devices=spec.num_devices,
+        samples_per_device=spec.samples_per_device,
+        options=spec.options,
     )
     loaded = loader(request)
     if not isinstance(loaded, LoadedDataset):
@@ -277,7 +272,11 @@ def _build(spec: DataSpec) -> FederatedData:
     train = loaded.train
     if loaded.partitions is None:
         parts = partition_indices(
-            train.y.numpy(), spec.num_devices, spec.partition, spec.alpha, spec.seed,
+            train.y.numpy(),
+            spec.num_devices,
+            spec.partition,
+            spec.alpha,
+            spec.seed,
             spec.samples_per_device,
         )
     else:
@@ -293,9 +292,7 @@ def _build(spec: DataSpec) -> FederatedData:
     )
 
 
-def _given_partitions(
-    spec: DataSpec, partitions: Sequence[Sequence[int]], train_size: int
-) -> tuple[np.ndarray, ...]:
+def _given_partitions(spec: DataSpec, partitions: Sequence[Sequence[int]], train_size: int) -> tuple[np.ndarray, ...]:
     """A loader's own split (natural per-user data), checked and capped like fedqueue's."""
     if len(partitions) != spec.num_devices:
         raise DataError(

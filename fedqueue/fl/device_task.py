@@ -63,9 +63,9 @@ def run_device_task(services: Services, cache: WorkerCache, task: DeviceTask, wo
 
     `attempt` numbers this delivery (1 for the first), as counted by `Services.start_attempt`.
     """
-    from fedqueue.fl.experiment import data_spec, resolve_plugins, train_config
     from fedqueue.fl.data import device_data, load_federated
     from fedqueue.fl.devices import device_label, torch_device
+    from fedqueue.fl.experiment import data_spec, resolve_plugins, train_config
     from fedqueue.fl.models import build_model
     from fedqueue.fl.seeding import task_seed
     from fedqueue.fl.train import train_local
@@ -92,9 +92,7 @@ def run_device_task(services: Services, cache: WorkerCache, task: DeviceTask, wo
 
     clock = time.perf_counter()
     seed = task_seed(config.seed, task.round_index, task.device)
-    outcome = train_local(
-        model, data, train_config(config), seed, torch_device(), plugins.local_step, plugins.options
-    )
+    outcome = train_local(model, data, train_config(config), seed, torch_device(), plugins.local_step, plugins.options)
     train_ms = _elapsed_ms(clock)
 
     clock = time.perf_counter()
@@ -103,11 +101,25 @@ def run_device_task(services: Services, cache: WorkerCache, task: DeviceTask, wo
 
     stored = services.store.record_device_result(
         DeviceResult(
-            run_id=task.run_id, round_index=task.round_index, device=task.device, state="done",
-            worker=worker, pid=os.getpid(), device_used=device_label()[:32], attempt=attempt,
-            enqueued_at=task.enqueued_at, started_at=started_at, finished_at=time.time(),
-            load_ms=load_ms, train_ms=train_ms, upload_ms=upload_ms, samples=outcome.samples,
-            loss=outcome.loss, update_key=ref.key, update_sha256=ref.sha256, update_nbytes=ref.nbytes,
+            run_id=task.run_id,
+            round_index=task.round_index,
+            device=task.device,
+            state="done",
+            worker=worker,
+            pid=os.getpid(),
+            device_used=device_label()[:32],
+            attempt=attempt,
+            enqueued_at=task.enqueued_at,
+            started_at=started_at,
+            finished_at=time.time(),
+            load_ms=load_ms,
+            train_ms=train_ms,
+            upload_ms=upload_ms,
+            samples=outcome.samples,
+            loss=outcome.loss,
+            update_key=ref.key,
+            update_sha256=ref.sha256,
+            update_nbytes=ref.nbytes,
         )
     )
     if stored is None:
@@ -126,10 +138,25 @@ def record_failure(
     now = time.time()
     stored = services.store.record_device_result(
         DeviceResult(
-            run_id=task.run_id, round_index=task.round_index, device=task.device, state="failed",
-            worker=worker, pid=os.getpid(), device_used=device_used[:32], attempt=attempts,
-            enqueued_at=task.enqueued_at, started_at=now, finished_at=now, load_ms=0.0, train_ms=0.0,
-            upload_ms=0.0, samples=0, loss=None, update_key=None, update_sha256=None, update_nbytes=None,
+            run_id=task.run_id,
+            round_index=task.round_index,
+            device=task.device,
+            state="failed",
+            worker=worker,
+            pid=os.getpid(),
+            device_used=device_used[:32],
+            attempt=attempts,
+            enqueued_at=task.enqueued_at,
+            started_at=now,
+            finished_at=now,
+            load_ms=0.0,
+            train_ms=0.0,
+            upload_ms=0.0,
+            samples=0,
+            loss=None,
+            update_key=None,
+            update_sha256=None,
+            update_nbytes=None,
             error=error[-4000:],
         )
     )

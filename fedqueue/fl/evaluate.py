@@ -10,9 +10,7 @@ from fedqueue.errors import DataError
 from fedqueue.fl.data import TensorData
 
 
-def evaluate(
-    model: nn.Module, data: TensorData, device: torch.device, batch_size: int = 1024
-) -> tuple[float, float]:
+def evaluate(model: nn.Module, data: TensorData, device: torch.device, batch_size: int = 1024) -> tuple[float, float]:
     """(accuracy in [0, 1], mean cross-entropy) over all of data."""
     count = len(data)
     if count == 0:

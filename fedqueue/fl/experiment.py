@@ -7,10 +7,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from fedqueue.errors import ConfigError, FedqueueError
+from fedqueue.fl.config import RunConfig
 from fedqueue.fl.data import DataSpec
 from fedqueue.fl.plugins import AggregateRule, LocalStep, check_options, resolve
 from fedqueue.fl.train import LocalTrainConfig
-from fedqueue.fl.config import RunConfig
 
 
 def data_spec(config: RunConfig) -> DataSpec:

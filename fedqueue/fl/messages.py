@@ -28,7 +28,11 @@ class DeviceTask:
         require_fields(
             raw,
             {
-                "run_id": str, "round_index": int, "device": int, "model": dict, "enqueued_at": (int, float),
+                "run_id": str,
+                "round_index": int,
+                "device": int,
+                "model": dict,
+                "enqueued_at": (int, float),
                 "round_size": int,
             },
             "task",

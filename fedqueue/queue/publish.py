@@ -31,9 +31,13 @@ def enqueue_with(app: Celery, settings: Settings) -> Enqueue:
             for message in messages:
                 handler = jobs.handler_for(message)
                 app.send_task(
-                    handler.name, args=[message.to_dict()], queue=settings.queue(handler.queue), producer=producer,
+                    handler.name,
+                    args=[message.to_dict()],
+                    queue=settings.queue(handler.queue),
+                    producer=producer,
                     # What Flower shows for the task; also spares Celery a repr of every message.
-                    argsrepr=message.label, kwargsrepr="{}",
+                    argsrepr=message.label,
+                    kwargsrepr="{}",
                 )
 
     def enqueue(messages: Sequence[Any]) -> None:

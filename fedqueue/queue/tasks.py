@@ -44,9 +44,7 @@ class WorkerState:
     def services(self) -> Services:
         with self._lock:
             if self._services is None:
-                self._services = open_services(
-                    self._settings, enqueue_with(self._app, self._settings), migrate=False
-                )
+                self._services = open_services(self._settings, enqueue_with(self._app, self._settings), migrate=False)
             return self._services
 
     def cache(self, kind: jobs.JobKind) -> Any:
@@ -68,7 +66,9 @@ def _requeue(reason: str) -> Reject:
     return Reject(reason, requeue=True)
 
 
-def _register(app: Celery, settings: Settings, state: WorkerState, kind: jobs.JobKind, handler: jobs.TaskHandler) -> None:
+def _register(
+    app: Celery, settings: Settings, state: WorkerState, kind: jobs.JobKind, handler: jobs.TaskHandler
+) -> None:
     @app.task(name=handler.name, bind=True, acks_late=True, ignore_result=True)
     def run_task(self: Task, raw: Any) -> None:
         try:
@@ -104,8 +104,13 @@ def _register(app: Celery, settings: Settings, state: WorkerState, kind: jobs.Jo
 
 
 def _after_failure(
-    task: Task, services: Services, settings: Settings, handler: jobs.TaskHandler, context: jobs.TaskContext,
-    message: Any, err: Exception,
+    task: Task,
+    services: Services,
+    settings: Settings,
+    handler: jobs.TaskHandler,
+    context: jobs.TaskContext,
+    message: Any,
+    err: Exception,
 ) -> None:
     """Retry a failed attempt, or store the failure once attempts are used up; never lose the message."""
     key = message.attempt_key

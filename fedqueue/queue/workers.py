@@ -22,7 +22,6 @@ from fedqueue.core import jobs
 from fedqueue.core.watchdog import TIMEOUT_EXIT_CODE
 from fedqueue.errors import ConfigError, ServiceUnavailable
 
-
 MAX_EARLY_EXITS = 5
 EARLY_EXIT_S = 10.0
 _PR_SET_PDEATHSIG = 1
@@ -86,10 +85,25 @@ def worker_queues(settings: Settings) -> list[str]:
 
 def worker_command(spec: WorkerSpec, settings: Settings, loglevel: str = "INFO") -> list[str]:
     return [
-        sys.executable, "-m", "celery", "-A", "fedqueue.queue.worker_app:app", "worker",
-        "--pool", "threads", "--concurrency", str(spec.slots), "--hostname", f"{spec.name}@%h",
-        "--queues", ",".join(worker_queues(settings)), "--task-events", "--without-mingle", "--without-gossip",
-        "--loglevel", loglevel,
+        sys.executable,
+        "-m",
+        "celery",
+        "-A",
+        "fedqueue.queue.worker_app:app",
+        "worker",
+        "--pool",
+        "threads",
+        "--concurrency",
+        str(spec.slots),
+        "--hostname",
+        f"{spec.name}@%h",
+        "--queues",
+        ",".join(worker_queues(settings)),
+        "--task-events",
+        "--without-mingle",
+        "--without-gossip",
+        "--loglevel",
+        loglevel,
     ]
 
 
@@ -112,9 +126,11 @@ class WorkerGroup:
     def _spawn(self, spec: WorkerSpec) -> subprocess.Popen[bytes]:
         self._started_at[spec.name] = time.monotonic()
         env = {
-            **os.environ, **self.settings.to_env(),
+            **os.environ,
+            **self.settings.to_env(),
             # PCI order: the index nvidia-smi and NVML print is the one CUDA uses.
-            "CUDA_DEVICE_ORDER": "PCI_BUS_ID", "CUDA_VISIBLE_DEVICES": spec.cuda_visible_devices,
+            "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
+            "CUDA_VISIBLE_DEVICES": spec.cuda_visible_devices,
         }
         output: IO[bytes] | None = None
         if self._log_dir is not None:
@@ -124,8 +140,12 @@ class WorkerGroup:
         # A session of its own: a Ctrl-C in the terminal reaches this launcher only, which
         # then decides between a warm and a cold stop. If the launcher dies, so does the worker.
         return subprocess.Popen(
-            worker_command(spec, self.settings), env=env, stdout=output, stderr=output,
-            start_new_session=True, preexec_fn=stop_when_parent_dies,
+            worker_command(spec, self.settings),
+            env=env,
+            stdout=output,
+            stderr=output,
+            start_new_session=True,
+            preexec_fn=stop_when_parent_dies,
         )
 
     def restart_exited(self) -> list[str]:
@@ -147,8 +167,7 @@ class WorkerGroup:
             self._early_exits[spec.name] = self._early_exits.get(spec.name, 0) + 1 if early else 0
             if self._early_exits[spec.name] >= MAX_EARLY_EXITS:
                 raise ServiceUnavailable(
-                    f"worker {spec.name} exited {MAX_EARLY_EXITS} times in a row right after starting"
-                    f"{self._log_hint()}"
+                    f"worker {spec.name} exited {MAX_EARLY_EXITS} times in a row right after starting{self._log_hint()}"
                 )
             self.processes[index] = self._spawn(spec)
             restarted.append(f"{spec.name} (exit code {process.returncode})")

@@ -49,10 +49,12 @@ def _table(headers: Sequence[str], rows: Sequence[Sequence[Any]], text_columns: 
         for index, name in enumerate(headers)
     )
     body = "".join(
-        "<tr>" + "".join(
+        "<tr>"
+        + "".join(
             f'<td class="text">{escape(str(cell))}</td>' if index in text_columns else f"<td>{escape(str(cell))}</td>"
             for index, cell in enumerate(row)
-        ) + "</tr>"
+        )
+        + "</tr>"
         for row in rows
     )
     return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
@@ -66,15 +68,21 @@ def _headline(report: dict[str, Any]) -> str:
         ("wall time", f"{_fmt(report['wall_s'], 2)} s"),
         ("slots", report["slots"]),
         ("parallel efficiency", _pct(report["parallel_efficiency"])),
-        ("device tasks", f"{report['tasks_done']} done, {report['tasks_failed']} failed, "
-                         f"{report['tasks_retried']} retried"),
+        (
+            "device tasks",
+            f"{report['tasks_done']} done, {report['tasks_failed']} failed, {report['tasks_retried']} retried",
+        ),
         ("tasks per second", _fmt(report["tasks_per_s"], 2)),
         ("task busy time", f"{_fmt(report['task_busy_s'], 2)} s (summed over slots)"),
     ]
-    return '<table class="headline">' + "".join(
-        f'<tr><td class="text">{escape(name)}</td><td class="text"><b>{escape(str(value))}</b></td></tr>'
-        for name, value in rows
-    ) + "</table>"
+    return (
+        '<table class="headline">'
+        + "".join(
+            f'<tr><td class="text">{escape(name)}</td><td class="text"><b>{escape(str(value))}</b></td></tr>'
+            for name, value in rows
+        )
+        + "</table>"
+    )
 
 
 def _breakdown(report: dict[str, Any]) -> str:
@@ -90,31 +98,68 @@ def _breakdown(report: dict[str, Any]) -> str:
         ("training (in tasks)", spent["train_s"], share(spent["train_s"])),
         ("upload of updates (in tasks)", spent["upload_s"], share(spent["upload_s"])),
         ("other work inside tasks", spent["task_other_s"], share(spent["task_other_s"])),
-        ("between tasks: result write, round check, ack, next fetch", spent["between_tasks_s"],
-         share(spent["between_tasks_s"])),
+        (
+            "between tasks: result write, round check, ack, next fetch",
+            spent["between_tasks_s"],
+            share(spent["between_tasks_s"]),
+        ),
         ("slots idle: nothing queued for them", spent["slots_idle_s"], share(spent["slots_idle_s"])),
         # Aggregation and evaluation run in one process while every slot waits: they cost slots x their time.
         ("of which aggregation (one process)", spent["aggregation_s"], share(spent["aggregation_s"] * slots)),
         ("of which evaluation (one process)", spent["evaluation_s"], share(spent["evaluation_s"] * slots)),
     ]
     table = _table(["where", "seconds", "share of slot time"], [(a, _fmt(b), c) for a, b, c in rows], (0,))
-    waits = (f"queue wait per task: mean {_fmt(spent['queue_wait_mean_s'])} s, "
-             f"max {_fmt(spent['queue_wait_max_s'])} s")
-    return table + f'<p class="note">{escape(waits)}. Slot time = wall time × slots; ' \
+    waits = f"queue wait per task: mean {_fmt(spent['queue_wait_mean_s'])} s, max {_fmt(spent['queue_wait_max_s'])} s"
+    return (
+        table + f'<p class="note">{escape(waits)}. Slot time = wall time × slots; '
         "task phases add up over slots running side by side.</p>"
+    )
 
 
 def _rounds(report: dict[str, Any]) -> str:
-    headers = ["round", "state", "selected", "done", "failed", "retried", "wall s", "queue wait s (mean)",
-               "load s", "train s", "upload s", "between tasks s", "slots idle s", "aggregation s", "evaluation s",
-               "efficiency", "tasks/s", "accuracy", "loss"]
+    headers = [
+        "round",
+        "state",
+        "selected",
+        "done",
+        "failed",
+        "retried",
+        "wall s",
+        "queue wait s (mean)",
+        "load s",
+        "train s",
+        "upload s",
+        "between tasks s",
+        "slots idle s",
+        "aggregation s",
+        "evaluation s",
+        "efficiency",
+        "tasks/s",
+        "accuracy",
+        "loss",
+    ]
     rows = [
-        (r["round"], r["state"], r["selected"], r["done"], r["failed"], r["retried"], _fmt(r["wall_s"]),
-         _fmt(r["time"]["queue_wait_mean_s"]), _fmt(r["time"]["load_s"]), _fmt(r["time"]["train_s"]),
-         _fmt(r["time"]["upload_s"]), _fmt(r["time"]["between_tasks_s"]), _fmt(r["time"]["slots_idle_s"]),
-         _fmt(r["time"]["aggregation_s"]),
-         _fmt(r["time"]["evaluation_s"]), _pct(r["parallel_efficiency"]), _fmt(r["tasks_per_s"], 1),
-         _fmt(r["accuracy"], 4), _fmt(r["loss"], 4))
+        (
+            r["round"],
+            r["state"],
+            r["selected"],
+            r["done"],
+            r["failed"],
+            r["retried"],
+            _fmt(r["wall_s"]),
+            _fmt(r["time"]["queue_wait_mean_s"]),
+            _fmt(r["time"]["load_s"]),
+            _fmt(r["time"]["train_s"]),
+            _fmt(r["time"]["upload_s"]),
+            _fmt(r["time"]["between_tasks_s"]),
+            _fmt(r["time"]["slots_idle_s"]),
+            _fmt(r["time"]["aggregation_s"]),
+            _fmt(r["time"]["evaluation_s"]),
+            _pct(r["parallel_efficiency"]),
+            _fmt(r["tasks_per_s"], 1),
+            _fmt(r["accuracy"], 4),
+            _fmt(r["loss"], 4),
+        )
         for r in report["rounds"]
     ]
     return _table(headers, rows, (1,))
@@ -122,27 +167,58 @@ def _rounds(report: dict[str, Any]) -> str:
 
 def _slowest(report: dict[str, Any]) -> str:
     rows = [
-        (s["round"], s["device"], s["worker"], s["pid"], s["device_used"], _fmt(s["seconds"]), _fmt(s["load_ms"], 1),
-         _fmt(s["train_ms"], 1), _fmt(s["upload_ms"], 1), s["attempt"])
+        (
+            s["round"],
+            s["device"],
+            s["worker"],
+            s["pid"],
+            s["device_used"],
+            _fmt(s["seconds"]),
+            _fmt(s["load_ms"], 1),
+            _fmt(s["train_ms"], 1),
+            _fmt(s["upload_ms"], 1),
+            s["attempt"],
+        )
         for s in report["slowest"]
     ]
-    headers = ["round", "device", "worker", "pid", "device used", "seconds", "load ms", "train ms", "upload ms",
-               "attempt"]
+    headers = [
+        "round",
+        "device",
+        "worker",
+        "pid",
+        "device used",
+        "seconds",
+        "load ms",
+        "train ms",
+        "upload ms",
+        "attempt",
+    ]
     return _table(headers, rows, (2, 4))
 
 
 def _utilization(report: dict[str, Any]) -> str:
     if not report["utilization"]:
-        return '<p class="note">No utilization samples for this run\'s workers yet ' \
+        return (
+            '<p class="note">No utilization samples for this run\'s workers yet '
             "(workers write them every few seconds).</p>"
+        )
     rows = [
-        (u["worker"], u["pid"], u["device_used"], u["samples"], _fmt(u["utilization_mean"], 1),
-         _fmt(u["utilization_p95"], 1), _bytes(u["memory_peak_bytes"]))
+        (
+            u["worker"],
+            u["pid"],
+            u["device_used"],
+            u["samples"],
+            _fmt(u["utilization_mean"], 1),
+            _fmt(u["utilization_p95"], 1),
+            _bytes(u["memory_peak_bytes"]),
+        )
         for u in report["utilization"]
     ]
     table = _table(["worker", "pid", "device", "samples", "mean %", "p95 %", "peak memory"], rows, (0, 2))
-    return table + '<p class="note">GPU: NVML utilization and board memory. CPU: the worker process\'s CPU % ' \
+    return (
+        table + '<p class="note">GPU: NVML utilization and board memory. CPU: the worker process\'s CPU % '
         "(100 = one core) and resident memory. One sample a second.</p>"
+    )
 
 
 def render_html(report: dict[str, Any]) -> str:

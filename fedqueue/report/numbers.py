@@ -14,9 +14,6 @@ from pathlib import Path
 from typing import Any
 
 from fedqueue.errors import ConfigError
-from fedqueue.store import Store
-from fedqueue.store.schema import DeviceTaskRow, RoundRow, RunRow
-from fedqueue.store.utilization import Sample, samples_between
 from fedqueue.report.timeline import (
     Lane,
     Span,
@@ -27,6 +24,9 @@ from fedqueue.report.timeline import (
     parallel_efficiency,
     percentile,
 )
+from fedqueue.store import Store
+from fedqueue.store.schema import DeviceTaskRow, RoundRow, RunRow
+from fedqueue.store.utilization import Sample, samples_between
 
 SLOTS_NOTE = (
     "slots = lanes observed: each worker process counts as many slots as its most tasks running at once"
@@ -37,9 +37,18 @@ TOP_SLOWEST = 5
 
 def span_of(row: DeviceTaskRow) -> Span:
     return Span(
-        round_index=row.round_index, device=row.device, worker=row.worker, pid=row.pid,
-        device_used=row.device_used, state=row.state, attempt=row.attempt, enqueued_at=row.enqueued_at,
-        started_at=row.started_at, finished_at=row.finished_at, load_ms=row.load_ms, train_ms=row.train_ms,
+        round_index=row.round_index,
+        device=row.device,
+        worker=row.worker,
+        pid=row.pid,
+        device_used=row.device_used,
+        state=row.state,
+        attempt=row.attempt,
+        enqueued_at=row.enqueued_at,
+        started_at=row.started_at,
+        finished_at=row.finished_at,
+        load_ms=row.load_ms,
+        train_ms=row.train_ms,
         upload_ms=row.upload_ms,
     )
 
@@ -122,8 +131,14 @@ def compute_report(data: RunData) -> dict[str, Any]:
         "rounds": [round_numbers(row, by_round.get(row.round_index, []), lanes, slots, now) for row in rounds],
         "slowest": slowest(done, TOP_SLOWEST),
         "lanes": [
-            {"worker": lane.worker, "pid": lane.pid, "device_used": lane.device_used, "slot": lane.slot,
-             "tasks": len(lane.spans), "busy_s": _round(sum(span.busy_s for span in lane.spans))}
+            {
+                "worker": lane.worker,
+                "pid": lane.pid,
+                "device_used": lane.device_used,
+                "slot": lane.slot,
+                "tasks": len(lane.spans),
+                "busy_s": _round(sum(span.busy_s for span in lane.spans)),
+            }
             for lane in lanes
         ],
         "utilization": utilization_summary(data.samples),
@@ -173,8 +188,13 @@ def round_numbers(
     busy_s = sum(span.busy_s for span in done)
     mine = {(span.round_index, span.device) for span in spans}
     round_lanes = [
-        Lane(lane.worker, lane.pid, lane.device_used, lane.slot,
-             tuple(span for span in lane.spans if (span.round_index, span.device) in mine))
+        Lane(
+            lane.worker,
+            lane.pid,
+            lane.device_used,
+            lane.slot,
+            tuple(span for span in lane.spans if (span.round_index, span.device) in mine),
+        )
         for lane in lanes
     ]
     return {
@@ -199,9 +219,18 @@ def round_numbers(
 def slowest(done: Sequence[Span], count: int) -> list[dict[str, Any]]:
     ranked = sorted(done, key=lambda span: (-span.busy_s, span.round_index, span.device))[:count]
     return [
-        {"round": span.round_index, "device": span.device, "worker": span.worker, "pid": span.pid,
-         "device_used": span.device_used, "seconds": _round(span.busy_s), "load_ms": _round(span.load_ms),
-         "train_ms": _round(span.train_ms), "upload_ms": _round(span.upload_ms), "attempt": span.attempt}
+        {
+            "round": span.round_index,
+            "device": span.device,
+            "worker": span.worker,
+            "pid": span.pid,
+            "device_used": span.device_used,
+            "seconds": _round(span.busy_s),
+            "load_ms": _round(span.load_ms),
+            "train_ms": _round(span.train_ms),
+            "upload_ms": _round(span.upload_ms),
+            "attempt": span.attempt,
+        }
         for span in ranked
     ]
 
@@ -214,13 +243,18 @@ def utilization_summary(samples: Sequence[Sample]) -> list[dict[str, Any]]:
     summary = []
     for (worker, pid, device_used), mine in sorted(grouped.items()):
         values = [sample.utilization for sample in mine]
-        summary.append({
-            "worker": worker, "pid": pid, "device_used": device_used, "samples": len(mine),
-            "kind": "gpu" if device_used.startswith("cuda") else "cpu",
-            "utilization_mean": _round(mean(values), 1),
-            "utilization_p95": _round(percentile(values, 95), 1),
-            "memory_peak_bytes": max(sample.memory_bytes for sample in mine),
-        })
+        summary.append(
+            {
+                "worker": worker,
+                "pid": pid,
+                "device_used": device_used,
+                "samples": len(mine),
+                "kind": "gpu" if device_used.startswith("cuda") else "cpu",
+                "utilization_mean": _round(mean(values), 1),
+                "utilization_p95": _round(percentile(values, 95), 1),
+                "memory_peak_bytes": max(sample.memory_bytes for sample in mine),
+            }
+        )
     return summary
 
 
@@ -240,11 +274,26 @@ def write_report(store: Store, run_id: str, out_dir: Path, now: float | None = N
     try:
         out_dir.mkdir(parents=True, exist_ok=True)
         name = f"run {run_id}" + (f" ({data.run.name})" if data.run.name else "")
-        plots.timeline(out_dir / "timeline.png", pack_lanes(data.spans), data.spans, data.rounds, data.samples,
-                       origin, end, title=f"{name}: device tasks per worker slot")
+        plots.timeline(
+            out_dir / "timeline.png",
+            pack_lanes(data.spans),
+            data.spans,
+            data.rounds,
+            data.samples,
+            origin,
+            end,
+            title=f"{name}: device tasks per worker slot",
+        )
         steps = concurrency_steps((span.started_at, span.finished_at) for span in done)
-        plots.concurrency(out_dir / "concurrency.png", steps, report["slots"], data.rounds, origin, end,
-                          title=f"{name}: tasks running at once")
+        plots.concurrency(
+            out_dir / "concurrency.png",
+            steps,
+            report["slots"],
+            data.rounds,
+            origin,
+            end,
+            title=f"{name}: tasks running at once",
+        )
         plots.accuracy(out_dir / "accuracy.png", data.rounds, title=f"{name}: accuracy and loss per round")
         (out_dir / "report.html").write_text(render_html(report), encoding="utf-8")
     except OSError as err:

@@ -14,10 +14,10 @@ from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
 
+from fedqueue.core.utilization import INTERVAL_S as SAMPLE_INTERVAL_S
+from fedqueue.report.timeline import Lane, Span
 from fedqueue.store.schema import RoundRow
 from fedqueue.store.utilization import Sample
-from fedqueue.report.timeline import Lane, Span
-from fedqueue.core.utilization import INTERVAL_S as SAMPLE_INTERVAL_S
 
 DPI = 110
 LANE_HEIGHT_IN = 0.42
@@ -90,16 +90,29 @@ def _round_marks(ax: Axes, rounds: Sequence[RoundRow], origin: float) -> None:
         if position % every_line == 0:
             ax.axvline(x, color="0.45", linestyle="--", linewidth=0.8, zorder=1)
             if row.aggregated_at is not None and every_line == 1:
-                ax.axvline(row.aggregated_at - origin, color=AGGREGATION_COLOUR, linestyle=":", linewidth=0.8,
-                           zorder=1)
+                ax.axvline(row.aggregated_at - origin, color=AGGREGATION_COLOUR, linestyle=":", linewidth=0.8, zorder=1)
         if position % every_label == 0:
-            ax.text(x, 1.005, f"r{row.round_index}", transform=ax.get_xaxis_transform(), fontsize=7,
-                    ha="left", va="bottom", color="0.3")
+            ax.text(
+                x,
+                1.005,
+                f"r{row.round_index}",
+                transform=ax.get_xaxis_transform(),
+                fontsize=7,
+                ha="left",
+                va="bottom",
+                color="0.3",
+            )
 
 
 def timeline(
-    path: Path, lanes: Sequence[Lane], spans: Sequence[Span], rounds: Sequence[RoundRow],
-    samples: Sequence[Sample], origin: float, end: float, title: str = "",
+    path: Path,
+    lanes: Sequence[Lane],
+    spans: Sequence[Span],
+    rounds: Sequence[RoundRow],
+    samples: Sequence[Sample],
+    origin: float,
+    end: float,
+    title: str = "",
 ) -> None:
     """One lane per worker slot, one bar per device task coloured by round, utilization under each worker."""
     rows = _rows(lanes, spans, samples)
@@ -115,8 +128,15 @@ def timeline(
         if row.samples:
             _utilization(ax, row.samples, origin, y)
         if row.failed:
-            ax.plot([span.finished_at - origin for span in row.failed], [y] * len(row.failed), linestyle="none",
-                    marker="x", color=FAILED_COLOUR, markersize=6, zorder=4)
+            ax.plot(
+                [span.finished_at - origin for span in row.failed],
+                [y] * len(row.failed),
+                linestyle="none",
+                marker="x",
+                color=FAILED_COLOUR,
+                markersize=6,
+                zorder=4,
+            )
     _round_marks(ax, rounds, origin)
     ax.set_yticks(range(len(rows)), [row.label for row in rows], fontsize=8)
     ax.set_ylim(len(rows) - 0.5, -0.5)  # first row on top
@@ -137,8 +157,14 @@ def _task_bars(ax: Axes, lane: Lane, colours: RoundColours, origin: float, y: in
     crowded = len(lane.spans) > 300
     for round_index, bars in by_round.items():
         colour = colours(round_index)
-        ax.broken_barh(bars, (y - 0.38, 0.76), facecolors=colour, edgecolor=colour if crowded else "white",
-                       linewidth=0.6 if crowded else 0.4, zorder=3)
+        ax.broken_barh(
+            bars,
+            (y - 0.38, 0.76),
+            facecolors=colour,
+            edgecolor=colour if crowded else "white",
+            linewidth=0.6 if crowded else 0.4,
+            zorder=3,
+        )
 
 
 def _aggregation_bars(ax: Axes, rounds: Sequence[RoundRow], origin: float, y: int) -> None:
@@ -165,8 +191,17 @@ def _utilization(ax: Axes, samples: Sequence[Sample], origin: float, y: int) -> 
         widths.append(sample.sampled_at - began)
         heights.append(-0.8 * min(max(sample.utilization, 0.0), 100.0) / 100.0)  # rows grow downwards
         previous = sample.sampled_at
-    ax.bar(lefts, heights, width=widths, bottom=bottom, align="edge", color=UTILIZATION_COLOUR, alpha=0.7,
-           linewidth=0, zorder=2)
+    ax.bar(
+        lefts,
+        heights,
+        width=widths,
+        bottom=bottom,
+        align="edge",
+        color=UTILIZATION_COLOUR,
+        alpha=0.7,
+        linewidth=0,
+        zorder=2,
+    )
     ax.axhline(bottom - 0.8, color="0.85", linewidth=0.5, zorder=1)
 
 
@@ -188,8 +223,13 @@ def _timeline_legend(figure: Figure, ax: Axes, colours: RoundColours, sampled: b
 
 
 def concurrency(
-    path: Path, steps: Sequence[tuple[float, int]], slots: int, rounds: Sequence[RoundRow], origin: float,
-    end: float, title: str = "",
+    path: Path,
+    steps: Sequence[tuple[float, int]],
+    slots: int,
+    rounds: Sequence[RoundRow],
+    origin: float,
+    end: float,
+    title: str = "",
 ) -> None:
     """Tasks running at each instant against the slots that could run them."""
     figure = Figure(figsize=(12, 3.6), dpi=DPI, layout="constrained")
@@ -202,7 +242,7 @@ def concurrency(
     _round_marks(ax, rounds, origin)
     ax.set_xlim(0, max(end - origin, 1e-3) * 1.01)
     ax.set_ylim(0, max([slots, *ys]) + 0.5)
-    ax.yaxis.get_major_locator().set_params(integer=True)
+    ax.yaxis.get_major_locator().set_params(integer=True)  # type: ignore[call-arg]  # a MaxNLocator
     ax.set_xlabel("seconds since the run was submitted")
     ax.set_ylabel("tasks running")
     ax.set_title(title or "tasks running at once", loc="left", fontsize=10, pad=14)
@@ -217,15 +257,27 @@ def accuracy(path: Path, rounds: Sequence[RoundRow], title: str = "") -> None:
     evaluated = [row for row in rounds if row.accuracy is not None]
     trained = [row for row in rounds if row.train_loss is not None]
     if evaluated:
-        left.plot([row.round_index for row in evaluated], [row.accuracy for row in evaluated], marker="o",
-                  color="#2ca02c")
-        right.plot([row.round_index for row in evaluated], [row.loss for row in evaluated], marker="o",
-                   color="#d62728", label="held-out loss")
+        left.plot(
+            [row.round_index for row in evaluated], [row.accuracy for row in evaluated], marker="o", color="#2ca02c"
+        )
+        right.plot(
+            [row.round_index for row in evaluated],
+            [row.loss for row in evaluated],
+            marker="o",
+            color="#d62728",
+            label="held-out loss",
+        )
     else:
         left.text(0.5, 0.5, "no round evaluated yet", ha="center", va="center", transform=left.transAxes)
     if trained:
-        right.plot([row.round_index for row in trained], [row.train_loss for row in trained], marker=".",
-                   linestyle="--", color="#ff7f0e", label="mean training loss")
+        right.plot(
+            [row.round_index for row in trained],
+            [row.train_loss for row in trained],
+            marker=".",
+            linestyle="--",
+            color="#ff7f0e",
+            label="mean training loss",
+        )
     if evaluated or trained:
         right.legend(fontsize=8, frameon=False)
     for ax, label in ((left, "accuracy (held out)"), (right, "loss")):

@@ -57,8 +57,11 @@ def run_summary(store: Store, run_id: str) -> dict[str, Any]:
         },
         "failures": [
             {
-                "round": task.round_index, "device": task.device, "worker": task.worker,
-                "attempts": task.attempt, "error": task.error,
+                "round": task.round_index,
+                "device": task.device,
+                "worker": task.worker,
+                "attempts": task.attempt,
+                "error": task.error,
             }
             for task in tasks
             if task.state != "done"

@@ -202,7 +202,7 @@ def open_store(url: str, *, migrate: bool = False) -> Store:
             _require_current_schema(engine, shown)
     except SQLAlchemyError as err:
         engine.dispose()
-        reason = str(err.orig if getattr(err, "orig", None) else err).strip().splitlines()[0]
+        reason = str(getattr(err, "orig", None) or err).strip().splitlines()[0]
         raise ServiceUnavailable(f"database {shown} is unreachable: {reason}") from None
     except FedqueueError:
         engine.dispose()

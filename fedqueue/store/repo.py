@@ -45,6 +45,11 @@ def retry_transient(method: F) -> F:
     return wrapper  # type: ignore[return-value]
 
 
+def _changed_one(result: Any) -> bool:
+    """An UPDATE or DELETE touched exactly one row (a CursorResult's rowcount; typed as a plain Result)."""
+    return int(result.rowcount) == 1
+
+
 @dataclass(frozen=True)
 class DeviceResult:
     """What a worker reports for one device task."""
@@ -86,7 +91,8 @@ class Store:
             update(RoundRow).where(*this_round).values(stored=RoundRow.stored + 1).returning(RoundRow.stored)
         )
         this_device = (
-            DeviceTaskRow.run_id == bindparam("run"), DeviceTaskRow.round_index == bindparam("round"),
+            DeviceTaskRow.run_id == bindparam("run"),
+            DeviceTaskRow.round_index == bindparam("round"),
             DeviceTaskRow.device == bindparam("device"),
         )
         self._rows_stored = select(func.count()).where(
@@ -104,14 +110,26 @@ class Store:
     # runs
 
     def create_run(
-        self, run_id: str, name: str, config: dict[str, Any], rounds_total: int, *, kind: str = "fl",
+        self,
+        run_id: str,
+        name: str,
+        config: dict[str, Any],
+        rounds_total: int,
+        *,
+        kind: str = "fl",
         broker_id: str | None = None,
     ) -> None:
         with self.session() as session, session.begin():
             session.add(
                 RunRow(
-                    id=run_id, kind=kind, name=name, config=config, state="running",
-                    rounds_total=rounds_total, created_at=time.time(), broker_id=broker_id,
+                    id=run_id,
+                    kind=kind,
+                    name=name,
+                    config=config,
+                    state="running",
+                    rounds_total=rounds_total,
+                    created_at=time.time(),
+                    broker_id=broker_id,
                 )
             )
 
@@ -152,7 +170,7 @@ class Store:
                 .where(RunRow.id == run_id, RunRow.state == "running")
                 .values(state=state, finished_at=time.time(), error=error)
             )
-        return result.rowcount == 1
+        return _changed_one(result)
 
     # rounds
 
@@ -191,15 +209,20 @@ class Store:
         with self.session() as session, session.begin():
             result = session.execute(
                 update(RoundRow)
-                .where(RoundRow.run_id == run_id, RoundRow.round_index == round_index,
-                       or_(RoundRow.state == "training", stale))
+                .where(
+                    RoundRow.run_id == run_id,
+                    RoundRow.round_index == round_index,
+                    or_(RoundRow.state == "training", stale),
+                )
                 .values(state="aggregating", claim_owner=owner, claimed_at=time.time())
             )
-        return result.rowcount == 1
+        return _changed_one(result)
 
     def _held(self, run_id: str, round_index: int, owner: str) -> tuple[Any, ...]:
         return (
-            RoundRow.run_id == run_id, RoundRow.round_index == round_index, RoundRow.state == "aggregating",
+            RoundRow.run_id == run_id,
+            RoundRow.round_index == round_index,
+            RoundRow.state == "aggregating",
             RoundRow.claim_owner == owner,
         )
 
@@ -210,7 +233,7 @@ class Store:
             result = session.execute(
                 update(RoundRow).where(*self._held(run_id, round_index, owner)).values(claimed_at=time.time())
             )
-        return result.rowcount == 1
+        return _changed_one(result)
 
     @retry_transient
     def unclaim_round(self, run_id: str, round_index: int, owner: str) -> None:
@@ -231,7 +254,7 @@ class Store:
             result = session.execute(
                 update(RunRow).where(RunRow.id == run_id, free).values(lease_owner=owner, lease_expires_at=now + ttl_s)
             )
-        return result.rowcount == 1
+        return _changed_one(result)
 
     @retry_transient
     def release_lease(self, run_id: str, owner: str) -> None:
@@ -248,11 +271,12 @@ class Store:
         with self.session() as session, session.begin():
             deleted = session.execute(
                 delete(DeviceTaskRow).where(
-                    DeviceTaskRow.run_id == run_id, DeviceTaskRow.round_index == round_index,
+                    DeviceTaskRow.run_id == run_id,
+                    DeviceTaskRow.round_index == round_index,
                     DeviceTaskRow.device == device,
                 )
             )
-            if deleted.rowcount:
+            if _changed_one(deleted):
                 session.execute(
                     update(RoundRow)
                     .where(RoundRow.run_id == run_id, RoundRow.round_index == round_index)
@@ -268,7 +292,7 @@ class Store:
                 .where(*self._held(run_id, round_index, owner))
                 .values(state=state, aggregated_at=time.time(), **metrics)
             )
-        return result.rowcount == 1
+        return _changed_one(result)
 
     # device tasks
 
@@ -300,7 +324,8 @@ class Store:
         with self.session() as session:
             found = session.scalar(
                 select(DeviceTaskRow.id).where(
-                    DeviceTaskRow.run_id == run_id, DeviceTaskRow.round_index == round_index,
+                    DeviceTaskRow.run_id == run_id,
+                    DeviceTaskRow.round_index == round_index,
                     DeviceTaskRow.device == device,
                 )
             )
@@ -324,8 +349,14 @@ class Store:
     def round_outcomes(self, run_id: str, round_index: int) -> list[Row[Any]]:
         """What aggregating a round needs of each result, by device: light rows, not ORM objects."""
         columns = (
-            DeviceTaskRow.device, DeviceTaskRow.state, DeviceTaskRow.samples, DeviceTaskRow.loss, DeviceTaskRow.error,
-            DeviceTaskRow.update_key, DeviceTaskRow.update_sha256, DeviceTaskRow.update_nbytes,
+            DeviceTaskRow.device,
+            DeviceTaskRow.state,
+            DeviceTaskRow.samples,
+            DeviceTaskRow.loss,
+            DeviceTaskRow.error,
+            DeviceTaskRow.update_key,
+            DeviceTaskRow.update_sha256,
+            DeviceTaskRow.update_nbytes,
         )
         query = (
             select(*columns)

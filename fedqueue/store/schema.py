@@ -7,7 +7,6 @@ from typing import Any
 from sqlalchemy import JSON, BigInteger, Float, ForeignKey, Integer, LargeBinary, String, Text, UniqueConstraint
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
-
 NAME_MAX = 200  # longest run name; the run config refuses longer ones
 # Byte sizes reach past 2 GiB: 64 bits on Postgres; SQLite's INTEGER already holds 64 bits.
 ByteSize = BigInteger().with_variant(Integer(), "sqlite")

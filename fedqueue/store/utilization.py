@@ -35,9 +35,7 @@ def samples_between(
     store: Store, start: float, end: float, workers: Collection[tuple[str, int]] | None = None
 ) -> list[Sample]:
     """Readings with start <= sampled_at <= end, oldest first; only these (worker, pid) pairs if given."""
-    query = select(UtilizationSample).where(
-        UtilizationSample.sampled_at >= start, UtilizationSample.sampled_at <= end
-    )
+    query = select(UtilizationSample).where(UtilizationSample.sampled_at >= start, UtilizationSample.sampled_at <= end)
     if workers is not None:
         if not workers:
             return []
@@ -48,8 +46,12 @@ def samples_between(
         found = session.scalars(query.order_by(UtilizationSample.sampled_at, UtilizationSample.id))
         return [
             Sample(
-                worker=row.worker, pid=row.pid, device_used=row.device_used, sampled_at=row.sampled_at,
-                utilization=row.utilization, memory_bytes=row.memory_bytes,
+                worker=row.worker,
+                pid=row.pid,
+                device_used=row.device_used,
+                sampled_at=row.sampled_at,
+                utilization=row.utilization,
+                memory_bytes=row.memory_bytes,
             )
             for row in found
             if wanted is None or (row.worker, row.pid) in wanted

@@ -28,7 +28,11 @@ def test_seed_is_the_same_in_another_process() -> None:
     code = "from fedqueue.fl.seeding import task_seed; print(task_seed(11, 3, 7))"
     env = {**os.environ, "PYTHONHASHSEED": "12345", "PYTHONPATH": str(REPO_ROOT)}
     out = subprocess.run(
-        [sys.executable, "-c", code], env=env, cwd=REPO_ROOT, capture_output=True, text=True,
+        [sys.executable, "-c", code],
+        env=env,
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
         check=True,
     )
     assert int(out.stdout.strip()) == task_seed(11, 3, 7)

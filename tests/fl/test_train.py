@@ -14,9 +14,7 @@ from fedqueue.fl.models import build_model, initial_state
 from fedqueue.fl.train import LocalTrainConfig, TrainOutcome, train_local
 
 CPU = torch.device("cpu")
-SGD = LocalTrainConfig(
-    local_iters=20, local_epochs=None, batch_size=16, optimizer="sgd", lr=0.05, momentum=0.9
-)
+SGD = LocalTrainConfig(local_iters=20, local_epochs=None, batch_size=16, optimizer="sgd", lr=0.05, momentum=0.9)
 
 
 def _digits() -> TensorData:
@@ -126,10 +124,7 @@ def test_state_is_a_detached_cpu_copy() -> None:
         for parameter in model.parameters():
             parameter.add_(1.0)
     assert not _same(outcome.state, model.state_dict())
-    assert all(
-        t.device.type == "cpu" and t.is_contiguous() and not t.requires_grad
-        for t in outcome.state.values()
-    )
+    assert all(t.device.type == "cpu" and t.is_contiguous() and not t.requires_grad for t in outcome.state.values())
 
 
 def test_bad_configs() -> None:

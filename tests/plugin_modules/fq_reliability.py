@@ -24,7 +24,9 @@ POISON_MARK = 1e9  # a pixel value no real image has
 
 
 def slow_step(
-    model: nn.Module, batch: tuple[torch.Tensor, torch.Tensor], global_state: Mapping[str, torch.Tensor],
+    model: nn.Module,
+    batch: tuple[torch.Tensor, torch.Tensor],
+    global_state: Mapping[str, torch.Tensor],
     options: Mapping[str, Any],
 ) -> torch.Tensor:
     """Cross-entropy after a pause: a task long enough to be killed, stopped or redelivered mid-way."""

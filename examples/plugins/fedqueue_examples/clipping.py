@@ -32,11 +32,13 @@ def validate_options(options: dict[str, Any]) -> None:
         raise ValueError(f"clip_norm must be a number > 0, got {clip_norm!r}")
 
 
-def clip_update(global_state: Mapping[str, Tensor], local: Mapping[str, Tensor], clip_norm: float) -> Mapping[str, Tensor]:
+def clip_update(
+    global_state: Mapping[str, Tensor], local: Mapping[str, Tensor], clip_norm: float
+) -> Mapping[str, Tensor]:
     """`local`, moved back towards `global_state` until its change has an L2 norm of at most `clip_norm`."""
     floating = [name for name, value in global_state.items() if value.is_floating_point()]
     squared = sum(float((local[name].double() - global_state[name].double()).pow(2).sum()) for name in floating)
-    norm = squared ** 0.5
+    norm = squared**0.5
     if norm <= clip_norm:
         return local
     scale = clip_norm / norm
@@ -58,4 +60,3 @@ def clipped_fedavg(
 
 
 clipped_fedavg.validate_options = validate_options  # type: ignore[attr-defined]
-

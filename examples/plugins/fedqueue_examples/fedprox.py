@@ -35,9 +35,7 @@ def fedprox_step(
     inputs, labels = batch
     loss = F.cross_entropy(model(inputs), labels)
     mu = float(options.get("mu", 0.0))
-    proximal = sum(
-        (parameter - global_state[name]).pow(2).sum() for name, parameter in model.named_parameters()
-    )
+    proximal = sum((parameter - global_state[name]).pow(2).sum() for name, parameter in model.named_parameters())
     return loss + (mu / 2) * proximal
 
 
