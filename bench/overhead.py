@@ -200,10 +200,9 @@ def breakdown(url: str, folder: Path, tasks: int) -> dict[str, Any]:
     from fedqueue.fl.device_task import WorkerCache, run_device_task
     from fedqueue.fl.devices import configure_determinism
     from fedqueue.fl.messages import DeviceTask
-    from fedqueue.fl.rounds import submit_run
+    from fedqueue.fl.rounds import aggregate_round, submit_run
     from fedqueue.fl.warmup import warm_up
     from fedqueue.queue.client import open_client
-    from fedqueue.store.repo import Store
 
     settings = Settings(
         broker_url=url, database_url=f"sqlite:///{folder / 'breakdown.db'}", key_prefix="bench-breakdown"
@@ -230,42 +229,26 @@ def breakdown(url: str, folder: Path, tasks: int) -> dict[str, Any]:
     timers = Timers()
     for owner, attribute, label in _timed_parts():
         timers.wrap(owner, attribute, label)
-    aggregation_s = 0.0
-    finish_round = device_task.finish_round
-    claim_round = Store.claim_round
-
-    def claim(*args: Any) -> bool:
-        timers.paused = True  # claimed: the rest of this finish_round aggregates the round
-        return claim_round(*args)
-
-    def finish(*args: Any) -> bool:
-        nonlocal aggregation_s
-        began = time.perf_counter()
-        try:
-            return finish_round(*args)
-        finally:
-            if timers.paused:
-                aggregation_s += time.perf_counter() - began
-                timers.paused = False
-
-    device_task.finish_round = finish
-    Store.claim_round = claim
+    # The last task would enqueue the round's aggregation; here it is timed apart, after the loop.
+    request_aggregation = device_task.request_aggregation
+    device_task.request_aggregation = lambda *args: True
     began = time.perf_counter()
     try:
         for message in messages:
             task = DeviceTask.from_dict(message)
-            attempt = services.start_attempt(task.run_id, task.round_index, task.device, "bench@local")
-            with services.heartbeat(task.run_id, task.round_index, task.device, "bench@local"):
+            attempt = services.start_attempt(task.attempt_key, "bench@local")
+            with services.heartbeat(task.attempt_key, "bench@local"):
                 run_device_task(services, cache, task, "bench@local", attempt)
     finally:
         total_s = time.perf_counter() - began
         timers.restore()
-        device_task.finish_round = finish_round
-        Store.claim_round = claim_round
+        device_task.request_aggregation = request_aggregation
+    began = time.perf_counter()
+    aggregate_round(services, run_id, 1, "bench@local")
+    aggregation_s = time.perf_counter() - began
     if services.store.get_run(run_id).state != "finished":
         raise RuntimeError("in-process breakdown run did not finish")
-    # The last task's finish_round also aggregated the round: kept apart from the per-task parts.
-    per_task_s = (total_s - aggregation_s) / tasks
+    per_task_s = total_s / tasks
     parts = {label: value / tasks for label, value in timers.seconds.items()}
     parts["other (message decode, load_state_dict, seeds, timing)"] = per_task_s - sum(parts.values())
     services.redis.delete(f"{settings.key_prefix}:{settings.queue('devices')}")

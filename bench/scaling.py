@@ -72,7 +72,7 @@ class PeakMemory:
 
 def scheduler_steps(url: str, folder: Path, devices: int) -> dict[str, float]:
     from fedqueue.fl.config import RunConfig
-    from fedqueue.fl.rounds import final_state, finish_round, submit_run, update_key
+    from fedqueue.fl.rounds import aggregate_round, final_state, submit_run, update_key
     from fedqueue.fl.weights import encode_state
     from fedqueue.queue.client import open_client
     from fedqueue.store.repo import DeviceResult
@@ -127,7 +127,7 @@ def scheduler_steps(url: str, folder: Path, devices: int) -> dict[str, float]:
 
     with PeakMemory() as finish_memory:
         began = time.perf_counter()
-        finish_round(services, run_id, 1)
+        aggregate_round(services, run_id, 1, "bench@local")
         finish_s = time.perf_counter() - began
     if services.store.get_run(run_id).state != "finished":
         raise RuntimeError(f"scheduler run for {devices} devices did not finish")
