@@ -88,6 +88,8 @@ class JobKind:
 
 _lock = threading.Lock()
 _kinds: dict[str, JobKind] = {}
+# Handlers by message class, filled by `register`: the publisher looks one up per message.
+_by_message_type: dict[type, TaskHandler] = {}
 _loaded = False
 
 
@@ -95,6 +97,7 @@ def register(kind: JobKind) -> None:
     """Add a kind (entry points do this for installed kinds; tests may add their own)."""
     with _lock:
         _kinds[kind.name] = kind
+        _by_message_type.update({handler.message_type: handler for handler in kind.handlers})
 
 
 def _load_entry_points() -> None:
@@ -141,7 +144,8 @@ def handlers() -> Iterator[tuple[JobKind, TaskHandler]]:
 
 def handler_for(message: object) -> TaskHandler:
     """The handler whose messages are of this message's class (what the publisher sends it as)."""
-    for _, handler in handlers():
-        if type(message) is handler.message_type:
-            return handler
-    raise LookupError(f"no job kind handles {type(message).__name__} messages")
+    _load_entry_points()
+    handler = _by_message_type.get(type(message))
+    if handler is None:
+        raise LookupError(f"no job kind handles {type(message).__name__} messages")
+    return handler
