@@ -59,6 +59,11 @@ def noop_config(devices: int) -> dict[str, Any]:
     return {**CONFIG, "name": f"overhead-{devices}", "num_devices": devices, "devices_per_round": devices, "rounds": 1}
 
 
+def last_trained(handle: Any) -> float:
+    """When the run's last device task finished."""
+    return max(t.finished_at for t in handle.store.task_timings(handle.id) if t.task_type == "train")
+
+
 def wait_drained(
     client: redis.Redis,
     queue_key: str,
@@ -148,11 +153,12 @@ def measure_fedqueue(url: str, client: redis.Redis, procs: int, tasks: int, fold
         drained_at = wait_drained(client, queue_key, unacked_key, alive=alive)
         wait_run(paused, cluster)
         drain_report = build_report(paused.store, paused.id)
-        last_finish = max(task.finished_at for task in paused.store.device_tasks(paused.id))
-        tasks_last = max(task.finished_at for task in handle.store.device_tasks(handle.id))
+        last_finish = last_trained(paused)
+        tasks_last = last_trained(handle)
     for report in (round_report, drain_report):
-        if report["state"] != "finished" or report["tasks_done"] != tasks:
-            raise RuntimeError(f"fedqueue run {report['id']} ended {report['state']} with {report['tasks_done']} tasks")
+        trained = report["tasks_by_type"].get("train", {}).get("done", 0)
+        if report["state"] != "finished" or trained != tasks:
+            raise RuntimeError(f"fedqueue run {report['id']} ended {report['state']} with {trained} device tasks")
     return {
         "round_rate": tasks / (done_at - enqueued_at),
         "round_rate_tasks_only": tasks / (tasks_last - enqueued_at),

@@ -72,10 +72,11 @@ class PeakMemory:
 
 def scheduler_steps(url: str, folder: Path, devices: int) -> dict[str, float]:
     from fedqueue.fl.config import RunConfig
+    from fedqueue.fl.messages import device_task_name
     from fedqueue.fl.rounds import aggregate_round, final_state, submit_run, update_key
     from fedqueue.fl.weights import encode_state
     from fedqueue.queue.client import open_client
-    from fedqueue.store.repo import DeviceResult
+    from fedqueue.store.repo import DeviceResult, TaskTiming
 
     settings = Settings(
         broker_url=url,
@@ -106,21 +107,27 @@ def scheduler_steps(url: str, folder: Path, devices: int) -> dict[str, float]:
                 device=device,
                 state="done",
                 worker="bench@local",
-                pid=os.getpid(),
-                device_used="cpu",
                 attempt=1,
-                enqueued_at=now,
-                started_at=now,
-                finished_at=now,
-                load_ms=0.0,
-                train_ms=0.0,
-                upload_ms=0.0,
                 samples=1,
                 loss=0.5,
                 update_key=ref.key,
                 update_sha256=ref.sha256,
                 update_nbytes=ref.nbytes,
-            )
+            ),
+            TaskTiming(
+                run_id=run_id,
+                kind="fl",
+                task_type="train",
+                task=device_task_name(1, device),
+                round_index=1,
+                state="done",
+                worker="bench@local",
+                device_used="cpu",
+                attempt=1,
+                enqueued_at=now,
+                started_at=now,
+                finished_at=now,
+            ),
         )
         store_s += time.perf_counter() - began
     check_s = store_s / devices

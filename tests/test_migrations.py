@@ -140,6 +140,13 @@ def test_upgrade_from_0004_keeps_every_row_and_fills_the_new_columns(fresh_url: 
             rounds = connection.execute(text("SELECT claim_owner, model_nbytes, stored FROM rounds")).all()
             connection.execute(text("UPDATE rounds SET model_nbytes = :big"), {"big": BIG})
             connection.execute(text("UPDATE device_tasks SET update_nbytes = :big"), {"big": BIG})
+            timings = connection.execute(
+                text(
+                    "SELECT run_id, kind, task_type, task, round_index, worker, pid, attempt, started_at, compute_ms"
+                    " FROM task_timings ORDER BY run_id, round_index, task"
+                )
+            ).all()
+            timing_columns = {column["name"] for column in inspect(connection).get_columns("device_tasks")}
         with store.engine.connect() as connection:
             big = connection.execute(text("SELECT MIN(model_nbytes) FROM rounds")).scalar_one()
             big_update = connection.execute(text("SELECT MIN(update_nbytes) FROM device_tasks")).scalar_one()
@@ -149,6 +156,14 @@ def test_upgrade_from_0004_keeps_every_row_and_fills_the_new_columns(fresh_url: 
     assert sorted(runs) == [("fl", None, "sched-1")] * 2
     assert sorted(rounds) == [(None, 1001, 2), (None, 1001, 2), (None, 1002, 2), (None, 1002, 2)]
     assert big == big_update == BIG
+    # 0006 moved each device task's timing to the shared table and left device_tasks its results.
+    assert timings == [
+        (run, "fl", "train", f"round {r} device {d}", r, "w1", 1, 1, 2.1, 2.0)
+        for run in ("run-a", "run-b")
+        for r in (1, 2)
+        for d in (0, 1)
+    ]
+    assert not {"pid", "started_at", "train_ms"} & timing_columns and {"worker", "attempt"} <= timing_columns
     assert revision_of(fresh_url) == head_revision()
 
 
@@ -163,7 +178,12 @@ def test_downgrade_to_0004_keeps_every_row(fresh_url: str) -> None:
         with engine.connect() as connection:
             return {table: count(connection, table) for table in ("runs", "rounds", "device_tasks", "checkpoints")}
 
+    def timings(engine: Engine) -> list[Any]:
+        with engine.connect() as connection:
+            return list(connection.execute(text("SELECT DISTINCT pid, started_at, train_ms FROM device_tasks")))
+
     assert on_engine(fresh_url, counts) == {"runs": 2, "rounds": 4, "device_tasks": 8, "checkpoints": 2}
+    assert on_engine(fresh_url, timings) == [(1, 2.1, 2.0)]  # the timings came back from task_timings
     assert not NEW_RUN_COLUMNS & column_names(fresh_url, "runs")
     assert "claim_owner" not in column_names(fresh_url, "rounds")
     assert revision_of(fresh_url) == OLD

@@ -48,9 +48,22 @@ def test_two_rounds_stored_aggregated_and_evaluated(backend_settings: Settings, 
     for task in tasks:
         assert task.state == "done" and task.attempt == 1
         assert task.worker.startswith("cpu") and "@" in task.worker
-        assert task.device_used == "cpu"
-        assert task.enqueued_at <= task.started_at <= task.finished_at
-        assert task.train_ms > 0 and task.samples > 0 and task.loss is not None
+        assert task.samples > 0 and task.loss is not None
+    # Every device task and every round's aggregation has its row in the shared timing table.
+    timings = store.task_timings(run_id)
+    assert sorted((t.task_type, t.round_index) for t in timings) == sorted(
+        [("aggregate", row.round_index) for row in rounds] + [("train", t.round_index) for t in tasks]
+    )
+    for timing in timings:
+        assert (timing.kind, timing.state, timing.device_used) == ("fl", "done", "cpu")
+        assert timing.enqueued_at <= timing.started_at <= timing.finished_at
+        assert timing.compute_ms > 0
+    aggregations = {t.round_index: t for t in timings if t.task_type == "aggregate"}
+    for row in rounds:
+        trained = [t for t in timings if t.task_type == "train" and t.round_index == row.round_index]
+        # The aggregation was enqueued once the round's last result was stored, and closed the round.
+        assert aggregations[row.round_index].enqueued_at >= max(t.finished_at for t in trained) - 0.01
+        assert row.aggregated_at is not None and aggregations[row.round_index].finished_at >= row.aggregated_at
     # What the workers aggregated equals the same experiment computed here with no queue.
     expected = reference_final_state(config)
     assert_same_weights(final_state(services.store, run_id), expected)

@@ -21,7 +21,7 @@ from fedqueue.report import RunData, build_report, compute_report, write_report
 from fedqueue.report.html import render_html
 from fedqueue.report.timeline import Span
 from fedqueue.store import Store, open_store
-from fedqueue.store.repo import DeviceResult
+from fedqueue.store.repo import TaskTiming
 from fedqueue.store.schema import RoundRow, RunRow
 from fedqueue.store.utilization import Sample, record_samples, samples_between
 from tests.conftest import running_workers
@@ -81,8 +81,8 @@ def task(
     enqueued: float = T0,
 ) -> Span:
     return Span(
+        task=f"round {round_index} device {device}",
         round_index=round_index,
-        device=device,
         worker=worker,
         pid=7,
         device_used="cpu",
@@ -92,7 +92,7 @@ def task(
         started_at=T0 + start,
         finished_at=T0 + finish,
         load_ms=100.0,
-        train_ms=600.0,
+        compute_ms=600.0,
         upload_ms=50.0,
     )
 
@@ -124,7 +124,7 @@ def test_round_numbers_of_a_run_still_going() -> None:
     assert first["wall_s"] == approx(4.0)
     assert first["parallel_efficiency"] == approx((1 + 1 + 2 + 1) / (4.0 * 2))
     assert first["tasks_per_s"] == approx(1.0)
-    assert first["time"]["train_s"] == approx(4 * 0.6)
+    assert first["time"]["compute_s"] == approx(4 * 0.6)
     assert first["time"]["load_s"] == approx(0.4) and first["time"]["upload_s"] == approx(0.2)
     assert first["time"]["aggregation_s"] == approx(0.1) and first["time"]["evaluation_s"] == approx(0.05)
     assert first["time"]["queue_wait_mean_s"] == approx((0.5 + 1.75 + 0.5 + 2.5) / 4)
@@ -139,7 +139,13 @@ def test_round_numbers_of_a_run_still_going() -> None:
 
 def test_slowest_devices_and_utilization() -> None:
     report = compute_report(example())
-    assert [(s["round"], s["device"]) for s in report["slowest"]] == [(2, 5), (1, 2), (1, 0), (1, 1), (1, 3)]
+    assert [s["task"] for s in report["slowest"]] == [
+        "round 2 device 5",
+        "round 1 device 2",
+        "round 1 device 0",
+        "round 1 device 1",
+        "round 1 device 3",
+    ]
     assert report["slowest"][0]["seconds"] == approx(3.0)
     (only,) = report["utilization"]
     assert (only["worker"], only["pid"], only["kind"], only["samples"]) == ("a@h", 7, "cpu", 10)
@@ -193,11 +199,13 @@ def filled_store(path: Path, rounds: int) -> tuple[Store, str]:
             worker, slot = divmod(device % 4, 2)
             began = enqueued + 0.01 + (device // 4) * 0.2 + slot * 0.05
             failed = index == 2 and device == 7
-            store.record_device_result(
-                DeviceResult(
+            store.record_timing(
+                TaskTiming(
                     run_id="hand",
+                    kind="fl",
+                    task_type="train",
+                    task=f"round {index} device {device}",
                     round_index=index,
-                    device=device,
                     state="failed" if failed else "done",
                     worker=f"cpu{worker}@host",
                     pid=100 + worker,
@@ -207,13 +215,8 @@ def filled_store(path: Path, rounds: int) -> tuple[Store, str]:
                     started_at=began,
                     finished_at=began if failed else began + 0.18,
                     load_ms=10.0,
-                    train_ms=150.0,
+                    compute_ms=150.0,
                     upload_ms=10.0,
-                    samples=10,
-                    loss=1.0,
-                    update_key=None,
-                    update_sha256=None,
-                    update_nbytes=None,
                     error="boom" if failed else None,
                 )
             )
@@ -299,21 +302,23 @@ def test_report_of_a_real_run_through_workers(settings: Settings, tmp_path: Path
     assert printed.returncode == 0, printed.stderr
     numbers = json.loads(printed.stdout)
     assert 0 < numbers["parallel_efficiency"] <= 1
-    assert numbers["slots"] == 2 and numbers["tasks_done"] == 24 and numbers["tasks_per_s"] > 0
+    assert numbers["slots"] == 2 and numbers["tasks_done"] == 27 and numbers["tasks_per_s"] > 0
+    # Device tasks and aggregations are read from the one timing table: 3 rounds of 8 devices, 3 aggregations.
+    assert numbers["tasks_by_type"] == {"aggregate": {"done": 3, "failed": 0}, "train": {"done": 24, "failed": 0}}
     for row in numbers["rounds"]:
         assert (row["selected"], row["done"], row["failed"]) == (8, 8, 0)
         assert 0 < row["parallel_efficiency"] <= 1
         assert set(row["time"]) >= {
             "queue_wait_mean_s",
             "load_s",
-            "train_s",
+            "compute_s",
             "upload_s",
             "aggregation_s",
             "evaluation_s",
         }
     seconds = [entry["seconds"] for entry in numbers["slowest"]]
     assert len(seconds) == 5 and seconds == sorted(seconds, reverse=True)
-    workers = {(task.worker, task.pid) for task in handle.store.device_tasks(handle.id)}
+    workers = {(task.worker, task.pid) for task in handle.store.task_timings(handle.id)}
     assert {(u["worker"], u["pid"]) for u in numbers["utilization"]} == workers
     for entry in numbers["utilization"]:
         assert entry["kind"] == "cpu" and entry["samples"] >= 2

@@ -22,12 +22,13 @@ from alembic.script import ScriptDirectory
 from sqlalchemy import Column, Integer, MetaData, func, inspect, select
 
 from fedqueue.errors import ConfigError, NotFound, ServiceUnavailable
+from fedqueue.fl.messages import device_task_name
 from fedqueue.store import Store, open_store
 from fedqueue.store.db import MIGRATIONS, make_engine
-from fedqueue.store.repo import DeviceResult
+from fedqueue.store.repo import DeviceResult, TaskTiming
 from fedqueue.store.schema import Base, CheckpointRow, RoundRow
 
-TABLES = {"runs", "rounds", "device_tasks", "checkpoints"}
+TABLES = {"runs", "rounds", "task_timings", "device_tasks", "checkpoints"}
 
 
 @pytest.fixture
@@ -57,12 +58,31 @@ def round_row(run_id: str, round_index: int, state: str = "training") -> RoundRo
     )
 
 
-def device_result(run_id: str, round_index: int, device: int, worker: str = "w1", **overrides: object) -> DeviceResult:
+def device_result(
+    run_id: str, round_index: int, device: int, worker: str = "w1", **overrides: object
+) -> tuple[DeviceResult, TaskTiming]:
+    """A device's result and its timing, as a worker stores them; overrides go to whichever has the field."""
     now = time.time()
     result = DeviceResult(
         run_id=run_id,
         round_index=round_index,
         device=device,
+        state="done",
+        worker=worker,
+        attempt=1,
+        samples=10 + device,
+        loss=0.5 + device,
+        # One key per delivery, as workers make them: the key tells a retry of this delivery from another one.
+        update_key=f"{run_id}/update/{round_index}/{device}/{worker}",
+        update_sha256="b" * 64,
+        update_nbytes=64,
+    )
+    timing = TaskTiming(
+        run_id=run_id,
+        kind="fl",
+        task_type="train",
+        task=device_task_name(round_index, device),
+        round_index=round_index,
         state="done",
         worker=worker,
         pid=1234,
@@ -72,16 +92,12 @@ def device_result(run_id: str, round_index: int, device: int, worker: str = "w1"
         started_at=now + 0.1,
         finished_at=now + 0.5,
         load_ms=1.5,
-        train_ms=20.25,
+        compute_ms=20.25,
         upload_ms=2.0,
-        samples=10 + device,
-        loss=0.5 + device,
-        # One key per delivery, as workers make them: the key tells a retry of this delivery from another one.
-        update_key=f"{run_id}/update/{round_index}/{device}/{worker}",
-        update_sha256="b" * 64,
-        update_nbytes=64,
     )
-    return replace(result, **overrides)  # type: ignore[arg-type]
+    mine = {name: value for name, value in overrides.items() if name in DeviceResult.__dataclass_fields__}
+    timed = {name: value for name, value in overrides.items() if name in TaskTiming.__dataclass_fields__}
+    return replace(result, **mine), replace(timing, **timed)  # type: ignore[arg-type]
 
 
 def head_revision() -> str | None:
@@ -293,13 +309,13 @@ def test_a_retry_after_a_lost_commit_acknowledgement_knows_the_row_is_its_own(st
     run_id = new_run(store)
     store.add_round(round_row(run_id, 1))
     mine = device_result(run_id, 1, 3, worker="first")
-    assert store.record_device_result(mine) == 1
-    assert store.record_device_result(mine) == 1  # the retry: same update key, counted once
-    assert store.record_device_result(device_result(run_id, 1, 1, worker="first")) == 2
-    assert store.record_device_result(device_result(run_id, 1, 3, worker="second")) is None
+    assert store.record_device_result(*mine) == 1
+    assert store.record_device_result(*mine) == 1  # the retry: same update key, counted once
+    assert store.record_device_result(*device_result(run_id, 1, 1, worker="first")) == 2
+    assert store.record_device_result(*device_result(run_id, 1, 3, worker="second")) is None
     row = store.get_round(run_id, 1)
     assert row is not None and row.stored == 2
-    assert [task.update_key for task in store.device_tasks(run_id, 1) if task.device == 3] == [mine.update_key]
+    assert [task.update_key for task in store.device_tasks(run_id, 1) if task.device == 3] == [mine[0].update_key]
 
 
 def test_claim_round_from_many_threads_has_one_winner(store: Store) -> None:
@@ -325,21 +341,42 @@ def test_record_device_result_stores_once_keeping_first(store: Store) -> None:
     """A repeated (run, round, device) is not stored again and does not overwrite the first row."""
     run_id = new_run(store)
     assert not store.has_result(run_id, 1, 4)
-    assert store.record_device_result(device_result(run_id, 1, 4, worker="first", loss=0.25)) == 1
-    assert store.record_device_result(device_result(run_id, 1, 4, worker="second", loss=9.0, pid=99)) is None
+    assert store.record_device_result(*device_result(run_id, 1, 4, worker="first", loss=0.25)) == 1
+    assert store.record_device_result(*device_result(run_id, 1, 4, worker="second", loss=9.0, pid=99)) is None
     assert store.has_result(run_id, 1, 4)
     assert not store.has_result(run_id, 1, 5)
     assert not store.has_result(run_id, 2, 4)
     assert store.count_done(run_id, 1) == 1
     (row,) = store.device_tasks(run_id, 1)
-    assert (row.worker, row.loss, row.pid) == ("first", 0.25, 1234)
+    assert (row.worker, row.loss) == ("first", 0.25)
+    (timing,) = store.task_timings(run_id, 1)
+    assert (timing.worker, timing.pid) == ("first", 1234)  # the duplicate's timing (pid 99) was not stored
+
+
+def test_a_task_timing_is_its_latest_delivery_and_every_kind_shares_the_table(store: Store) -> None:
+    """A retried task (an aggregation that failed, then ran) keeps one timing row: the later one.
+
+    Other kinds' tasks, with no round, sit in the same table and come back in start order.
+    """
+    run_id = new_run(store)
+    _, timing = device_result(run_id, 1, 0)
+    failed = replace(timing, task_type="aggregate", task="round 1 aggregation", state="failed", error="boom")
+    store.record_timing(failed)
+    store.record_timing(replace(failed, state="done", attempt=2, error=None, started_at=timing.started_at + 1))
+    store.record_timing(replace(timing, kind="llm", task_type="generate", task="batch 4", round_index=None))
+    rows = store.task_timings(run_id)
+    assert [(row.task, row.kind, row.state, row.attempt, row.error) for row in rows] == [
+        ("batch 4", "llm", "done", 1, None),
+        ("round 1 aggregation", "fl", "done", 2, None),
+    ]
+    assert [row.task for row in store.task_timings(run_id, 1)] == ["round 1 aggregation"]
 
 
 def test_device_tasks_ordered_and_counted(store: Store) -> None:
     """device_tasks lists by round then device; count_done counts one round's rows."""
     run_id = new_run(store)
     for round_index, device in [(2, 7), (1, 5), (1, 1), (2, 0), (1, 3)]:
-        assert store.record_device_result(device_result(run_id, round_index, device))
+        assert store.record_device_result(*device_result(run_id, round_index, device))
     assert [row.device for row in store.device_tasks(run_id, 1)] == [1, 3, 5]
     assert [row.device for row in store.device_tasks(run_id, 2)] == [0, 7]
     assert [(row.round_index, row.device) for row in store.device_tasks(run_id)] == [
@@ -353,9 +390,12 @@ def test_device_tasks_ordered_and_counted(store: Store) -> None:
     assert store.count_done(run_id, 2) == 2
     assert store.count_done(run_id, 3) == 0
     stored = store.device_tasks(run_id, 1)[0]
-    expected = device_result(run_id, 1, 1)
+    expected, expected_timing = device_result(run_id, 1, 1)
     assert stored.samples == expected.samples and stored.update_key == expected.update_key
-    assert stored.train_ms == expected.train_ms and stored.state == "done"
+    assert stored.state == "done"
+    timing = next(row for row in store.task_timings(run_id) if row.task == expected_timing.task)
+    assert (timing.compute_ms, timing.kind, timing.task_type) == (expected_timing.compute_ms, "fl", "train")
+    assert len(store.task_timings(run_id)) == 5 and len(store.task_timings(run_id, 2)) == 2
 
 
 def test_concurrent_threads_lose_no_result(store: Store) -> None:
@@ -367,7 +407,7 @@ def test_concurrent_threads_lose_no_result(store: Store) -> None:
     def write(worker: int) -> list[bool]:
         barrier.wait(timeout=30)
         return [
-            store.record_device_result(device_result(run_id, 1, worker * per_thread + i, worker=f"t{worker}"))
+            store.record_device_result(*device_result(run_id, 1, worker * per_thread + i, worker=f"t{worker}"))
             for i in range(per_thread)
         ]
 
@@ -386,7 +426,7 @@ def _record_in_child(url: str, run_id: str, worker: int, per_worker: int, start_
         stored = 0
         for i in range(per_worker):
             stored += (
-                child.record_device_result(device_result(run_id, 1, worker * per_worker + i, worker=f"p{worker}"))
+                child.record_device_result(*device_result(run_id, 1, worker * per_worker + i, worker=f"p{worker}"))
                 is not None
             )
         return stored
@@ -416,12 +456,12 @@ def test_round_counts_its_stored_results_once_each(store: Store) -> None:
     run_id = new_run(store)
     store.add_round(round_row(run_id, 1))
     store.add_round(round_row(run_id, 2))
-    assert [store.record_device_result(device_result(run_id, 1, device)) for device in (3, 1)] == [1, 2]
-    assert store.record_device_result(device_result(run_id, 1, 3, worker="again")) is None
-    assert store.record_device_result(device_result(run_id, 2, 3)) == 1  # rounds count apart
+    assert [store.record_device_result(*device_result(run_id, 1, device)) for device in (3, 1)] == [1, 2]
+    assert store.record_device_result(*device_result(run_id, 1, 3, worker="again")) is None
+    assert store.record_device_result(*device_result(run_id, 2, 3)) == 1  # rounds count apart
     store.delete_result(run_id, 1, 3)
     store.delete_result(run_id, 1, 3)  # a repeated delete uncounts nothing more
-    assert store.record_device_result(device_result(run_id, 1, 2, state="failed")) == 2
+    assert store.record_device_result(*device_result(run_id, 1, 2, state="failed")) == 2
     assert store.get_round(run_id, 1).stored == store.count_done(run_id, 1) == 2
 
 
@@ -435,7 +475,7 @@ def test_concurrent_threads_count_each_result_once(store: Store) -> None:
     def write(worker: int) -> list[int | None]:
         barrier.wait(timeout=30)
         return [
-            store.record_device_result(device_result(run_id, 1, worker * per_thread + i)) for i in range(per_thread)
+            store.record_device_result(*device_result(run_id, 1, worker * per_thread + i)) for i in range(per_thread)
         ]
 
     with ThreadPoolExecutor(threads) as pool:

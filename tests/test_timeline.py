@@ -30,8 +30,8 @@ def span(
     enqueued: float = 0.0,
 ) -> Span:
     return Span(
+        task=f"round {round_index} device {device}",
         round_index=round_index,
-        device=device,
         worker=worker,
         pid=pid,
         device_used="cpu",
@@ -48,7 +48,7 @@ def test_overlapping_tasks_of_one_worker_get_separate_lanes_and_touching_ones_sh
     lanes = pack_lanes(spans)
     assert [lane.slot for lane in lanes] == [0, 1]
     # Greedy by start: 0 and 2 (touching at t=2) share lane 0, 1 and 3 share lane 1.
-    assert [[s.device for s in lane.spans] for lane in lanes] == [[0, 2], [1, 3]]
+    assert [[s.task[-1] for s in lane.spans] for lane in lanes] == [["0", "2"], ["1", "3"]]
 
 
 def test_each_worker_process_has_its_own_lanes_and_failed_tasks_take_none() -> None:
@@ -82,7 +82,7 @@ def test_lanes_are_as_few_as_the_peak_overlap_and_never_overlap_inside(pairs: li
         for index, (start, finish) in enumerate(pairs)
     ]
     lanes = pack_lanes(spans)
-    assert sorted(s.device for lane in lanes for s in lane.spans) == list(range(len(spans)))
+    assert sorted(s.task for lane in lanes for s in lane.spans) == sorted(s.task for s in spans)
     for lane in lanes:
         assert all(before.finished_at <= after.started_at for before, after in zip(lane.spans, lane.spans[1:]))
     for worker in {s.worker for s in spans}:

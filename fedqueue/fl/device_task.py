@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import os
 import threading
 import time
 from collections import OrderedDict
@@ -15,6 +14,7 @@ from fedqueue.errors import BlobIntegrityError
 from fedqueue.fl.config import RunConfig
 from fedqueue.fl.messages import DeviceTask
 from fedqueue.fl.rounds import request_aggregation, update_key
+from fedqueue.fl.timing import task_timing
 from fedqueue.fl.weights import decode_state, encode_state
 from fedqueue.store.repo import DeviceResult
 
@@ -99,29 +99,22 @@ def run_device_task(services: Services, cache: WorkerCache, task: DeviceTask, wo
     ref = services.blobs.put(update_key(task.run_id, task.round_index, task.device), encode_state(outcome.state))
     upload_ms = _elapsed_ms(clock)
 
-    stored = services.store.record_device_result(
-        DeviceResult(
-            run_id=task.run_id,
-            round_index=task.round_index,
-            device=task.device,
-            state="done",
-            worker=worker,
-            pid=os.getpid(),
-            device_used=device_label()[:32],
-            attempt=attempt,
-            enqueued_at=task.enqueued_at,
-            started_at=started_at,
-            finished_at=time.time(),
-            load_ms=load_ms,
-            train_ms=train_ms,
-            upload_ms=upload_ms,
-            samples=outcome.samples,
-            loss=outcome.loss,
-            update_key=ref.key,
-            update_sha256=ref.sha256,
-            update_nbytes=ref.nbytes,
-        )
+    result = DeviceResult(
+        run_id=task.run_id,
+        round_index=task.round_index,
+        device=task.device,
+        state="done",
+        worker=worker,
+        attempt=attempt,
+        samples=outcome.samples,
+        loss=outcome.loss,
+        update_key=ref.key,
+        update_sha256=ref.sha256,
+        update_nbytes=ref.nbytes,
     )
+    phases = {"load_ms": load_ms, "compute_ms": train_ms, "upload_ms": upload_ms}
+    timing = task_timing(task, "done", worker, attempt, device_label(), started_at, **phases)
+    stored = services.store.record_device_result(result, timing)
     if stored is None:
         # Another delivery of this task stored first; its update is the one that counts.
         services.blobs.delete([ref.key])
@@ -135,31 +128,17 @@ def record_failure(
     services: Services, task: DeviceTask, worker: str, attempts: int, error: str, device_used: str = "-"
 ) -> None:
     """Store a device that failed every attempt, so its round can still close."""
-    now = time.time()
-    stored = services.store.record_device_result(
-        DeviceResult(
-            run_id=task.run_id,
-            round_index=task.round_index,
-            device=task.device,
-            state="failed",
-            worker=worker,
-            pid=os.getpid(),
-            device_used=device_used[:32],
-            attempt=attempts,
-            enqueued_at=task.enqueued_at,
-            started_at=now,
-            finished_at=now,
-            load_ms=0.0,
-            train_ms=0.0,
-            upload_ms=0.0,
-            samples=0,
-            loss=None,
-            update_key=None,
-            update_sha256=None,
-            update_nbytes=None,
-            error=error[-4000:],
-        )
+    result = DeviceResult(
+        run_id=task.run_id,
+        round_index=task.round_index,
+        device=task.device,
+        state="failed",
+        worker=worker,
+        attempt=attempts,
+        error=error[-4000:],
     )
+    timing = task_timing(task, "failed", worker, attempts, device_used, time.time(), error=result.error)
+    stored = services.store.record_device_result(result, timing)
     if stored is not None:
         _close_round_if_last(services, task, stored)
 

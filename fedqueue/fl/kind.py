@@ -3,15 +3,17 @@
 from __future__ import annotations
 
 import contextlib
+import time
 import uuid
 from collections.abc import Iterator
 
 from fedqueue.config import Settings
 from fedqueue.core.jobs import CONTROL_QUEUE, JobKind, TaskContext, TaskHandler
 from fedqueue.fl.device_task import WorkerCache, record_failure, run_device_task
-from fedqueue.fl.messages import AggregateTask, DeviceTask
+from fedqueue.fl.messages import KIND_NAME, AggregateTask, DeviceTask
 from fedqueue.fl.repair import reconcile
 from fedqueue.fl.rounds import aggregate_round, fail_aggregation
+from fedqueue.fl.timing import task_timing
 
 TRAIN_DEVICE = "fedqueue.train_device"
 AGGREGATE_ROUND = "fedqueue.aggregate_round"
@@ -29,13 +31,26 @@ def _device_failed(context: TaskContext, task: DeviceTask, attempts: int, error:
 
 
 def _aggregate(context: TaskContext, task: AggregateTask) -> None:
+    from fedqueue.fl.devices import device_label
+
     # A claim names this delivery, so a worker that lost its claim can never finish the round.
     owner = f"{context.worker}#{uuid.uuid4().hex[:8]}"
-    aggregate_round(context.services, task.run_id, task.round_index, owner)
+    started_at = time.time()
+    if aggregate_round(context.services, task.run_id, task.round_index, owner):
+        took_ms = (time.time() - started_at) * 1000
+        timing = task_timing(
+            task, "done", context.worker, context.attempt, device_label(), started_at, compute_ms=took_ms
+        )
+        context.services.store.record_timing(timing)
 
 
 def _aggregation_failed(context: TaskContext, task: AggregateTask, attempts: int, error: str) -> None:
+    from fedqueue.fl.devices import device_label
+
     fail_aggregation(context.services, task.run_id, task.round_index, attempts, error)
+    now = time.time()
+    timing = task_timing(task, "failed", context.worker, attempts, device_label(), now, error=error[-4000:])
+    context.services.store.record_timing(timing)
 
 
 @contextlib.contextmanager
@@ -63,7 +78,7 @@ def _warm_up(settings: Settings) -> None:
 
 
 KIND = JobKind(
-    name="fl",
+    name=KIND_NAME,
     handlers=(
         TaskHandler(TRAIN_DEVICE, DEVICES_QUEUE, DeviceTask, _train, _device_failed),
         TaskHandler(AGGREGATE_ROUND, CONTROL_QUEUE, AggregateTask, _aggregate, _aggregation_failed),

@@ -8,6 +8,8 @@ from typing import Any
 
 from fedqueue.core.codec import INT_LIMIT, BlobRef, MessageError, require_fields
 
+KIND_NAME = "fl"  # the job kind these messages belong to, as runs and task timings name it
+
 
 @dataclass(frozen=True)
 class DeviceTask:
@@ -62,6 +64,11 @@ class DeviceTask:
     def label(self) -> str:
         return f"run {self.run_id} round {self.round_index} device {self.device}"
 
+    @property
+    def task_name(self) -> str:
+        """Its name in the run's task timings."""
+        return device_task_name(self.round_index, self.device)
+
 
 @dataclass(frozen=True)
 class AggregateTask:
@@ -69,21 +76,38 @@ class AggregateTask:
 
     run_id: str
     round_index: int
+    enqueued_at: float
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
     @classmethod
     def from_dict(cls, raw: Any) -> AggregateTask:
-        require_fields(raw, {"run_id": str, "round_index": int}, "aggregate")
+        require_fields(raw, {"run_id": str, "round_index": int, "enqueued_at": (int, float)}, "aggregate")
         if not 1 <= raw["round_index"] < INT_LIMIT:
             raise MessageError("aggregate.round_index: out of range")
-        return cls(run_id=raw["run_id"], round_index=raw["round_index"])
+        if not math.isfinite(raw["enqueued_at"]):
+            raise MessageError("aggregate.enqueued_at: must be a finite number")
+        return cls(run_id=raw["run_id"], round_index=raw["round_index"], enqueued_at=float(raw["enqueued_at"]))
 
     @property
     def attempt_key(self) -> str:
-        return f"aggregate:{self.run_id}:{self.round_index}"
+        return aggregate_key(self.run_id, self.round_index)
 
     @property
     def label(self) -> str:
         return f"run {self.run_id} round {self.round_index} aggregation"
+
+    @property
+    def task_name(self) -> str:
+        return f"round {self.round_index} aggregation"
+
+
+def aggregate_key(run_id: str, round_index: int) -> str:
+    """The key that counts a round's aggregation attempts and marks it requested."""
+    return f"aggregate:{run_id}:{round_index}"
+
+
+def device_task_name(round_index: int, device: int) -> str:
+    """A device task's name in its run's task timings (migration 0006 writes the same)."""
+    return f"round {round_index} device {device}"

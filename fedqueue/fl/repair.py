@@ -18,7 +18,7 @@ from fedqueue.core.codec import BlobRef
 from fedqueue.core.services import Services
 from fedqueue.fl.config import RunConfig
 from fedqueue.fl.device_task import record_failure
-from fedqueue.fl.messages import AggregateTask, DeviceTask
+from fedqueue.fl.messages import DeviceTask, aggregate_key
 from fedqueue.fl.rounds import request_aggregation, round_key, start_next, start_round
 from fedqueue.store.schema import RoundRow
 
@@ -71,7 +71,7 @@ def _repair_rounds(services: Services, run_id: str, config: RunConfig, broker_lo
     actions = _repair_training_round(services, run_id, config, current, broker_lost)
     if broker_lost:
         # An aggregation request may have been lost with the queue.
-        services.redis.delete(services.key("requested", AggregateTask(run_id, current.round_index).attempt_key))
+        services.redis.delete(services.key("requested", aggregate_key(run_id, current.round_index)))
     complete = services.store.count_done(run_id, current.round_index) >= len(current.selected)
     if complete and request_aggregation(services, run_id, current.round_index):
         actions.append(f"round {current.round_index}: all results stored; aggregation requested")

@@ -69,8 +69,12 @@ def _headline(report: dict[str, Any]) -> str:
         ("slots", report["slots"]),
         ("parallel efficiency", _pct(report["parallel_efficiency"])),
         (
-            "device tasks",
+            "tasks",
             f"{report['tasks_done']} done, {report['tasks_failed']} failed, {report['tasks_retried']} retried",
+        ),
+        *(
+            (f"{task_type} tasks", f"{counts['done']} done, {counts['failed']} failed")
+            for task_type, counts in report["tasks_by_type"].items()
         ),
         ("tasks per second", _fmt(report["tasks_per_s"], 2)),
         ("task busy time", f"{_fmt(report['task_busy_s'], 2)} s (summed over slots)"),
@@ -95,7 +99,7 @@ def _breakdown(report: dict[str, Any]) -> str:
 
     rows = [
         ("model and data load (in tasks)", spent["load_s"], share(spent["load_s"])),
-        ("training (in tasks)", spent["train_s"], share(spent["train_s"])),
+        ("computing (in tasks)", spent["compute_s"], share(spent["compute_s"])),
         ("upload of updates (in tasks)", spent["upload_s"], share(spent["upload_s"])),
         ("other work inside tasks", spent["task_other_s"], share(spent["task_other_s"])),
         (
@@ -127,7 +131,7 @@ def _rounds(report: dict[str, Any]) -> str:
         "wall s",
         "queue wait s (mean)",
         "load s",
-        "train s",
+        "compute s",
         "upload s",
         "between tasks s",
         "slots idle s",
@@ -149,7 +153,7 @@ def _rounds(report: dict[str, Any]) -> str:
             _fmt(r["wall_s"]),
             _fmt(r["time"]["queue_wait_mean_s"]),
             _fmt(r["time"]["load_s"]),
-            _fmt(r["time"]["train_s"]),
+            _fmt(r["time"]["compute_s"]),
             _fmt(r["time"]["upload_s"]),
             _fmt(r["time"]["between_tasks_s"]),
             _fmt(r["time"]["slots_idle_s"]),
@@ -168,32 +172,20 @@ def _rounds(report: dict[str, Any]) -> str:
 def _slowest(report: dict[str, Any]) -> str:
     rows = [
         (
-            s["round"],
-            s["device"],
+            s["task"],
             s["worker"],
             s["pid"],
             s["device_used"],
             _fmt(s["seconds"]),
             _fmt(s["load_ms"], 1),
-            _fmt(s["train_ms"], 1),
+            _fmt(s["compute_ms"], 1),
             _fmt(s["upload_ms"], 1),
             s["attempt"],
         )
         for s in report["slowest"]
     ]
-    headers = [
-        "round",
-        "device",
-        "worker",
-        "pid",
-        "device used",
-        "seconds",
-        "load ms",
-        "train ms",
-        "upload ms",
-        "attempt",
-    ]
-    return _table(headers, rows, (2, 4))
+    headers = ["task", "worker", "pid", "device used", "seconds", "load ms", "compute ms", "upload ms", "attempt"]
+    return _table(headers, rows, (0, 1, 3))
 
 
 def _utilization(report: dict[str, Any]) -> str:
@@ -234,7 +226,7 @@ def render_html(report: dict[str, Any]) -> str:
 {_headline(report)}
 <p class="note">{escape(report["slots_note"])}.</p>
 <h2>Timeline</h2>
-<img src="timeline.png" alt="device tasks per worker slot over time, coloured by round">
+<img src="timeline.png" alt="tasks per worker slot over time, coloured by round, aggregations dark">
 <img src="concurrency.png" alt="tasks running at once against the number of slots">
 <h2>Where the time went</h2>
 {_breakdown(report)}

@@ -25,7 +25,7 @@ from fedqueue.report.timeline import (
     percentile,
 )
 from fedqueue.store import Store
-from fedqueue.store.schema import DeviceTaskRow, RoundRow, RunRow
+from fedqueue.store.schema import RoundRow, RunRow, TaskTimingRow
 from fedqueue.store.utilization import Sample, samples_between
 
 SLOTS_NOTE = (
@@ -35,10 +35,11 @@ SLOTS_NOTE = (
 TOP_SLOWEST = 5
 
 
-def span_of(row: DeviceTaskRow) -> Span:
+def span_of(row: TaskTimingRow) -> Span:
     return Span(
+        task=row.task,
         round_index=row.round_index,
-        device=row.device,
+        task_type=row.task_type,
         worker=row.worker,
         pid=row.pid,
         device_used=row.device_used,
@@ -48,7 +49,7 @@ def span_of(row: DeviceTaskRow) -> Span:
         started_at=row.started_at,
         finished_at=row.finished_at,
         load_ms=row.load_ms,
-        train_ms=row.train_ms,
+        compute_ms=row.compute_ms,
         upload_ms=row.upload_ms,
     )
 
@@ -72,7 +73,7 @@ def load_run_data(store: Store, run_id: str, now: float | None = None) -> RunDat
     """Read a run's rows (NotFound for an unknown run id)."""
     run = store.get_run(run_id)
     rounds = store.list_rounds(run_id)
-    spans = [span_of(row) for row in store.device_tasks(run_id)]
+    spans = [span_of(row) for row in store.task_timings(run_id)]
     now = time.time() if now is None else now
     end = run_end(run, spans, now)
     # Samples of the workers that ran this run's tasks, while it ran.
@@ -103,7 +104,7 @@ def compute_report(data: RunData) -> dict[str, Any]:
     wall_s = max(0.0, end - run.created_at)
     done = [span for span in spans if span.state == "done"]
     busy_s = sum(span.busy_s for span in done)
-    by_round: dict[int, list[Span]] = defaultdict(list)
+    by_round: dict[int | None, list[Span]] = defaultdict(list)
     for span in spans:
         by_round[span.round_index].append(span)
     return {
@@ -124,6 +125,7 @@ def compute_report(data: RunData) -> dict[str, Any]:
         "tasks_done": len(done),
         "tasks_failed": len(spans) - len(done),
         "tasks_retried": sum(1 for span in spans if span.attempt > 1),
+        "tasks_by_type": tasks_by_type(spans),
         "task_busy_s": _round(busy_s),
         "parallel_efficiency": _round(parallel_efficiency(busy_s, wall_s, slots), 4),
         "tasks_per_s": _round(len(done) / wall_s if wall_s > 0 else None),
@@ -154,7 +156,7 @@ def time_breakdown(
     """
     busy = sum(span.busy_s for span in done)
     load = sum(span.load_ms for span in done) / 1000
-    train = sum(span.train_ms for span in done) / 1000
+    compute = sum(span.compute_ms for span in done) / 1000
     upload = sum(span.upload_ms for span in done) / 1000
     waits = [span.wait_s for span in done]
     gaps = dispatch_gaps(lanes)
@@ -162,10 +164,10 @@ def time_breakdown(
         "queue_wait_mean_s": _round(mean(waits)),
         "queue_wait_max_s": _round(max(waits, default=None)),
         "load_s": _round(load),
-        "train_s": _round(train),
+        "compute_s": _round(compute),
         "upload_s": _round(upload),
         # Inside a task but outside its three phases: bookkeeping before loading, the attempt counter.
-        "task_other_s": _round(max(0.0, busy - load - train - upload)),
+        "task_other_s": _round(max(0.0, busy - load - compute - upload)),
         # Between two tasks of a slot with work waiting: result write, round check, ack, next fetch.
         "between_tasks_s": _round(sum(gaps)),
         "between_tasks_mean_ms": _round(None if not gaps else 1000 * sum(gaps) / len(gaps)),
@@ -186,24 +188,27 @@ def round_numbers(
         end = max(now, max((span.finished_at for span in spans), default=row.enqueued_at))
     wall_s = max(0.0, end - row.enqueued_at)
     busy_s = sum(span.busy_s for span in done)
-    mine = {(span.round_index, span.device) for span in spans}
+    mine = {span.task for span in spans}
     round_lanes = [
         Lane(
             lane.worker,
             lane.pid,
             lane.device_used,
             lane.slot,
-            tuple(span for span in lane.spans if (span.round_index, span.device) in mine),
+            tuple(span for span in lane.spans if span.task in mine),
         )
         for lane in lanes
     ]
+    # The round's own tasks, beside the aggregation that closes it.
+    work = [span for span in spans if span.task_type != "aggregate"]
+    work_done = [span for span in work if span.state == "done"]
     return {
         "round": row.round_index,
         "state": row.state,
         "selected": len(row.selected),
-        "done": len(done),
-        "failed": len(spans) - len(done),
-        "retried": sum(1 for span in spans if span.attempt > 1),
+        "done": len(work_done),
+        "failed": len(work) - len(work_done),
+        "retried": sum(1 for span in work if span.attempt > 1),
         "enqueued_at": row.enqueued_at,
         "wall_s": _round(wall_s),
         "parallel_efficiency": _round(parallel_efficiency(busy_s, wall_s, slots), 4),
@@ -217,22 +222,31 @@ def round_numbers(
 
 
 def slowest(done: Sequence[Span], count: int) -> list[dict[str, Any]]:
-    ranked = sorted(done, key=lambda span: (-span.busy_s, span.round_index, span.device))[:count]
+    ranked = sorted(done, key=lambda span: (-span.busy_s, span.task))[:count]
     return [
         {
-            "round": span.round_index,
-            "device": span.device,
+            "task": span.task,
+            "task_type": span.task_type,
             "worker": span.worker,
             "pid": span.pid,
             "device_used": span.device_used,
             "seconds": _round(span.busy_s),
             "load_ms": _round(span.load_ms),
-            "train_ms": _round(span.train_ms),
+            "compute_ms": _round(span.compute_ms),
             "upload_ms": _round(span.upload_ms),
             "attempt": span.attempt,
         }
         for span in ranked
     ]
+
+
+def tasks_by_type(spans: Sequence[Span]) -> dict[str, dict[str, int]]:
+    """Done and failed tasks per task type (train, aggregate, generate)."""
+    counts: dict[str, dict[str, int]] = {}
+    for span in spans:
+        mine = counts.setdefault(span.task_type, {"done": 0, "failed": 0})
+        mine["done" if span.state == "done" else "failed"] += 1
+    return dict(sorted(counts.items()))
 
 
 def utilization_summary(samples: Sequence[Sample]) -> list[dict[str, Any]]:
@@ -282,7 +296,7 @@ def write_report(store: Store, run_id: str, out_dir: Path, now: float | None = N
             data.samples,
             origin,
             end,
-            title=f"{name}: device tasks per worker slot",
+            title=f"{name}: tasks per worker slot",
         )
         steps = concurrency_steps((span.started_at, span.finished_at) for span in done)
         plots.concurrency(

@@ -27,6 +27,7 @@ MAX_ROUND_LINES = 40
 AGGREGATION_COLOUR = "#222222"
 UTILIZATION_COLOUR = "#8c8c8c"
 FAILED_COLOUR = "#d62728"
+UNROUNDED_COLOUR = "#1f77b4"  # tasks of kinds that do not run in rounds
 
 
 class RoundColours:
@@ -57,7 +58,7 @@ class _Row:
 
 
 def _rows(lanes: Sequence[Lane], spans: Sequence[Span], samples: Sequence[Sample]) -> list[_Row]:
-    """Top to bottom: the scheduler's row, then per worker its slot lanes and its utilization row."""
+    """Top to bottom, per worker: its slot lanes and its utilization row."""
     failed: dict[tuple[str, int], list[Span]] = defaultdict(list)
     for span in spans:
         if span.state != "done":
@@ -68,7 +69,7 @@ def _rows(lanes: Sequence[Lane], spans: Sequence[Span], samples: Sequence[Sample
     by_worker: dict[tuple[str, int], list[Lane]] = defaultdict(list)
     for lane in lanes:
         by_worker[(lane.worker, lane.pid)].append(lane)
-    rows = [_Row("aggregation + evaluation")]
+    rows: list[_Row] = []
     for key in sorted(set(by_worker) | set(failed)):
         worker_lanes = by_worker.get(key, [])
         if not worker_lanes:
@@ -114,15 +115,14 @@ def timeline(
     end: float,
     title: str = "",
 ) -> None:
-    """One lane per worker slot, one bar per device task coloured by round, utilization under each worker."""
+    """One lane per worker slot, one bar per task coloured by round (aggregations dark), utilization under each worker."""
     rows = _rows(lanes, spans, samples)
-    colours = RoundColours([row.round_index for row in rounds] + [span.round_index for span in spans])
+    spans_rounds = [span.round_index for span in spans if span.round_index is not None]
+    colours = RoundColours([row.round_index for row in rounds] + spans_rounds)
     height = min(MAX_HEIGHT_IN, 1.9 + LANE_HEIGHT_IN * len(rows))
     figure = Figure(figsize=(12, height), dpi=DPI, layout="constrained")
     ax = figure.add_subplot()
     for y, row in enumerate(rows):
-        if y == 0:
-            _aggregation_bars(ax, rounds, origin, y)
         if row.lane is not None:
             _task_bars(ax, row.lane, colours, origin, y)
         if row.samples:
@@ -143,20 +143,25 @@ def timeline(
     ax.set_xlim(0, max(end - origin, 1e-3) * 1.01)
     ax.set_xlabel("seconds since the run was submitted")
     ax.grid(axis="x", color="0.9", zorder=0)
-    ax.set_title(title or "device tasks per worker slot", loc="left", fontsize=10, pad=14)
+    ax.set_title(title or "tasks per worker slot", loc="left", fontsize=10, pad=14)
     _timeline_legend(figure, ax, colours, bool(samples), any(span.state != "done" for span in spans))
     figure.savefig(path)
 
 
 def _task_bars(ax: Axes, lane: Lane, colours: RoundColours, origin: float, y: int) -> None:
-    by_round: dict[int, list[tuple[float, float]]] = defaultdict(list)
+    by_colour: dict[tuple[float, float, float, float] | str, list[tuple[float, float]]] = defaultdict(list)
     for span in lane.spans:
-        by_round[span.round_index].append((span.started_at - origin, span.busy_s))
+        if span.task_type == "aggregate":
+            colour: tuple[float, float, float, float] | str = AGGREGATION_COLOUR
+        elif span.round_index is None:
+            colour = UNROUNDED_COLOUR
+        else:
+            colour = colours(span.round_index)
+        by_colour[colour].append((span.started_at - origin, span.busy_s))
     # A thin white edge keeps back-to-back tasks apart, so each bar is one task. With hundreds of tasks
     # per lane bars get narrower than a pixel: an edge in their own colour keeps them from vanishing.
     crowded = len(lane.spans) > 300
-    for round_index, bars in by_round.items():
-        colour = colours(round_index)
+    for colour, bars in by_colour.items():
         ax.broken_barh(
             bars,
             (y - 0.38, 0.76),
@@ -165,17 +170,6 @@ def _task_bars(ax: Axes, lane: Lane, colours: RoundColours, origin: float, y: in
             linewidth=0.6 if crowded else 0.4,
             zorder=3,
         )
-
-
-def _aggregation_bars(ax: Axes, rounds: Sequence[RoundRow], origin: float, y: int) -> None:
-    bars = []
-    for row in rounds:
-        if row.aggregated_at is None:
-            continue
-        took = ((row.aggregate_ms or 0.0) + (row.eval_ms or 0.0)) / 1000
-        bars.append((row.aggregated_at - took - origin, max(took, 1e-4)))
-    if bars:
-        ax.broken_barh(bars, (y - 0.38, 0.76), facecolors=AGGREGATION_COLOUR, zorder=3)
 
 
 def _utilization(ax: Axes, samples: Sequence[Sample], origin: float, y: int) -> None:
@@ -213,12 +207,12 @@ def _timeline_legend(figure: Figure, ax: Axes, colours: RoundColours, sampled: b
         figure.colorbar(ScalarMappable(norm=colours.norm, cmap=colours.cmap), ax=ax, label="round", pad=0.01)
     else:
         handles += [Patch(color=colours(index), label=f"round {index}") for index in colours.rounds]
-    handles.append(Patch(color=AGGREGATION_COLOUR, label="aggregation + evaluation"))
+    handles.append(Patch(color=AGGREGATION_COLOUR, label="aggregation task"))
     handles.append(Line2D([], [], color="0.45", linestyle="--", label="round enqueued"))
     if sampled:
         handles.append(Patch(color=UTILIZATION_COLOUR, alpha=0.7, label="utilization (row = 0-100 %)"))
     if failed:
-        handles.append(Line2D([], [], color=FAILED_COLOUR, marker="x", linestyle="none", label="failed device"))
+        handles.append(Line2D([], [], color=FAILED_COLOUR, marker="x", linestyle="none", label="failed task"))
     ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.005, 1.0), fontsize=8, frameon=False)
 
 

@@ -27,12 +27,13 @@ def max_concurrency(intervals: Iterable[tuple[float, float]]) -> int:
 def run_summary(store: Store, run_id: str) -> dict[str, Any]:
     run = store.get_run(run_id)
     rounds = store.list_rounds(run_id)
-    tasks = store.device_tasks(run_id)
-    done = [task for task in tasks if task.state == "done"]
+    results = store.device_tasks(run_id)
+    timings = store.task_timings(run_id)
+    ran = [timing for timing in timings if timing.state == "done"]
+    trained = [timing for timing in ran if timing.task_type == "train"]
     end = run.finished_at
     if end is None:
-        end = max((task.finished_at for task in tasks), default=run.created_at)
-    busy_s = sum(task.finished_at - task.started_at for task in done)
+        end = max((timing.finished_at for timing in timings), default=run.created_at)
     return {
         "id": run.id,
         "name": run.name,
@@ -40,16 +41,17 @@ def run_summary(store: Store, run_id: str) -> dict[str, Any]:
         "error": run.error,
         "rounds_total": run.rounds_total,
         "rounds_done": sum(1 for row in rounds if row.state == "done"),
-        "tasks_done": len(done),
-        "tasks_failed": len(tasks) - len(done),
+        "tasks_done": sum(1 for result in results if result.state == "done"),
+        "tasks_failed": sum(1 for result in results if result.state != "done"),
         "accuracy": {str(row.round_index): row.accuracy for row in rounds if row.accuracy is not None},
         "loss": {str(row.round_index): row.loss for row in rounds if row.loss is not None},
         "final_accuracy": next((row.accuracy for row in reversed(rounds) if row.accuracy is not None), None),
         "wall_s": round(end - run.created_at, 3),
-        "task_busy_s": round(busy_s, 3),
-        "workers": sorted({f"{task.worker}:{task.pid}" for task in tasks}),
-        "devices_used": sorted({task.device_used for task in tasks}),
-        "max_concurrency": max_concurrency((task.started_at, task.finished_at) for task in done),
+        "task_busy_s": round(sum(timing.finished_at - timing.started_at for timing in ran), 3),
+        "workers": sorted({f"{timing.worker}:{timing.pid}" for timing in timings}),
+        "devices_used": sorted({timing.device_used for timing in timings}),
+        # Every task type counts: an aggregation running beside device tasks is parallelism too.
+        "max_concurrency": max_concurrency((timing.started_at, timing.finished_at) for timing in ran),
         "round_seconds": {
             str(row.round_index): round(row.aggregated_at - row.enqueued_at, 3)
             for row in rounds
@@ -57,16 +59,16 @@ def run_summary(store: Store, run_id: str) -> dict[str, Any]:
         },
         "failures": [
             {
-                "round": task.round_index,
-                "device": task.device,
-                "worker": task.worker,
-                "attempts": task.attempt,
-                "error": task.error,
+                "round": result.round_index,
+                "device": result.device,
+                "worker": result.worker,
+                "attempts": result.attempt,
+                "error": result.error,
             }
-            for task in tasks
-            if task.state != "done"
+            for result in results
+            if result.state != "done"
         ],
-        "mean_train_ms": round(sum(task.train_ms for task in done) / len(done), 2) if done else None,
+        "mean_train_ms": round(sum(t.compute_ms for t in trained) / len(trained), 2) if trained else None,
     }
 
 

@@ -10,10 +10,10 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class Span:
-    """One device task as the worker recorded it (UNIX seconds, phase times in ms)."""
+    """One task of any job kind as its worker recorded it (UNIX seconds, phase times in ms)."""
 
-    round_index: int
-    device: int
+    task: str  # its name within the run: "round 3 device 7", "round 3 aggregation"
+    round_index: int | None  # None for kinds that do not run in rounds
     worker: str
     pid: int
     device_used: str
@@ -22,8 +22,9 @@ class Span:
     enqueued_at: float
     started_at: float
     finished_at: float
+    task_type: str = "train"  # train, aggregate, generate
     load_ms: float = 0.0
-    train_ms: float = 0.0
+    compute_ms: float = 0.0
     upload_ms: float = 0.0
 
     @property
@@ -68,7 +69,7 @@ def pack_lanes(spans: Iterable[Span]) -> list[Lane]:
             by_worker[span.worker_key].append(span)
     lanes: list[Lane] = []
     for (worker, pid), mine in sorted(by_worker.items()):
-        mine.sort(key=lambda span: (span.started_at, span.finished_at, span.round_index, span.device))
+        mine.sort(key=lambda span: (span.started_at, span.finished_at, span.task))
         ends: list[float] = []
         members: list[list[Span]] = []
         for span in mine:

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import functools
 import logging
+import os
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any, TypeVar
 
 from sqlalchemy import and_, bindparam, delete, func, or_, select, update
@@ -17,7 +18,7 @@ from sqlalchemy.exc import IntegrityError, OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
 from fedqueue.errors import NotFound
-from fedqueue.store.schema import CheckpointRow, DeviceTaskRow, RoundRow, RunRow
+from fedqueue.store.schema import CheckpointRow, DeviceTaskRow, RoundRow, RunRow, TaskTimingRow
 
 log = logging.getLogger(__name__)
 
@@ -51,28 +52,43 @@ def _changed_one(result: Any) -> bool:
 
 
 @dataclass(frozen=True)
+class TaskTiming:
+    """How one task of any job kind ran, as its worker measured it: a row of the shared timing table."""
+
+    run_id: str
+    kind: str
+    task_type: str  # train, aggregate, generate
+    task: str  # its name within the run, unique there
+    round_index: int | None
+    state: str
+    worker: str
+    device_used: str
+    attempt: int
+    enqueued_at: float
+    started_at: float
+    finished_at: float = field(default_factory=time.time)
+    pid: int = field(default_factory=os.getpid)
+    load_ms: float = 0.0
+    compute_ms: float = 0.0
+    upload_ms: float = 0.0
+    error: str | None = None
+
+
+@dataclass(frozen=True)
 class DeviceResult:
-    """What a worker reports for one device task."""
+    """What a worker reports for one FL device: its result; its timing goes with it as a `TaskTiming`."""
 
     run_id: str
     round_index: int
     device: int
     state: str
     worker: str
-    pid: int
-    device_used: str
     attempt: int
-    enqueued_at: float
-    started_at: float
-    finished_at: float
-    load_ms: float
-    train_ms: float
-    upload_ms: float
-    samples: int
-    loss: float | None
-    update_key: str | None
-    update_sha256: str | None
-    update_nbytes: int | None
+    samples: int = 0
+    loss: float | None = None
+    update_key: str | None = None
+    update_sha256: str | None = None
+    update_nbytes: int | None = None
     error: str | None = None
 
 
@@ -85,6 +101,12 @@ class Store:
             insert(DeviceTaskRow)
             .on_conflict_do_nothing(index_elements=["run_id", "round_index", "device"])
             .returning(DeviceTaskRow.id)  # rowcount of an INSERT is not reported by every driver
+        )
+        # A task's timing row is its latest stored delivery's: a retried aggregation replaces the failed one's.
+        timing = insert(TaskTimingRow)
+        self._upsert_timing = timing.on_conflict_do_update(
+            index_elements=["run_id", "task"],
+            set_={field: timing.excluded[field] for field in TaskTiming.__dataclass_fields__ if field != "run_id"},
         )
         this_round = (RoundRow.run_id == bindparam("run"), RoundRow.round_index == bindparam("round"))
         self._count_stored = (
@@ -297,8 +319,8 @@ class Store:
     # device tasks
 
     @retry_transient
-    def record_device_result(self, result: DeviceResult) -> int | None:
-        """Insert the result unless one is already stored.
+    def record_device_result(self, result: DeviceResult, timing: TaskTiming) -> int | None:
+        """Insert the result and its timing unless another delivery's result is already stored.
 
         Returns how many results its round now has stored (counted in the same transaction,
         so the worker that stores a round's last result knows it), or None when another
@@ -315,9 +337,25 @@ class Store:
                 count = connection.execute(self._stored_count, where).scalar()
             else:
                 count = connection.execute(self._count_stored, where).scalar()
+            connection.execute(self._upsert_timing, asdict(timing))
             if count is None:  # no round row (only in tests of the store alone): count the rows
                 count = connection.execute(self._rows_stored, where).scalar()
         return int(count or 0)
+
+    @retry_transient
+    def record_timing(self, timing: TaskTiming) -> None:
+        """Store a task's timing (a second delivery of the same task replaces the first's)."""
+        with self.engine.begin() as connection:
+            connection.execute(self._upsert_timing, asdict(timing))
+
+    @retry_transient
+    def task_timings(self, run_id: str, round_index: int | None = None) -> list[TaskTimingRow]:
+        """A run's task timings, every kind and type, in start order."""
+        query = select(TaskTimingRow).where(TaskTimingRow.run_id == run_id)
+        if round_index is not None:
+            query = query.where(TaskTimingRow.round_index == round_index)
+        with self.session() as session:
+            return list(session.scalars(query.order_by(TaskTimingRow.started_at, TaskTimingRow.id)))
 
     @retry_transient
     def has_result(self, run_id: str, round_index: int, device: int) -> bool:

@@ -64,7 +64,40 @@ class RoundRow(Base):
     train_loss: Mapped[float | None] = mapped_column(Float, nullable=True)
 
 
+class TaskTimingRow(Base):
+    """One task of any job kind, as the worker that ran it recorded it.
+
+    The timeline, the report and `max_concurrency` read this table alone, so FL device
+    tasks, aggregations and LLM batches share one picture. Results live in each kind's tables.
+    """
+
+    __tablename__ = "task_timings"
+    # One row per task of a run: the delivery that stored the task's outcome.
+    __table_args__ = (UniqueConstraint("run_id", "task", name="uq_task_timings_task"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    run_id: Mapped[str] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"), index=True)
+    kind: Mapped[str] = mapped_column(String(16))  # the job kind: fl, llm
+    task_type: Mapped[str] = mapped_column(String(32))  # what the task did: train, aggregate, generate
+    task: Mapped[str] = mapped_column(String(200))  # its name within the run: "round 3 device 7"
+    round_index: Mapped[int | None] = mapped_column(Integer, nullable=True)  # for kinds that run in rounds
+    state: Mapped[str] = mapped_column(String(16))  # done | failed
+    worker: Mapped[str] = mapped_column(String(200))
+    pid: Mapped[int] = mapped_column(Integer)
+    device_used: Mapped[str] = mapped_column(String(32))
+    attempt: Mapped[int] = mapped_column(Integer)
+    enqueued_at: Mapped[float] = mapped_column(Float)
+    started_at: Mapped[float] = mapped_column(Float)
+    finished_at: Mapped[float] = mapped_column(Float)
+    load_ms: Mapped[float] = mapped_column(Float)
+    compute_ms: Mapped[float] = mapped_column(Float)
+    upload_ms: Mapped[float] = mapped_column(Float)
+    error: Mapped[str | None] = mapped_column(Text, nullable=True)
+
+
 class DeviceTaskRow(Base):
+    """An FL device's result: its update, samples and loss. Its timing is a `TaskTimingRow`."""
+
     __tablename__ = "device_tasks"
     # One row per (run, round, device): a task delivered twice is stored once.
     __table_args__ = (UniqueConstraint("run_id", "round_index", "device", name="uq_device_tasks_key"),)
@@ -75,15 +108,7 @@ class DeviceTaskRow(Base):
     device: Mapped[int] = mapped_column(Integer)
     state: Mapped[str] = mapped_column(String(16))  # done | failed
     worker: Mapped[str] = mapped_column(String(200))
-    pid: Mapped[int] = mapped_column(Integer)
-    device_used: Mapped[str] = mapped_column(String(32))
     attempt: Mapped[int] = mapped_column(Integer)
-    enqueued_at: Mapped[float] = mapped_column(Float)
-    started_at: Mapped[float] = mapped_column(Float)
-    finished_at: Mapped[float] = mapped_column(Float)
-    load_ms: Mapped[float] = mapped_column(Float)
-    train_ms: Mapped[float] = mapped_column(Float)
-    upload_ms: Mapped[float] = mapped_column(Float)
     samples: Mapped[int] = mapped_column(Integer)
     loss: Mapped[float | None] = mapped_column(Float, nullable=True)
     update_key: Mapped[str | None] = mapped_column(String(300), nullable=True)
