@@ -134,6 +134,64 @@ def pid_of_worker(process: subprocess.Popen[str], hostname: str) -> int:
     raise AssertionError(f"no worker process named {name}")
 
 
+def update_blob_keys(settings: Settings, run_id: str) -> list[str]:
+    """Update blobs of a run still in the Redis blob store (workers upload each result as one)."""
+    from fedqueue.core.services import connect_redis
+
+    assert settings.blob_dir is None, "the blobs of this test live in Redis"
+    client = connect_redis(settings.broker_url or "")
+    try:
+        return sorted(key.decode() for key in client.scan_iter(match=f"{settings.key_prefix}:blob:{run_id}/update/*"))
+    finally:
+        client.close()
+
+
+def deliveries_settled(settings: Settings, task_keys: list[str], workers: int) -> bool:
+    """No delivery of any task is queued, delivered-but-unacknowledged, reserved or running on any worker.
+
+    Reads what Redis holds (both queues, the unacked hash, fedqueue's running marks) and what each
+    Celery worker says it holds: a delivery that was redelivered is in none of Redis's lists but
+    still runs, and only its worker (or its running mark) shows it.
+    """
+    from fedqueue.core.services import connect_redis
+    from fedqueue.fl.messages import DEVICES_QUEUE
+
+    prefix = settings.key_prefix
+    client = connect_redis(settings.broker_url or "")
+    try:
+        queued = sum(int(client.llen(f"{prefix}:{settings.queue(q)}")) for q in ("control", DEVICES_QUEUE))
+        unacked = int(client.hlen(f"{prefix}:unacked"))
+        running = sum(int(client.exists(f"{prefix}:running:{key}")) for key in task_keys)
+    finally:
+        client.close()
+    if queued or unacked or running:
+        return False
+    app = make_app(settings)
+    try:
+        inspect = app.control.inspect(timeout=1.0, limit=workers)
+        active, reserved = inspect.active() or {}, inspect.reserved() or {}
+    finally:
+        app.close()
+    return len(active) == workers and not any(active.values()) and not any(reserved.values())
+
+
+def wait_settled(settings: Settings, task_keys: list[str], workers: int, timeout_s: float = 60) -> None:
+    """Block until `deliveries_settled` holds twice in a row (a message between BRPOP and the unacked hash)."""
+    seen = [False]
+
+    def twice() -> bool:
+        now = deliveries_settled(settings, task_keys, workers)
+        settled, seen[0] = now and seen[0], now
+        return settled
+
+    wait_until(twice, timeout_s)
+
+
+def train_finished_at(store: Any, run_id: str, round_index: int) -> list[float]:
+    """finished_at of every stored device (train) task of a round."""
+    return [t.finished_at for t in store.task_timings(run_id, round_index) if t.task_type == "train"]
+
+
 def one_result_per_device(handle: api.RunHandle) -> None:
     """Every round stored exactly its selected devices, each once."""
     for row in handle.store.list_rounds(handle.id):

@@ -11,6 +11,7 @@ import signal
 import time
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -27,7 +28,9 @@ from tests.reliability_support import (
     pid_of_worker,
     reliable_settings,
     slow_config,
+    update_blob_keys,
     wait_for_running,
+    wait_settled,
     wait_until,
     worker_children,
 )
@@ -74,20 +77,56 @@ def test_whole_worker_host_killed_mid_round(settings: Settings, tmp_path: Path) 
 
 
 def test_duplicate_delivery_runs_twice_but_counts_once(settings: Settings, tmp_path: Path) -> None:
-    """A visibility timeout shorter than the task: Redis hands the task to an idle worker too."""
+    """A visibility timeout shorter than the task: Redis hands the task to an idle worker too.
+
+    The duplicate trains to the end beside the first delivery, then finds a result stored: its
+    update is dropped (row, round count and blob store untouched) and the run ends with the weights
+    of a run that saw each task once.
+    """
     settings = reliable_settings(settings, visibility_timeout_override_s=1)
     config = slow_config(1.0, rounds=1, devices_per_round=2, local_iters=4)
+    selected = select_devices(config.seed, 1, config.num_devices, config.devices_per_round)
+    first_seen: dict[int, tuple[object, ...]] = {}
+    overlapped: set[int] = set()
     with running_workers(settings, procs=3, log_dir=tmp_path / "logs"):
         handle = api.submit(config, settings=settings)
+        task_keys = [f"{handle.id}:1:{device}" for device in selected]
+
+        def observe() -> bool:
+            for device in selected:
+                # The count read before the result: a second delivery counted while no result was
+                # stored started from the still-published model, so it trains to the end.
+                if api_attempts(handle, device) >= 2 and not handle.store.has_result(handle.id, 1, device):
+                    overlapped.add(device)
+            # Each device's row as it was when it first appeared: whichever delivery stored first.
+            for task in handle.store.device_tasks(handle.id, 1):
+                first_seen.setdefault(task.device, stored_result(task))
+            return bool(overlapped) and len(first_seen) == len(selected)
+
+        wait_until(observe, 60)
         status = handle.wait(120)
-        time.sleep(5)  # let the duplicate deliveries finish too
-        services_attempts = [
-            api_attempts(handle, device) for device in select_devices(config.seed, 1, config.num_devices, 2)
-        ]
+        # The run can end while duplicates still train: wait until no delivery of any task is left anywhere.
+        wait_settled(settings, task_keys, workers=3)
+        attempts = {device: api_attempts(handle, device) for device in selected}
+        leftover_updates = update_blob_keys(settings, handle.id)
     assert status["state"] == "finished"
-    assert max(services_attempts) >= 2  # the duplicate really ran
+    assert all(attempts[device] >= 2 for device in overlapped)  # the duplicate really ran
     one_result_per_device(handle)
+    stored = {task.device: task for task in handle.store.device_tasks(handle.id, 1)}
+    # The rows are the first stored deliveries', unchanged by every later delivery.
+    assert {device: stored_result(task) for device, task in stored.items()} == first_seen
+    assert all(task.state == "done" for task in stored.values())
+    # Counted once each: the round's stored count did not grow with the duplicates.
+    round_row = handle.store.get_round(handle.id, 1)
+    assert round_row is not None and round_row.stored == config.devices_per_round
+    # A dropped duplicate deletes the update it uploaded; the aggregation deleted the stored ones.
+    assert leftover_updates == []
     assert_same_weights(handle.final_weights(), reference_final_state(config))
+
+
+def stored_result(task: Any) -> tuple[object, ...]:
+    """What identifies the delivery that stored a device's result."""
+    return (task.attempt, task.worker, task.update_key, task.update_sha256, task.samples, task.loss)
 
 
 @pytest.mark.parametrize("policy", ["skip", "abort"])

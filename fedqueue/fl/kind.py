@@ -10,14 +10,13 @@ from collections.abc import Iterator
 from fedqueue.config import Settings
 from fedqueue.core.jobs import CONTROL_QUEUE, JobKind, TaskContext, TaskHandler
 from fedqueue.fl.device_task import WorkerCache, record_failure, run_device_task
-from fedqueue.fl.messages import KIND_NAME, AggregateTask, DeviceTask
+from fedqueue.fl.messages import DEVICES_QUEUE, KIND_NAME, AggregateTask, DeviceTask
 from fedqueue.fl.repair import reconcile
 from fedqueue.fl.rounds import aggregate_round, fail_aggregation
 from fedqueue.fl.timing import task_timing
 
 TRAIN_DEVICE = "fedqueue.train_device"
 AGGREGATE_ROUND = "fedqueue.aggregate_round"
-DEVICES_QUEUE = "devices"
 
 
 def _train(context: TaskContext, task: DeviceTask) -> None:

@@ -9,6 +9,7 @@ from typing import Any
 from fedqueue.core.codec import INT_LIMIT, BlobRef, MessageError, require_fields
 
 KIND_NAME = "fl"  # the job kind these messages belong to, as runs and task timings name it
+DEVICES_QUEUE = "devices"  # the queue (a suffix of the prefixed name) device tasks travel on
 
 
 @dataclass(frozen=True)

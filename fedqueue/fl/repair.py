@@ -15,10 +15,11 @@ import logging
 import time
 
 from fedqueue.core.codec import BlobRef
+from fedqueue.core.lost import find_lost
 from fedqueue.core.services import Services
 from fedqueue.fl.config import RunConfig
 from fedqueue.fl.device_task import record_failure
-from fedqueue.fl.messages import DeviceTask, aggregate_key
+from fedqueue.fl.messages import DEVICES_QUEUE, DeviceTask, aggregate_key
 from fedqueue.fl.rounds import request_aggregation, round_key, start_next, start_round
 from fedqueue.store.schema import RoundRow
 
@@ -91,14 +92,9 @@ def _repair_training_round(
     unsent = not services.was_enqueued(group) and time.time() - current.enqueued_at > ENQUEUE_GRACE_S
     if unsent:
         actions.append(f"round {current.round_index} was never fully enqueued")
-    requeue_unstarted = broker_lost or unsent
-    # Read in this order: attempts, then heartbeats, then results. A task seen started (attempts)
-    # and not running (no heartbeat) has either stored its result before its heartbeat went,
-    # and so shows up in the results read last, or is lost.
-    queue_empty = services.queue_length("devices") == 0
     candidates = _unstored(services, run_id, current, check_blobs=broker_lost)
-    tasks = {
-        device: DeviceTask(
+    tasks = [
+        DeviceTask(
             run_id=run_id,
             round_index=current.round_index,
             device=device,
@@ -107,39 +103,22 @@ def _repair_training_round(
             round_size=len(current.selected),
         )
         for device in candidates
-    }
-    keys = [task.attempt_key for task in tasks.values()]
-    attempts = services.attempts_of(keys)
-    running = services.running_of(keys)
-    requeued = services.requeued_of(keys)
-    stored = set(candidates) - set(_unstored(services, run_id, current, check_blobs=False))
-    lost = []
-    for device, task in tasks.items():
-        key = task.attempt_key
-        if device in stored or running[key]:
-            continue
-        tries = attempts[key]
-        if requeue_unstarted:
-            pass
-        elif tries == 0:
-            # Never started: waiting its turn on the queue, unless the queue is empty and it
-            # stays unstarted (its worker died holding the message).
-            if not (queue_empty and services.stranded_long_enough(key)):
-                continue
-        elif requeued[key] == tries:
-            # Already enqueued again after the last lost attempt: wait for that delivery.
-            continue
-        if tries >= services.settings.max_attempts:
-            record_failure(services, task, "scheduler", tries, services.lost_reason(key, tries))
-            actions.append(f"round {current.round_index}: device {device} failed after {tries} attempts")
-            continue
-        lost.append(task)
-        services.mark_requeued(key, tries)
+    ]
+
+    def unstored_now() -> set[str]:
+        unstored = set(_unstored(services, run_id, current, check_blobs=False))
+        return {task.attempt_key for task in tasks if task.device in unstored}
+
+    found = find_lost(services, tasks, DEVICES_QUEUE, unstored_now, requeue_unstarted=broker_lost or unsent)
+    for task, tries, reason in found.exhausted:
+        record_failure(services, task, "scheduler", tries, reason)
+        actions.append(f"round {current.round_index}: device {task.device} failed after {tries} attempts")
+    lost = found.requeue
     if lost:
         services.enqueue(lost)
         devices = ", ".join(str(task.device) for task in lost[:20]) + (" ..." if len(lost) > 20 else "")
         actions.append(f"round {current.round_index}: enqueued again {len(lost)} devices: {devices}")
-    if requeue_unstarted:
+    if broker_lost or unsent:
         services.mark_enqueued(group)
     return actions
 
