@@ -16,6 +16,7 @@ from sqlalchemy import create_engine, inspect
 
 from fedqueue.config import Settings
 from fedqueue.store import open_store
+from tests.reliability_support import ping_count, wait_until
 
 FEDQUEUE = [sys.executable, "-m", "fedqueue.cli"]
 
@@ -124,7 +125,7 @@ def test_worker_stops_on_sigterm_and_leaves_no_children(settings: Settings, tmp_
         children = psutil.Process(worker.pid).children()
         time.sleep(0.2)
     assert len(children) == 1
-    time.sleep(2)
+    wait_until(lambda: ping_count(settings) == 1, 60)  # a worker that answers has set up its signal handlers
     worker.send_signal(signal.SIGTERM)
     assert worker.wait(timeout=60) == 0
     assert not any(child.is_running() and child.status() != psutil.STATUS_ZOMBIE for child in children)

@@ -201,7 +201,8 @@ def test_second_signal_stops_at_once_and_the_task_is_redelivered(settings: Setti
         handle = api.submit(config, settings=settings)
         found = wait_for_running(handle, 1, selected)
         workers.send_signal(signal.SIGTERM)
-        time.sleep(0.3)
+        # The second signal only counts as one once the launcher has taken the first.
+        wait_until(lambda: any("stopping:" in log.read_text() for log in tmp_path.glob("launcher-*.log")), 30)
         workers.send_signal(signal.SIGTERM)
         started = time.monotonic()
         workers.wait(timeout=30)

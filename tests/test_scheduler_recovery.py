@@ -89,7 +89,8 @@ def test_killed_scheduler_is_resumed_to_the_same_weights(tmp_path: Path, moment:
     wait_until(lambda: our_processes() - before == set(), 60)
     assert store.get_run(run_id).state == "running"
 
-    time.sleep(3.5)  # the dead scheduler's lease runs out
+    lease_expires_at = store.get_run(run_id).lease_expires_at or 0.0
+    wait_until(lambda: time.time() > lease_expires_at, 30)  # the dead scheduler's lease runs out
     resumed = subprocess.run(
         [sys.executable, "-m", "fedqueue.cli", "resume", run_id, "--procs", "2"],
         cwd=tmp_path,
