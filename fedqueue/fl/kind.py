@@ -69,11 +69,10 @@ def _deterministic(settings: Settings) -> Iterator[None]:
 
 
 def _warm_up(settings: Settings) -> None:
-    from fedqueue.fl.devices import configure_determinism
     from fedqueue.fl.warmup import warm_up
 
-    configure_determinism(settings.threads_per_task)
-    warm_up()
+    with _deterministic(settings):  # the process keeps its own settings for other kinds' tasks
+        warm_up()
 
 
 KIND = JobKind(
