@@ -103,8 +103,9 @@ class Store:
             .returning(DeviceTaskRow.id)  # rowcount of an INSERT is not reported by every driver
         )
         # A task's timing row is its latest stored delivery's: a retried aggregation replaces the failed one's.
+        # Public: a kind that stores its results and their timing in one transaction executes it too.
         timing = insert(TaskTimingRow)
-        self._upsert_timing = timing.on_conflict_do_update(
+        self.timing_upsert = timing.on_conflict_do_update(
             index_elements=["run_id", "task"],
             set_={field: timing.excluded[field] for field in TaskTiming.__dataclass_fields__ if field != "run_id"},
         )
@@ -193,6 +194,16 @@ class Store:
                 .values(state=state, finished_at=time.time(), error=error)
             )
         return _changed_one(result)
+
+    @retry_transient
+    def reopen_run(self, run_id: str) -> None:
+        """Set an ended run running again: a job submitted again to generate what it has pending."""
+        with self.session() as session, session.begin():
+            session.execute(
+                update(RunRow)
+                .where(RunRow.id == run_id, RunRow.state != "running")
+                .values(state="running", finished_at=None, error=None)
+            )
 
     # rounds
 
@@ -337,7 +348,7 @@ class Store:
                 count = connection.execute(self._stored_count, where).scalar()
             else:
                 count = connection.execute(self._count_stored, where).scalar()
-            connection.execute(self._upsert_timing, asdict(timing))
+            connection.execute(self.timing_upsert, asdict(timing))
             if count is None:  # no round row (only in tests of the store alone): count the rows
                 count = connection.execute(self._rows_stored, where).scalar()
         return int(count or 0)
@@ -346,7 +357,7 @@ class Store:
     def record_timing(self, timing: TaskTiming) -> None:
         """Store a task's timing (a second delivery of the same task replaces the first's)."""
         with self.engine.begin() as connection:
-            connection.execute(self._upsert_timing, asdict(timing))
+            connection.execute(self.timing_upsert, asdict(timing))
 
     @retry_transient
     def task_timings(self, run_id: str, round_index: int | None = None) -> list[TaskTimingRow]:
