@@ -2,20 +2,27 @@
 
 from __future__ import annotations
 
-import functools
 import json
 import signal
-import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated, Any, TypeVar
+from typing import Annotated, Any
 
 import typer
 from rich import box
-from rich.console import Console
 from rich.table import Table
 
+from fedqueue.cli.common import (
+    JsonOpt,
+    PluginPathOpt,
+    ProcsOpt,
+    SlotsOpt,
+    console,
+    errors,
+    friendly_errors,
+    warn_if_insecure,
+    warn_if_no_workers,
+)
 from fedqueue.config import Settings, mask_url
 from fedqueue.errors import FedqueueError
 from fedqueue.fl.config import RunConfig, load_run_config, parse_override
@@ -24,44 +31,12 @@ app = typer.Typer(
     no_args_is_help=True,
     pretty_exceptions_enable=False,
     add_completion=False,
-    help="Federated-learning rounds on a Redis queue with GPU-pinned Celery workers.",
+    help="Federated-learning rounds and LLM batch jobs on a Redis queue with GPU-pinned Celery workers.",
 )
-# Piped output is not cut at 80 columns: tables and summaries stay one line per row.
-console = Console(width=None if sys.stdout.isatty() else 160)
-errors = Console(stderr=True, soft_wrap=True)
-F = TypeVar("F", bound=Callable[..., Any])
-
 ConfigArg = Annotated[Path, typer.Argument(help="Run config (TOML); see examples/.", show_default=False)]
 SetOpt = Annotated[list[str] | None, typer.Option("--set", "-s", help="Override a config key: KEY=VALUE (repeatable).")]
 RoundsOpt = Annotated[int | None, typer.Option(help="Override `rounds`.")]
 SeedOpt = Annotated[int | None, typer.Option(help="Override `seed`.")]
-ProcsOpt = Annotated[int | None, typer.Option(help="Worker processes on a host without GPUs (default: one per core).")]
-SlotsOpt = Annotated[int, typer.Option(help="Concurrent tasks per worker process.")]
-JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON for scripts.")]
-
-
-def _warn_if_insecure(settings: Settings) -> None:
-    from fedqueue.config import insecure_broker
-
-    if insecure_broker(settings.broker_url):
-        errors.print(
-            f"warning: broker {mask_url(settings.broker_url)} is reached beyond loopback without a password; "
-            "set one (requirepass) and FEDQUEUE_REDIS_PASSWORD"
-        )
-
-
-def friendly_errors(command: F) -> F:
-    """Turn fedqueue's own errors into one red line and their exit code; never a traceback."""
-
-    @functools.wraps(command)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        try:
-            return command(*args, **kwargs)
-        except FedqueueError as err:
-            errors.print(f"[red]error:[/red] {err}", highlight=False)
-            raise typer.Exit(err.exit_code) from None
-
-    return wrapper  # type: ignore[return-value]
 
 
 def _config(path: Path, sets: list[str] | None, rounds: int | None, seed: int | None) -> RunConfig:
@@ -71,11 +46,6 @@ def _config(path: Path, sets: list[str] | None, rounds: int | None, seed: int | 
     if seed is not None:
         overrides["seed"] = seed
     return load_run_config(path, overrides)
-
-
-PluginPathOpt = Annotated[
-    list[str] | None, typer.Option("--plugin-path", help="Folder to import plugins from (repeatable).")
-]
 
 
 def _follow(handle: Any, cluster: Any = None) -> dict[str, Any]:
@@ -112,14 +82,14 @@ def run(
 
     run_config = _config(config, set_, rounds, seed)
     settings = Settings.from_env().with_plugin_path(plugin_path)
-    _warn_if_insecure(settings)
+    warn_if_insecure(settings)
     settings.activate_plugin_path()
     check_plugins(run_config)  # a plugin that does not import fails before any worker starts
     open_store(settings.database_url, migrate=True).close()  # so does a bad database
     if settings.broker_url:
         handle = api.submit(run_config, settings=settings)
         _announce(handle.id, run_config)
-        _warn_if_no_workers(settings)
+        warn_if_no_workers(settings)
         summary = _follow(handle)
     else:
         console.print("starting embedded Redis and local workers")
@@ -137,17 +107,6 @@ def _announce(run_id: str, run_config: RunConfig) -> None:
         f"run [bold]{run_id}[/bold] submitted ({run_config.rounds} rounds, "
         f"{run_config.devices_per_round} of {run_config.num_devices} devices per round)"
     )
-
-
-def _warn_if_no_workers(settings: Settings) -> None:
-    from fedqueue.queue.app import make_app
-
-    celery_app = make_app(settings)
-    try:
-        if not celery_app.control.ping(timeout=1.0):
-            errors.print("warning: no worker answers on this broker yet; the run waits for one (fedqueue worker)")
-    finally:
-        celery_app.close()
 
 
 @app.command()
@@ -195,9 +154,9 @@ def submit(
     settings = Settings.from_env().with_plugin_path(plugin_path)
     if not settings.broker_url:
         raise FedqueueError("FEDQUEUE_BROKER_URL: not set (start `fedqueue up` and export the URL it prints)")
-    _warn_if_insecure(settings)
+    warn_if_insecure(settings)
     handle = api.submit(run_config, settings=settings)
-    _warn_if_no_workers(settings)
+    warn_if_no_workers(settings)
     print(handle.id)
 
 
@@ -206,10 +165,15 @@ def submit(
 def status(run_id: Annotated[str, typer.Argument(help="Run id.")], json_: JsonOpt = False) -> None:
     """Show one run's progress, accuracy, workers and overlap of tasks."""
     from fedqueue.cli.follow import print_summary
+    from fedqueue.core import jobs as job_kinds
     from fedqueue.report.summary import run_summary
     from fedqueue.store import open_store
 
     store = open_store(Settings.from_env().database_url)
+    kind = job_kinds.get(store.get_run(run_id).kind)
+    if kind.show_status is not None:
+        kind.show_status(store, run_id, json_)
+        return
     summary = run_summary(store, run_id)
     if json_:
         print(json.dumps(summary, indent=2))
@@ -265,7 +229,7 @@ def runs(json_: JsonOpt = False) -> None:
         print(json.dumps(lines, indent=2))
         return
     table = Table(box=box.SIMPLE)
-    for column in ("id", "name", "state", "rounds", "dataset", "model", "created"):
+    for column in ("id", "name", "state", "rounds", "data", "model", "created"):
         table.add_column(column, no_wrap=True)
     for line in lines:
         created = time.strftime("%m-%d %H:%M", time.localtime(line["created_at"]))
@@ -301,7 +265,7 @@ def worker(
     settings = Settings.from_env().with_plugin_path(plugin_path).with_jobs(jobs)
     if not settings.broker_url:
         raise FedqueueError("FEDQUEUE_BROKER_URL: not set (or use `fedqueue up` for a local broker)")
-    _warn_if_insecure(settings)
+    warn_if_insecure(settings)
     job_kinds.select(settings.jobs)  # an unknown kind is refused before anything starts
     services = open_client(settings)  # the broker answers, the store is current
     found = [g.strip() for g in gpus.split(",") if g.strip()] if gpus else detect_gpus()
@@ -365,6 +329,18 @@ def _supervise(group: Any, what: str, services: Any) -> None:
     finally:
         adopter.release_all()
         group.stop(timeout_s=0 if stops else 60)
+
+
+def _add_kind_commands() -> None:
+    """Each installed job kind's own commands, as `fedqueue KIND ...`."""
+    from fedqueue.core import jobs as job_kinds
+
+    for kind in job_kinds.kinds().values():
+        if kind.commands is not None:
+            app.add_typer(kind.commands(), name=kind.name)
+
+
+_add_kind_commands()
 
 
 def main() -> None:

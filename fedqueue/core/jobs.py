@@ -79,6 +79,10 @@ class JobKind:
     task_scope: Callable[[Settings], AbstractContextManager[None]] = _no_scope
     # Run once in a worker before it takes tasks (kernels, imports), where the kind needs it.
     warm_up: Callable[[Settings], None] | None = None
+    # The kind's own commands, a Typer app the CLI adds as `fedqueue NAME ...` (imported only when asked for).
+    commands: Callable[[], Any] | None = None
+    # Prints a run of this kind for `fedqueue status RUN [--json]`: (store, run id, as JSON).
+    show_status: Callable[[Any, str, bool], None] | None = None
 
     @property
     def queues(self) -> tuple[str, ...]:

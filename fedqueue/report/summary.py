@@ -77,8 +77,8 @@ def run_line(run: RunRow, rounds_done: int) -> dict[str, Any]:
         "id": run.id,
         "name": run.name,
         "state": run.state,
-        "rounds": f"{rounds_done}/{run.rounds_total}",
-        "dataset": run.config.get("dataset"),
+        "rounds": f"{rounds_done}/{run.rounds_total}" if run.rounds_total else "",  # jobs without rounds: blank
+        "dataset": run.config.get("dataset") or run.config.get("input"),
         "model": run.config.get("model"),
         "created_at": run.created_at,
     }

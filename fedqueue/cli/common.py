@@ -1,0 +1,63 @@
+"""What every `fedqueue` command shares: consoles, error handling, common options and warnings."""
+
+from __future__ import annotations
+
+import functools
+import sys
+from collections.abc import Callable
+from typing import Annotated, Any, TypeVar
+
+import typer
+from rich.console import Console
+
+from fedqueue.config import Settings, mask_url
+from fedqueue.errors import FedqueueError
+
+# Piped output is not cut at 80 columns: tables and summaries stay one line per row.
+console = Console(width=None if sys.stdout.isatty() else 160)
+errors = Console(stderr=True, soft_wrap=True)
+F = TypeVar("F", bound=Callable[..., Any])
+
+ProcsOpt = Annotated[int | None, typer.Option(help="Worker processes on a host without GPUs (default: one per core).")]
+SlotsOpt = Annotated[int, typer.Option(help="Concurrent tasks per worker process.")]
+JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON for scripts.")]
+
+
+def warn_if_insecure(settings: Settings) -> None:
+    from fedqueue.config import insecure_broker
+
+    if insecure_broker(settings.broker_url):
+        errors.print(
+            f"warning: broker {mask_url(settings.broker_url)} is reached beyond loopback without a password; "
+            "set one (requirepass) and FEDQUEUE_REDIS_PASSWORD"
+        )
+
+
+def friendly_errors(command: F) -> F:
+    """Turn fedqueue's own errors into one red line and their exit code; never a traceback."""
+
+    @functools.wraps(command)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return command(*args, **kwargs)
+        except FedqueueError as err:
+            errors.print(f"[red]error:[/red] {err}", highlight=False)
+            raise typer.Exit(err.exit_code) from None
+
+    return wrapper  # type: ignore[return-value]
+
+
+PluginPathOpt = Annotated[
+    list[str] | None, typer.Option("--plugin-path", help="Folder to import plugins from (repeatable).")
+]
+
+
+def warn_if_no_workers(settings: Settings) -> None:
+    from fedqueue.queue.app import make_app
+
+    celery_app = make_app(settings)
+    try:
+        if not celery_app.control.ping(timeout=1.0):
+            errors.print("warning: no worker answers on this broker yet; its tasks wait for one (fedqueue worker)")
+    finally:
+        celery_app.close()

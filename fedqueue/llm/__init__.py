@@ -1,0 +1,1 @@
+"""The LLM batch-inference job kind."""

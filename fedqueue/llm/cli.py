@@ -1,0 +1,299 @@
+"""`fedqueue llm ...`: submit a batch job of prompts, follow it, read its status, export its outputs."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import tempfile
+import time
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from fedqueue.cli.common import (
+    JsonOpt,
+    PluginPathOpt,
+    ProcsOpt,
+    SlotsOpt,
+    console,
+    errors,
+    friendly_errors,
+    warn_if_insecure,
+    warn_if_no_workers,
+)
+from fedqueue.config import Settings
+from fedqueue.errors import ConfigError
+from fedqueue.llm.job import JobRequest, Submitted, submit_job
+from fedqueue.llm.results import job_counts, prompt_rows
+from fedqueue.llm.settings import GenerationSettings
+from fedqueue.llm.summary import job_summary
+from fedqueue.store import Store
+
+app = typer.Typer(
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    help="LLM batch jobs: a file of prompts generated in batches by the workers, outputs kept in the store.",
+)
+
+JobArg = Annotated[str, typer.Argument(help="Job id (printed by `fedqueue llm submit`).")]
+
+
+@app.command()
+@friendly_errors
+def submit(
+    input_path: Annotated[
+        Path, typer.Argument(metavar="INPUT", help="Prompts: JSONL ({prompt} or {messages}, optional id) or .txt.")
+    ],
+    model: Annotated[str, typer.Option(help="Model folder, cached hub id or .gguf file (read from local files).")],
+    max_new_tokens: Annotated[int, typer.Option(help="Most tokens generated per prompt.")] = 64,
+    temperature: Annotated[float, typer.Option(help="0 decodes greedily; above 0 samples.")] = 0.0,
+    top_p: Annotated[float, typer.Option(help="Nucleus sampling mass (with --temperature above 0).")] = 1.0,
+    seed: Annotated[int, typer.Option(help="Sampling seed; each prompt draws from its own generator.")] = 0,
+    dtype: Annotated[str, typer.Option(help="auto, float32, bfloat16 or float16.")] = "auto",
+    backend: Annotated[str, typer.Option(help="transformers (or vllm where installed).")] = "transformers",
+    batch_size: Annotated[int, typer.Option(help="Most prompts per batch.")] = 32,
+    max_batch_tokens: Annotated[
+        int | None, typer.Option(help="Most tokens per batch: prompts x (longest prompt + max new tokens).")
+    ] = None,
+    job: Annotated[
+        str | None, typer.Option(help="Name the job (default: derived from input, model, settings).")
+    ] = None,
+    strict: Annotated[bool, typer.Option(help="Refuse the whole input if any line is bad.")] = False,
+    detach: Annotated[bool, typer.Option(help="Print the job id and return (needs FEDQUEUE_BROKER_URL).")] = False,
+    procs: ProcsOpt = None,
+    slots: SlotsOpt = 1,
+    plugin_path: PluginPathOpt = None,
+) -> None:
+    """Submit a job and follow it to the end. Submitting the same input and model again generates only what is missing.
+
+    With no broker configured, an embedded Redis and local workers run it here.
+    """
+    from fedqueue import api
+    from fedqueue.store import open_store
+
+    generation = GenerationSettings(
+        max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, seed=seed, dtype=dtype, backend=backend
+    )
+    request = JobRequest(
+        input_path=input_path,
+        model=_model_name(model),
+        generation=generation,
+        batch_size=batch_size,
+        max_batch_tokens=max_batch_tokens,
+        job=job,
+        strict=strict,
+    )
+    _check_backend(backend)
+    settings = Settings.from_env().with_plugin_path(plugin_path)
+    warn_if_insecure(settings)
+    if detach and not settings.broker_url:
+        raise ConfigError("--detach: needs FEDQUEUE_BROKER_URL (start `fedqueue up` and export the URL it prints)")
+    open_store(settings.database_url, migrate=True).close()  # a bad database fails before any worker starts
+    if settings.broker_url:
+        submitted = _submit(settings, request)
+        if detach:
+            print(submitted.job_id)
+            return
+        warn_if_no_workers(settings)
+        summary = _follow(api.RunHandle(submitted.job_id, settings))
+    else:
+        console.print("starting embedded Redis and local workers")
+        with api.local_cluster(procs, slots, settings=settings) as cluster:
+            console.print(f"embedded Redis at {cluster.settings.broker_url}, {len(cluster.workers.specs)} workers")
+            submitted = _submit(cluster.settings, request)
+            summary = _follow(api.RunHandle(submitted.job_id, cluster.settings), cluster)
+    if summary["state"] != "finished":
+        raise typer.Exit(1)
+
+
+def _model_name(model: str) -> str:
+    """A model on disk is named by its absolute path, so workers started elsewhere find it."""
+    path = Path(model).expanduser()
+    if path.exists():
+        return str(path.resolve())
+    return model
+
+
+def _check_backend(backend: str) -> None:
+    if backend == "vllm" and importlib.util.find_spec("vllm") is None:
+        raise ConfigError("--backend vllm: vllm is not installed here; use --backend transformers")
+
+
+def _submit(settings: Settings, request: JobRequest) -> Submitted:
+    from fedqueue.queue.client import open_client
+
+    services = open_client(settings)
+    try:
+        submitted = submit_job(services, request)
+    finally:
+        services.close()
+    what = "continued" if submitted.resumed else "submitted"
+    console.print(
+        f"job [bold]{submitted.job_id}[/bold] {what}: {submitted.prompts} prompts, "
+        f"{submitted.enqueued} to generate in {len(submitted.batches)} batches",
+        highlight=False,
+    )
+    for error in submitted.input_errors[:5]:
+        errors.print(f"[yellow]skipped[/yellow] {error}", highlight=False)
+    if len(submitted.input_errors) > 5:
+        errors.print(f"... {len(submitted.input_errors) - 5} more bad lines (stored as failed rows)")
+    return submitted
+
+
+def _follow(handle: Any, cluster: Any = None) -> dict[str, Any]:
+    """Hold the job's lease (repairs) and show its progress until it ends."""
+    from fedqueue import api
+
+    with api.scheduling(handle) as supervisor:
+        try:
+            follow_job(handle.store, handle.id, console, tick=api.keep_running(supervisor, cluster))
+        except KeyboardInterrupt:
+            errors.print(f"stopped following; job {handle.id} goes on (submit it again to follow it)")
+            raise typer.Exit(130) from None
+    summary = job_summary(handle.store, handle.id)
+    print_job(console, summary)
+    return summary
+
+
+def follow_job(
+    store: Store,
+    job_id: str,
+    out: Console,
+    poll_s: float = 0.3,
+    tick: Callable[[], Iterable[str]] | None = None,
+) -> None:
+    """A progress bar of prompts stored, with generated tokens per second, until the job ends."""
+    progress = Progress(
+        TextColumn("[bold]prompts"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        TextColumn("{task.fields[note]}"),
+        console=out,
+    )
+    started = time.monotonic()
+    first_tokens: int | None = None
+    with progress:
+        bar = progress.add_task("", total=None, note="")
+        while True:
+            state = store.get_run(job_id).state
+            counts = job_counts(store, job_id)
+            tokens = counts.get("generated_tokens", 0)
+            first_tokens = tokens if first_tokens is None else first_tokens
+            elapsed = time.monotonic() - started
+            rate = (tokens - first_tokens) / elapsed if elapsed > 0 else 0.0
+            note = f"{rate:,.0f} tokens/s" + (f" · {counts['failed']} failed" if counts.get("failed") else "")
+            stored = counts.get("done", 0) + counts.get("failed", 0)
+            progress.update(bar, total=counts.get("total", 0), completed=stored, note=note)
+            if state != "running":
+                break
+            for action in tick() if tick is not None else ():
+                progress.console.print(f"[yellow]repair:[/yellow] {action}", highlight=False)
+            time.sleep(poll_s)
+
+
+def print_job(out: Console, summary: dict[str, Any]) -> None:
+    rate = summary["tokens_per_s"]
+    pad = summary["pad_fraction"]
+    out.print(
+        f"job {summary['id']} ({summary['state']}): {summary['done']} done, {summary['failed']} failed, "
+        f"{summary['pending']} pending of {summary['prompts']} prompts · {summary['generated_tokens']} tokens "
+        f"generated in {summary['wall_s']:.1f} s"
+        + ("" if rate is None else f" ({rate:,.0f} tokens/s)")
+        + ("" if pad is None else f" · padding {100 * pad:.0f} %"),
+        highlight=False,
+    )
+    for worker in summary["workers"]:
+        rate_text = "" if worker["tokens_per_s"] is None else f", {worker['tokens_per_s']:,.0f} tokens/s"
+        out.print(f"  {worker['worker']}: busy {worker['busy_s']:.1f} s{rate_text}", highlight=False)
+    for error in summary["errors"]:
+        name = f"id {error['id']!r}" if error["id"] is not None else f"line {error['line']}"
+        out.print(f"[yellow]{name} failed:[/yellow] {error['error']}", highlight=False)
+    if summary["failed"] > len(summary["errors"]):
+        out.print(f"... {summary['failed'] - len(summary['errors'])} more failed (fedqueue llm export)")
+
+
+def show_status(store: Store, job_id: str, as_json: bool) -> None:
+    """What `fedqueue status` prints for an LLM job."""
+    summary = job_summary(store, job_id)
+    if as_json:
+        print(json.dumps(summary, indent=2))
+    else:
+        print_job(console, summary)
+
+
+@app.command()
+@friendly_errors
+def status(job: JobArg, json_: JsonOpt = False) -> None:
+    """Prompts done, failed and pending, tokens per second per worker, padding, the first errors."""
+    from fedqueue.store import open_store
+
+    store = open_store(Settings.from_env().database_url)
+    try:
+        _require_llm_job(store, job)
+        show_status(store, job, json_)
+    finally:
+        store.close()
+
+
+@app.command()
+@friendly_errors
+def export(
+    job: JobArg,
+    out: Annotated[Path, typer.Option("--out", "-o", help="JSONL file to write (replaced whole, never half-written).")],
+) -> None:
+    """Write one JSON line per input line, in input order: id, line, state, output, tokens, finish reason, error."""
+    from fedqueue.store import open_store
+
+    store = open_store(Settings.from_env().database_url)
+    try:
+        _require_llm_job(store, job)
+        rows = prompt_rows(store, job)
+    finally:
+        store.close()
+    lines = [
+        json.dumps(
+            {
+                "id": row.input_id,
+                "line": row.line,
+                "state": row.state,
+                "output": row.output,
+                "prompt_tokens": row.prompt_tokens,
+                "generated_tokens": row.generated_tokens,
+                "finish_reason": row.finish_reason,
+                "error": row.error,
+            },
+            ensure_ascii=False,
+        )
+        for row in rows
+    ]
+    _write_atomically(out, "".join(line + "\n" for line in lines))
+    pending = sum(1 for row in rows if row.state == "pending")
+    note = f" ({pending} still pending)" if pending else ""
+    errors.print(f"{len(lines)} lines written to {out}{note}", highlight=False)
+
+
+def _require_llm_job(store: Store, job_id: str) -> None:
+    run = store.get_run(job_id)  # NotFound names the id
+    if run.kind != "llm":
+        raise ConfigError(f"{job_id}: a run of kind {run.kind!r}, not an LLM job (fedqueue status {job_id})")
+
+
+def _write_atomically(path: Path, text: str) -> None:
+    """Write beside the target and rename over it: a reader never sees half a file."""
+    folder = path.parent if str(path.parent) else Path(".")
+    if not folder.is_dir():
+        raise ConfigError(f"--out {path}: folder {folder} does not exist")
+    handle, temporary = tempfile.mkstemp(prefix=f".{path.name}.", dir=folder)
+    try:
+        with os.fdopen(handle, "w", encoding="utf-8") as file:
+            file.write(text)
+        os.replace(temporary, path)
+    except BaseException:
+        Path(temporary).unlink(missing_ok=True)
+        raise

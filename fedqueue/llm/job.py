@@ -1,0 +1,184 @@
+"""Submitting an LLM batch job: read the input, record a row per prompt, plan batches, enqueue them.
+
+Submitting the same input and model again continues the job: its id is derived from both, rows
+already there are kept, and only prompts still pending are planned and enqueued. No torch here.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from fedqueue.core.services import Services
+from fedqueue.errors import ConfigError, NotFound
+from fedqueue.llm.messages import KEY_MAX, KIND_NAME, GenerateBatch
+from fedqueue.llm.planner import PlannedBatch, approximate_tokens, deduplicate, plan_batches, token_counter
+from fedqueue.llm.prompts import InputError, PromptLine, read_prompt_file
+from fedqueue.llm.results import (
+    assign_batches,
+    insert_prompts,
+    job_counts,
+    next_batch_index,
+    pending_prompts,
+    settle_copies,
+)
+from fedqueue.llm.settings import GenerationSettings
+from fedqueue.store.schema import LlmPromptRow
+
+JOB_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,31}")
+
+
+@dataclass(frozen=True)
+class JobRequest:
+    """What `fedqueue llm submit` asks for."""
+
+    input_path: Path
+    model: str
+    generation: GenerationSettings = field(default_factory=GenerationSettings)
+    batch_size: int | None = 32
+    max_batch_tokens: int | None = None
+    job: str | None = None  # a name of the user's choosing; derived from the input and model when None
+    strict: bool = False
+
+    def config(self, input_sha256: str) -> dict[str, Any]:
+        """The run row's config: what decides the outputs, and the input it came from."""
+        return {
+            "model": self.model,
+            "generation": self.generation.to_dict(),
+            "batch_size": self.batch_size,
+            "max_batch_tokens": self.max_batch_tokens,
+            "input": self.input_path.name,
+            "input_sha256": input_sha256,
+        }
+
+
+@dataclass(frozen=True)
+class Submitted:
+    job_id: str
+    resumed: bool  # the job was there already: only its pending prompts were enqueued
+    prompts: int  # valid input lines
+    input_errors: list[InputError]
+    batches: list[PlannedBatch]
+
+    @property
+    def enqueued(self) -> int:
+        return sum(len(batch.keys) for batch in self.batches)
+
+
+def job_id_for(request: JobRequest, input_sha256: str) -> str:
+    if request.job is not None:
+        if not JOB_ID.fullmatch(request.job):
+            raise ConfigError("--job: 1 to 32 letters, digits, '_', '.' or '-', starting with a letter or digit")
+        return request.job
+    decided_by = {key: value for key, value in request.config(input_sha256).items() if key != "input"}
+    return "llm-" + hashlib.sha256(json.dumps(decided_by, sort_keys=True).encode()).hexdigest()[:12]
+
+
+def submit_job(services: Services, request: JobRequest) -> Submitted:
+    """Record the job (or find it), add its prompts, plan and enqueue whatever is pending."""
+    if request.batch_size is None and request.max_batch_tokens is None:
+        raise ConfigError("--batch-size or --max-batch-tokens: give at least one")
+    prompts, input_errors = read_prompt_file(request.input_path, strict=request.strict)
+    input_sha256 = hashlib.sha256(request.input_path.read_bytes()).hexdigest()
+    job_id = job_id_for(request, input_sha256)
+    config = request.config(input_sha256)
+    resumed = _open_job(services, job_id, config)
+    _, copies = deduplicate(prompts)
+    insert_prompts(services.store, [*_prompt_rows(job_id, prompts, copies), *_error_rows(job_id, input_errors)])
+    settle_copies(services.store, job_id)
+    if job_counts(services.store, job_id).get("pending", 0) == 0:
+        services.store.finish_run(job_id, "finished")  # nothing left to generate (a finished job is left as it is)
+        return Submitted(job_id, resumed, len(prompts), input_errors, [])
+    services.store.reopen_run(job_id)
+    return Submitted(job_id, resumed, len(prompts), input_errors, plan_pending(services, job_id, request))
+
+
+def plan_pending(services: Services, job_id: str, request: JobRequest) -> list[PlannedBatch]:
+    """Cut the job's pending prompts into batches, numbered after any earlier plan, and enqueue them."""
+    pending = [_prompt_line(row) for row in pending_prompts(services.store, job_id)]
+    if not pending:
+        return []
+    count = _counter(request.model)
+    lengths = [(prompt.key, count(prompt)) for prompt in pending]
+    planned = plan_batches(
+        lengths,
+        batch_size=request.batch_size,
+        max_batch_tokens=request.max_batch_tokens,
+        max_new_tokens=request.generation.max_new_tokens,
+    )
+    first = next_batch_index(services.store, job_id)
+    batches = [PlannedBatch(first + batch.index, batch.keys, batch.tokens) for batch in planned]
+    assign_batches(services.store, job_id, [(batch.index, batch.keys) for batch in batches])
+    now = time.time()
+    services.enqueue([GenerateBatch(job_id, batch.index, batch.keys, now) for batch in batches])
+    return batches
+
+
+def _open_job(services: Services, job_id: str, config: dict[str, Any]) -> bool:
+    """Create the job's run row, or check that the one there is this job; True when it was there."""
+    try:
+        run = services.store.get_run(job_id)
+    except NotFound:
+        name = config["input"][:200]
+        services.store.create_run(job_id, name, config, 0, kind=KIND_NAME, broker_id=services.broker_id())
+        return False
+    if run.kind != KIND_NAME:
+        raise ConfigError(f"--job {job_id}: that id belongs to a run of kind {run.kind!r}; choose another")
+    for setting in ("model", "generation"):
+        if run.config.get(setting) != config[setting]:
+            raise ConfigError(
+                f"job {job_id}: submitted before with another {setting} ({json.dumps(run.config.get(setting))}); "
+                "use another --job to run these settings"
+            )
+    return True
+
+
+def _prompt_rows(job_id: str, prompts: Sequence[PromptLine], copies: dict[str, str]) -> list[dict[str, Any]]:
+    return [
+        {
+            "run_id": job_id,
+            "key": prompt.key[:KEY_MAX],
+            "input_id": prompt.input_id,
+            "line": prompt.line,
+            "prompt_sha256": prompt.sha256,
+            "prompt": prompt.prompt,
+            "messages": None if prompt.messages is None else [list(pair) for pair in prompt.messages],
+            "same_as": copies.get(prompt.key),
+            "state": "pending",
+        }
+        for prompt in prompts
+    ]
+
+
+def _error_rows(job_id: str, input_errors: Sequence[InputError]) -> list[dict[str, Any]]:
+    """A row per bad input line, so the export shows it in its place with its error."""
+    return [
+        {
+            "run_id": job_id,
+            "key": f"error:line:{error.line}",
+            "input_id": error.input_id,
+            "line": error.line,
+            "prompt_sha256": "",
+            "state": "failed",
+            "error": error.message,
+        }
+        for error in input_errors
+    ]
+
+
+def _prompt_line(row: LlmPromptRow) -> PromptLine:
+    messages = None if row.messages is None else tuple((str(role), str(text)) for role, text in row.messages)
+    return PromptLine(key=row.key, input_id=row.input_id, line=row.line, prompt=row.prompt, messages=messages)
+
+
+def _counter(model: str) -> Any:
+    """Token counts for planning: the model's own tokenizer where it has a tokenizer.json, else an estimate."""
+    folder = Path(model)
+    found = token_counter(folder) if folder.is_dir() else None
+    return found or approximate_tokens

@@ -1,0 +1,61 @@
+"""The LLM job kind, as the core sees it: one task (a batch of prompts), its repair pass, its commands."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import Any
+
+from fedqueue.config import Settings
+from fedqueue.core.jobs import JobKind, TaskContext, TaskHandler
+from fedqueue.llm.messages import KIND_NAME, LLM_QUEUE, GenerateBatch
+from fedqueue.llm.repair import reconcile
+from fedqueue.llm.worker import ModelCache, fail_batch, run_batch
+
+GENERATE_BATCH = "fedqueue.generate_batch"
+
+
+def _generate(context: TaskContext, task: GenerateBatch) -> None:
+    run_batch(context.services, context.cache, task, context.worker, context.attempt)
+
+
+def _batch_failed(context: TaskContext, task: GenerateBatch, attempts: int, error: str) -> None:
+    fail_batch(context.services, task, context.worker, attempts, error)
+
+
+@contextlib.contextmanager
+def _generation_scope(settings: Settings) -> Iterator[None]:
+    """The task's CPU threads, and never FL's deterministic kernels (slower, and some generate ops refuse them)."""
+    import torch
+
+    threads, deterministic = torch.get_num_threads(), torch.are_deterministic_algorithms_enabled()
+    torch.set_num_threads(settings.threads_per_task)
+    torch.use_deterministic_algorithms(False)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+        torch.use_deterministic_algorithms(deterministic)
+
+
+def _commands() -> Any:
+    from fedqueue.llm.cli import app
+
+    return app
+
+
+def _show_status(store: Any, run_id: str, as_json: bool) -> None:
+    from fedqueue.llm.cli import show_status
+
+    show_status(store, run_id, as_json)
+
+
+KIND = JobKind(
+    name=KIND_NAME,
+    handlers=(TaskHandler(GENERATE_BATCH, LLM_QUEUE, GenerateBatch, _generate, _batch_failed),),
+    repair=reconcile,
+    new_cache=ModelCache,
+    task_scope=_generation_scope,
+    commands=_commands,
+    show_status=_show_status,
+)

@@ -1,0 +1,177 @@
+"""LLM batch jobs through real Redis and real worker processes, checked against a plain generation loop."""
+
+from __future__ import annotations
+
+import base64
+import json
+from pathlib import Path
+from typing import Any
+
+from fedqueue.config import Settings
+from fedqueue.core.services import Services
+from fedqueue.fl.rounds import final_state, submit_run
+from fedqueue.llm.generate import PromptIn, generate_batch
+from fedqueue.llm.job import JobRequest, Submitted, submit_job
+from fedqueue.llm.messages import GenerateBatch
+from fedqueue.llm.model import load_model
+from fedqueue.llm.results import prompt_rows
+from fedqueue.llm.settings import GenerationSettings
+from fedqueue.queue.client import open_client
+from tests.conftest import running_workers
+from tests.helpers import assert_same_weights, reference_final_state, small_config, wait_finished
+from tests.reliability_support import wait_until
+
+GENERATION = GenerationSettings(max_new_tokens=12)
+LONG_PROMPT = "x" * 400  # over the tiny model's 256-token context
+
+
+def write_input(path: Path, count: int) -> Path:
+    """`count` prompts of varied length, two chats, a repeated prompt, a malformed line and an over-long prompt."""
+    lines = [json.dumps({"id": f"p{i}", "prompt": f"Question {i}: " + "why " * (i % 9)}) for i in range(count - 2)]
+    lines += [
+        json.dumps({"id": "chat-1", "messages": [{"role": "user", "content": "Hello there"}]}),
+        json.dumps({"messages": [{"role": "system", "content": "Be brief"}, {"role": "user", "content": "Hi"}]}),
+        json.dumps({"id": "again", "prompt": "Question 1: why "}),  # the same text as p1
+        "{this line is not JSON",
+        json.dumps({"id": "long", "prompt": LONG_PROMPT}),
+    ]
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def expected_outputs(model_path: Path, rows: list[Any]) -> dict[str, str | None]:
+    """What a for-loop over the prompts, one at a time in this process, generates."""
+    loaded = load_model(str(model_path))
+    outputs: dict[str, str | None] = {}
+    for row in rows:
+        messages = None if row.messages is None else tuple((role, text) for role, text in row.messages)
+        [generation], _ = generate_batch(loaded, [PromptIn(row.key, row.prompt, messages)], GENERATION)
+        outputs[row.key] = generation.output
+    return outputs
+
+
+def submit(services: Services, input_path: Path, model: Path, **options: Any) -> Submitted:
+    request = JobRequest(input_path=input_path, model=str(model), generation=GENERATION, **options)
+    return submit_job(services, request)
+
+
+def test_a_job_on_two_workers_equals_the_one_at_a_time_loop(
+    settings: Settings, tmp_path: Path, tiny_model_path: Path
+) -> None:
+    input_path = write_input(tmp_path / "prompts.jsonl", 40)
+    services = open_client(settings)
+    submitted = submit(services, input_path, tiny_model_path, batch_size=8)
+    assert (submitted.prompts, [e.line for e in submitted.input_errors]) == (42, [42])
+    assert submitted.enqueued == 41  # the repeated prompt is stored from its first copy, not generated
+    with running_workers(settings, procs=2, log_dir=tmp_path / "logs"):
+        wait_finished(services.store, submitted.job_id, 120)
+    rows = prompt_rows(services.store, submitted.job_id)
+    assert [row.line for row in rows] == list(range(1, 44))  # every input line, in input order
+    by_id = {row.input_id: row for row in rows}
+    assert by_id["long"].state == "failed" and "exceeds the model's context" in (by_id["long"].error or "")
+    malformed = next(row for row in rows if row.line == 42)
+    assert malformed.state == "failed" and "not valid JSON" in (malformed.error or "")
+    generated = [row for row in rows if row.state == "done"]
+    assert len(generated) == 41
+    expected = expected_outputs(tiny_model_path, generated)
+    assert {row.key: row.output for row in generated} == expected
+    assert by_id["again"].output == by_id["p1"].output and by_id["again"].same_as == "id:p1"
+    # Both workers generated, and every batch has its row in the shared timing table.
+    timings = services.store.task_timings(submitted.job_id)
+    assert {t.task_type for t in timings} == {"generate"} and len(timings) == len(submitted.batches)
+    assert len({t.worker for t in timings}) == 2
+    assert all(t.enqueued_at <= t.started_at <= t.finished_at and t.compute_ms > 0 for t in timings)
+    services.close()
+
+
+def test_submitting_again_generates_only_what_is_missing(
+    settings: Settings, tmp_path: Path, tiny_model_path: Path
+) -> None:
+    """Half the batches are lost from the queue; submitting the same input again generates just their prompts."""
+    input_path = write_input(tmp_path / "prompts.jsonl", 23)  # 24 prompts to generate
+    services = open_client(settings)
+    first = submit(services, input_path, tiny_model_path, batch_size=4)
+    assert len(first.batches) == 6
+    lost = drop_queued(settings, 3)
+    with running_workers(settings, procs=1, log_dir=tmp_path / "logs-1"):
+        wait_until(lambda: len(pending_keys(services, first.job_id)) == 3 * 4, 60)
+    before = {row.key: (row.finished_at, row.output) for row in prompt_rows(services.store, first.job_id)}
+    assert services.store.get_run(first.job_id).state == "running"
+
+    again = submit(services, input_path, tiny_model_path, batch_size=4)
+    assert again.job_id == first.job_id and again.resumed and again.prompts == first.prompts
+    assert again.enqueued == 12 and {key for batch in again.batches for key in batch.keys} == lost
+    assert min(batch.index for batch in again.batches) > max(batch.index for batch in first.batches)
+    with running_workers(settings, procs=2, log_dir=tmp_path / "logs-2"):
+        wait_finished(services.store, first.job_id, 120)
+    rows = prompt_rows(services.store, first.job_id)
+    assert all(row.state != "pending" for row in rows)
+    for row in rows:  # rows stored before the second submit were not written again
+        if row.key not in lost and before[row.key][0] is not None:
+            assert (row.finished_at, row.output) == before[row.key]
+    generated = [row for row in rows if row.state == "done"]
+    assert {row.key: row.output for row in generated} == expected_outputs(tiny_model_path, generated)
+    services.close()
+
+
+def drop_queued(settings: Settings, count: int) -> set[str]:
+    """Take `count` batch messages off the LLM queue, as a broker that lost them; their prompt keys."""
+    from fedqueue.core.services import connect_redis
+    from fedqueue.llm.messages import LLM_QUEUE
+
+    client = connect_redis(settings.broker_url or "")
+    keys: set[str] = set()
+    try:
+        for _ in range(count):
+            message = json.loads(client.rpop(f"{settings.key_prefix}:{settings.queue(LLM_QUEUE)}"))
+            body = json.loads(base64.b64decode(message["body"]))
+            keys.update(body[0][0]["keys"])
+    finally:
+        client.close()
+    return keys
+
+
+def pending_keys(services: Services, job_id: str) -> set[str]:
+    return {row.key for row in prompt_rows(services.store, job_id) if row.state == "pending" and row.same_as is None}
+
+
+def test_a_batch_delivered_twice_is_stored_once(settings: Settings, tmp_path: Path, tiny_model_path: Path) -> None:
+    input_path = write_input(tmp_path / "prompts.jsonl", 10)
+    services = open_client(settings)
+    publish = services.enqueue
+    services.enqueue = lambda tasks: publish(list(tasks) + list(tasks))  # every batch sent twice
+    submitted = submit(services, input_path, tiny_model_path, batch_size=16)
+    [batch] = submitted.batches
+    task = GenerateBatch(submitted.job_id, batch.index, batch.keys, 0.0)
+    with running_workers(settings, procs=2, log_dir=tmp_path / "logs"):
+        wait_finished(services.store, submitted.job_id, 120)
+        stored = {row.key: (row.finished_at, row.worker) for row in prompt_rows(services.store, submitted.job_id)}
+        # The second delivery reaches a worker too (the attempt counter sees both), and finds nothing pending.
+        wait_until(lambda: services.attempts(task.attempt_key) == 2, 60)
+        wait_until(lambda: not services.running_of([task.attempt_key])[task.attempt_key], 60)
+    after = {row.key: (row.finished_at, row.worker) for row in prompt_rows(services.store, submitted.job_id)}
+    assert after == stored
+    assert len(services.store.task_timings(submitted.job_id)) == 1
+    services.close()
+
+
+def test_fl_rounds_and_an_llm_job_share_the_same_workers(
+    settings: Settings, tmp_path: Path, tiny_model_path: Path
+) -> None:
+    procs = 2
+    config = small_config(rounds=2)
+    input_path = write_input(tmp_path / "prompts.jsonl", 16)
+    services = open_client(settings)
+    with running_workers(settings, procs=procs, log_dir=tmp_path / "logs"):
+        run_id = submit_run(services, config)
+        job = submit(services, input_path, tiny_model_path, batch_size=4)
+        wait_finished(services.store, run_id, 120)
+        wait_finished(services.store, job.job_id, 120)
+    fl_workers = {t.worker for t in services.store.task_timings(run_id)}
+    llm_workers = {t.worker for t in services.store.task_timings(job.job_id)}
+    assert len(fl_workers | llm_workers) == procs and fl_workers & llm_workers
+    # FL's weights are untouched by generation running beside it in the same processes.
+    assert_same_weights(final_state(services.store, run_id), reference_final_state(config))
+    rows = [row for row in prompt_rows(services.store, job.job_id) if row.state == "done"]
+    assert {row.key: row.output for row in rows} == expected_outputs(tiny_model_path, rows)
+    services.close()
