@@ -28,7 +28,7 @@ from fedqueue.cli.common import (
 )
 from fedqueue.config import Settings
 from fedqueue.errors import ConfigError
-from fedqueue.llm.job import JobRequest, Submitted, submit_job
+from fedqueue.llm.job import JobRequest, Submitted, check_request, submit_job
 from fedqueue.llm.results import job_counts, prompt_rows
 from fedqueue.llm.settings import GenerationSettings
 from fedqueue.llm.summary import job_summary
@@ -89,10 +89,12 @@ def submit(
         strict=strict,
     )
     _check_backend(backend)
+    check_request(request)  # a bad input line (--strict), limit or job name: refused before anything is written
     settings = Settings.from_env().with_plugin_path(plugin_path)
     warn_if_insecure(settings)
     if detach and not settings.broker_url:
         raise ConfigError("--detach: needs FEDQUEUE_BROKER_URL (start `fedqueue up` and export the URL it prints)")
+    _check_model_here(request.model, must_exist=not settings.broker_url)
     open_store(settings.database_url, migrate=True).close()  # a bad database fails before any worker starts
     if settings.broker_url:
         submitted = _submit(settings, request)
@@ -117,6 +119,27 @@ def _model_name(model: str) -> str:
     if path.exists():
         return str(path.resolve())
     return model
+
+
+def _check_model_here(model: str, must_exist: bool) -> None:
+    """Models are read from local files only: say so now rather than fail every batch on the workers.
+
+    Workers elsewhere (a broker is configured) may hold a model this machine lacks: then only a warning.
+    """
+    if Path(model).exists():
+        return
+    looks_like_path = model.startswith(("/", ".", "~")) or model.count("/") > 1 or model.endswith(".gguf")
+    if looks_like_path:
+        problem = "no such file or directory"
+    else:
+        from huggingface_hub import try_to_load_from_cache
+
+        if isinstance(try_to_load_from_cache(model, "config.json"), str):
+            return
+        problem = "not in this machine's Hugging Face cache (models are never downloaded)"
+    if must_exist:
+        raise ConfigError(f"--model {model}: {problem}")
+    errors.print(f"warning: --model {model}: {problem}; the workers must have it", highlight=False)
 
 
 def _check_backend(backend: str) -> None:

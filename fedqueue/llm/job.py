@@ -80,6 +80,13 @@ def job_id_for(request: JobRequest, input_sha256: str) -> str:
     return "llm-" + hashlib.sha256(json.dumps(decided_by, sort_keys=True).encode()).hexdigest()[:12]
 
 
+def check_request(request: JobRequest) -> None:
+    """Everything about a request that can be wrong, checked before anything is started or written."""
+    plan_batches([], batch_size=request.batch_size, max_batch_tokens=request.max_batch_tokens)
+    job_id_for(request, "")
+    read_prompt_file(request.input_path, strict=request.strict)
+
+
 def submit_job(services: Services, request: JobRequest) -> Submitted:
     """Record the job (or find it), add its prompts, plan and enqueue whatever is pending."""
     if request.batch_size is None and request.max_batch_tokens is None:

@@ -1,0 +1,96 @@
+"""`fedqueue llm ...` as a user runs it: embedded Redis when nothing is configured, one-line errors, exports."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tests.test_cli import cli_env, fedqueue, our_processes
+
+
+def write_prompts(path: Path, lines: list[str]) -> Path:
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def test_submit_with_nothing_configured_then_status_and_export(tmp_path: Path, tiny_model_path: Path) -> None:
+    before = our_processes()
+    prompts = [json.dumps({"id": f"q{i}", "prompt": "Say " + "a" * i}) for i in range(12)]
+    input_path = write_prompts(tmp_path / "in.jsonl", [*prompts[:5], "{bad", *prompts[5:]])
+    args = ("llm", "submit", str(input_path), "--model", str(tiny_model_path), "--max-new-tokens", "8")
+    result = fedqueue(*args, "--batch-size", "4", "--procs", "2", cwd=tmp_path, env=cli_env(), timeout=240)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "embedded Redis at redis://127.0.0.1:" in result.stdout
+    assert "line 6: not valid JSON" in result.stderr  # the bad line is named, the job goes on
+    assert our_processes() - before == set()
+    [job] = json.loads(fedqueue("runs", "--json", cwd=tmp_path, env=cli_env()).stdout)
+    status = json.loads(fedqueue("status", job["id"], "--json", cwd=tmp_path, env=cli_env()).stdout)
+    assert (status["kind"], status["state"], status["done"], status["failed"]) == ("llm", "finished", 12, 1)
+    assert status["generated_tokens"] == 12 * 8 and len(status["workers"]) >= 1
+    assert status["errors"] == [
+        {
+            "line": 6,
+            "id": None,
+            "error": "not valid JSON (Expecting property name enclosed in double quotes at column 2)",
+        }
+    ]
+
+    out = tmp_path / "out.jsonl"
+    exported = fedqueue("llm", "export", job["id"], "-o", str(out), cwd=tmp_path, env=cli_env())
+    assert exported.returncode == 0, exported.stderr
+    lines = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [line["line"] for line in lines] == list(range(1, 14))  # input order, the bad line in its place
+    assert [line["id"] for line in lines if line["state"] == "done"] == [f"q{i}" for i in range(12)]
+    assert all(line["output"] and line["generated_tokens"] == 8 for line in lines if line["state"] == "done")
+
+    # The same input and model again: nothing left to generate, the stored rows stay as they were.
+    again = fedqueue(*args, "--batch-size", "4", "--procs", "1", cwd=tmp_path, env=cli_env(), timeout=240)
+    assert again.returncode == 0, again.stderr
+    assert "continued: 12 prompts, 0 to generate" in again.stdout
+    exported = fedqueue("llm", "export", job["id"], "-o", str(out), cwd=tmp_path, env=cli_env())
+    assert [json.loads(line) for line in out.read_text().splitlines()] == lines
+
+
+@pytest.mark.parametrize(
+    ("extra", "lines", "field"),
+    [
+        ((), None, "no such file"),
+        (("--strict",), ['{"prompt": "fine"}', '{"prompt": 3}'], "line 2: prompt"),
+        ((), ["", "  "], "no prompts in it"),
+        (("--batch-size", "0"), ['{"prompt": "a"}'], "--batch-size"),
+        (("--max-new-tokens", "0"), ['{"prompt": "a"}'], "max_new_tokens"),
+        (("--temperature", "-1"), ['{"prompt": "a"}'], "temperature"),
+        (("--job", "bad name!"), ['{"prompt": "a"}'], "--job"),
+        (("--dtype", "int3"), ['{"prompt": "a"}'], "dtype"),
+    ],
+)
+def test_bad_input_is_one_line_exit_2_and_writes_nothing(
+    tmp_path: Path, tiny_model_path: Path, extra: tuple[str, ...], lines: list[str] | None, field: str
+) -> None:
+    input_path = tmp_path / "in.jsonl"
+    if lines is not None:
+        write_prompts(input_path, lines)
+    database = tmp_path / "store.db"
+    env = cli_env(FEDQUEUE_DATABASE_URL=f"sqlite:///{database}")
+    result = fedqueue("llm", "submit", str(input_path), "--model", str(tiny_model_path), *extra, cwd=tmp_path, env=env)
+    assert result.returncode == 2, result.stdout + result.stderr
+    errors = result.stderr.strip().splitlines()
+    assert len(errors) == 1 and field in errors[0], result.stderr
+    assert "Traceback" not in result.stderr + result.stdout
+    assert not database.exists()
+
+
+def test_a_missing_model_is_refused_before_workers_start(tmp_path: Path) -> None:
+    input_path = write_prompts(tmp_path / "in.jsonl", ['{"prompt": "a"}'])
+    for model in ("./no-such-model", "nobody/no-such-model"):
+        result = fedqueue("llm", "submit", str(input_path), "--model", model, cwd=tmp_path, env=cli_env())
+        assert result.returncode == 2 and result.stderr.startswith(f"error: --model {model}: "), result.stderr
+        assert "embedded Redis" not in result.stdout
+
+
+def test_export_of_an_fl_run_or_unknown_job_is_one_line(tmp_path: Path) -> None:
+    result = fedqueue("llm", "export", "nope", "-o", str(tmp_path / "x.jsonl"), cwd=tmp_path, env=cli_env())
+    assert result.returncode == 2 and len(result.stderr.strip().splitlines()) == 1
+    assert not (tmp_path / "x.jsonl").exists()
