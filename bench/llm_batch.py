@@ -1,0 +1,192 @@
+"""LLM batch inference: a for-loop of generate() calls against a fedqueue job on the same machine.
+
+    .venv/bin/python bench/llm_batch.py [--prompts 128] [--new-tokens 32] [--models tiny bench]
+
+The same prompts (varied lengths) on the same model, greedy, float32:
+  (a) loop     - one process calls `model.generate()` once per prompt, as a batch script would
+                 (torch's default thread count: every core);
+  (b) fedqueue - `fedqueue llm` through the embedded Redis and one worker process per core
+                 (one thread each), timed from submit to the last stored row, with the workers
+                 already running and the model loaded (a warm-up job loads it in every worker).
+The cold start (cluster up, first model load) is reported apart. Outputs of (b) are compared
+with (a) prompt by prompt. Models: "tiny" (2 layers, 64 wide) and "bench" (~25M: 8 layers, 512 wide).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from common import ForeignLoad, machine, machine_line, markdown_table, ratio, verdict, wait_for_quiet  # noqa: E402
+
+TARGETS = {"tiny": 4.0, "bench": 2.5}  # (b)/(a) on a 2-core machine
+WORDS = "the a of to model queue worker batch token prompt answer question why how long short".split()
+
+
+def make_prompts(count: int, seed: int = 0) -> list[str]:
+    """Prompts of 2 to 30 words (at most ~200 characters: the tiny model reads 256), in no particular order."""
+    generator = random.Random(seed)
+    return [" ".join(generator.choice(WORDS) for _ in range(generator.randint(2, 30))) for _ in range(count)]
+
+
+def build_model(kind: str, folder: Path) -> Path:
+    from fedqueue.llm.tiny import build_bench_llama, build_tiny_llama
+
+    path = folder / kind
+    return build_bench_llama(path) if kind == "bench" else build_tiny_llama(path)
+
+
+def way_loop(model_path: Path, prompts: list[str], new_tokens: int) -> tuple[float, list[str], int]:
+    """(a): generate() per prompt; seconds, outputs, generated tokens."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(model_path)
+    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).eval()
+    outputs, generated = [], 0
+    began = time.perf_counter()
+    with torch.inference_mode():
+        for prompt in prompts:
+            inputs = tokenizer(prompt, return_tensors="pt")
+            ids = model.generate(
+                **inputs, max_new_tokens=new_tokens, do_sample=False, pad_token_id=tokenizer.pad_token_id
+            )[0, inputs["input_ids"].shape[1] :]
+            generated += len(ids)
+            outputs.append(tokenizer.decode(ids, skip_special_tokens=True))
+    return time.perf_counter() - began, outputs, generated
+
+
+def way_fedqueue(
+    model_path: Path, prompts: list[str], new_tokens: int, batch_size: int, folder: Path
+) -> dict[str, Any]:
+    """(b): a warm cluster; returns seconds, outputs in input order, pad fraction and the cold start."""
+    import fedqueue
+    from fedqueue.config import Settings
+    from fedqueue.llm.job import JobRequest, submit_job
+    from fedqueue.llm.results import prompt_rows
+    from fedqueue.llm.settings import GenerationSettings
+    from fedqueue.llm.summary import job_summary
+    from fedqueue.queue.client import open_client
+
+    settings = Settings(database_url=f"sqlite:///{folder / f'llm-{model_path.name}.db'}", key_prefix="bench-llm")
+    generation = GenerationSettings(max_new_tokens=new_tokens, dtype="float32")
+    cold = time.perf_counter()
+    with fedqueue.local_cluster(settings=settings) as cluster:
+        services = open_client(cluster.settings)
+        procs = len(cluster.workers.specs)
+        # Warm-up: one-prompt batches until every worker has loaded the model.
+        warm_input = folder / "warm.jsonl"
+        warm_input.write_text("".join(json.dumps({"prompt": f"warm {i}"}) + "\n" for i in range(4 * procs)))
+        warm = submit_job(services, JobRequest(warm_input, str(model_path), generation, batch_size=1))
+        _wait(services, warm.job_id)
+        cold_s = time.perf_counter() - cold
+        loads = [t for t in services.store.task_timings(warm.job_id) if t.load_ms > 100]
+        loaded_by = {t.worker for t in services.store.task_timings(warm.job_id)}
+        if len(loaded_by) < procs:
+            print(f"WARNING: only {len(loaded_by)} of {procs} workers took a warm-up batch")
+
+        input_path = folder / f"prompts-{model_path.name}.jsonl"
+        input_path.write_text("".join(json.dumps({"id": i, "prompt": p}) + "\n" for i, p in enumerate(prompts)))
+        request = JobRequest(input_path, str(model_path), generation, batch_size=batch_size)
+        began = time.perf_counter()
+        submitted = submit_job(services, request)
+        _wait(services, submitted.job_id)
+        seconds = time.perf_counter() - began
+        rows = prompt_rows(services.store, submitted.job_id)
+        summary = job_summary(services.store, submitted.job_id)
+        services.close()
+    return {
+        "seconds": seconds,
+        "outputs": [row.output or "" for row in rows],
+        "generated": summary["generated_tokens"],
+        "pad_fraction": summary["pad_fraction"],
+        "batches": len(submitted.batches),
+        "procs": procs,
+        "cold_s": cold_s,
+        "model_load_s": max((t.load_ms for t in loads), default=0.0) / 1000,
+    }
+
+
+def _wait(services: Any, job_id: str, timeout_s: float = 1800) -> None:
+    deadline = time.monotonic() + timeout_s
+    while services.store.get_run(job_id).state == "running":
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"job {job_id} still running after {timeout_s} s")
+        time.sleep(0.05)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--prompts", type=int, default=128)
+    parser.add_argument("--new-tokens", type=int, default=32)
+    parser.add_argument("--batch-size", type=int, default=16)
+    parser.add_argument("--models", nargs="+", default=["tiny", "bench"], choices=["tiny", "bench"])
+    args = parser.parse_args()
+
+    info = machine()
+    print(machine_line(info))
+    prompts = make_prompts(args.prompts)
+    rows, notes = [], []
+    load = ForeignLoad()
+    with tempfile.TemporaryDirectory(prefix="fedqueue-bench-llm-") as name:
+        folder = Path(name)
+        for kind in args.models:
+            model_path = build_model(kind, folder)
+            wait_for_quiet()
+            loop_s, loop_outputs, loop_tokens = way_loop(model_path, prompts, args.new_tokens)
+            queued = way_fedqueue(model_path, prompts, args.new_tokens, args.batch_size, folder)
+            same = sum(a == b for a, b in zip(loop_outputs, queued["outputs"], strict=True))
+            speedup = loop_s / queued["seconds"]
+            rows.append(
+                [
+                    kind,
+                    f"{len(prompts) / loop_s:.1f}",
+                    f"{loop_tokens / loop_s:.0f}",
+                    f"{len(prompts) / queued['seconds']:.1f}",
+                    f"{queued['generated'] / queued['seconds']:.0f}",
+                    f"{100 * (queued['pad_fraction'] or 0):.1f} %",
+                    ratio(loop_s, queued["seconds"]),
+                    f"{TARGETS[kind]:.1f}x {verdict(speedup >= TARGETS[kind])}",
+                    f"{same}/{len(prompts)}",
+                ]
+            )
+            notes.append(
+                f"{kind}: (a) {loop_s:.2f} s, (b) {queued['seconds']:.2f} s on {queued['procs']} workers in "
+                f"{queued['batches']} batches of up to {args.batch_size}; cold start {queued['cold_s']:.1f} s "
+                f"(cluster up and the first model load, {queued['model_load_s']:.2f} s of it loading)"
+            )
+    print()
+    print(
+        markdown_table(
+            [
+                "model",
+                "(a) prompts/s",
+                "(a) tokens/s",
+                "(b) prompts/s",
+                "(b) tokens/s",
+                "(b) padding",
+                "b/a",
+                "target",
+                "same output",
+            ],
+            rows,
+        )
+    )
+    print()
+    for note in notes:
+        print(note)
+    print(f"{len(prompts)} prompts, {args.new_tokens} new tokens each at most, greedy, float32; {os.cpu_count()} cores")
+    print(load.report())
+
+
+if __name__ == "__main__":
+    main()
