@@ -97,11 +97,12 @@ def context_length(config: Any) -> int:
 
 
 def _require_gguf(name: str) -> None:
-    from transformers.utils import is_gguf_available
+    from transformers.utils import is_accelerate_available, is_gguf_available
 
-    if not is_gguf_available():
+    if not (is_gguf_available() and is_accelerate_available()):
         raise ConfigError(
-            f"model {name}: reading GGUF files needs the gguf package (pip install fedqueue[gguf], or pip install gguf)"
+            f"model {name}: reading GGUF files needs the gguf and accelerate packages "
+            "(pip install fedqueue[gguf], or pip install gguf accelerate)"
         )
 
 
