@@ -44,3 +44,25 @@ def test_worker_command_uses_threads_pool_and_bounded_slots() -> None:
     # The control queue first: aggregations are read before device tasks.
     assert "--hostname gpu1@%h" in joined and "--queues p.control,p.devices" in joined
     assert "solo" not in joined
+
+
+def test_gpu_groups_for_models_larger_than_one_gpu() -> None:
+    specs = plan_workers(["0", "1", "2", "3"], procs=None, slots=1, gpus_per_worker=2)
+    assert [(s.name, s.cuda_visible_devices) for s in specs] == [("gpu0-1", "0,1"), ("gpu2-3", "2,3")]
+    by_uuid = plan_workers(["GPU-a", "GPU-b"], procs=None, slots=1, gpus_per_worker=2)
+    assert [(s.name, s.cuda_visible_devices) for s in by_uuid] == [("gpu0", "GPU-a,GPU-b")]
+    assert [s.name for s in plan_workers(["4"], procs=None, slots=1, gpus_per_worker=1)] == ["gpu4"]
+
+
+@pytest.mark.parametrize(
+    ("gpus", "procs", "per_worker", "message"),
+    [
+        (["0", "1", "2"], None, 2, "3 GPUs do not split into groups of 2"),
+        ([], None, 2, "needs GPUs"),
+        (["0", "1"], 2, 2, "needs GPUs"),
+        (["0"], None, 0, "must be at least 1"),
+    ],
+)
+def test_bad_gpu_groups_are_refused(gpus: list[str], procs: int | None, per_worker: int, message: str) -> None:
+    with pytest.raises(ConfigError, match=f"--gpus-per-worker: .*{message}"):
+        plan_workers(gpus, procs=procs, slots=1, gpus_per_worker=per_worker)

@@ -13,6 +13,7 @@ from rich import box
 from rich.table import Table
 
 from fedqueue.cli.common import (
+    GpusPerWorkerOpt,
     JsonOpt,
     PluginPathOpt,
     ProcsOpt,
@@ -253,6 +254,7 @@ def worker(
     ] = None,
     plugin_path: PluginPathOpt = None,
     jobs: JobsOpt = None,
+    gpus_per_worker: GpusPerWorkerOpt = 1,
 ) -> None:
     """Start one worker process per GPU (or per core) on the configured broker; stop with Ctrl-C.
 
@@ -269,7 +271,7 @@ def worker(
     job_kinds.select(settings.jobs)  # an unknown kind is refused before anything starts
     services = open_client(settings)  # the broker answers, the store is current
     found = [g.strip() for g in gpus.split(",") if g.strip()] if gpus else detect_gpus()
-    group = WorkerGroup(settings, plan_workers(found, procs, slots)).start()
+    group = WorkerGroup(settings, plan_workers(found, procs, slots, gpus_per_worker)).start()
     try:
         _supervise(group, f"{len(group.specs)} workers on {mask_url(settings.broker_url)}", services)
     finally:
@@ -278,14 +280,19 @@ def worker(
 
 @app.command()
 @friendly_errors
-def up(procs: ProcsOpt = None, slots: SlotsOpt = 1, plugin_path: PluginPathOpt = None) -> None:
+def up(
+    procs: ProcsOpt = None,
+    slots: SlotsOpt = 1,
+    plugin_path: PluginPathOpt = None,
+    gpus_per_worker: GpusPerWorkerOpt = 1,
+) -> None:
     """Run an embedded Redis and local workers in the foreground, for submitting from another shell."""
     from fedqueue.core.local import LocalCluster
     from fedqueue.queue.client import open_client
     from fedqueue.queue.workers import detect_gpus, plan_workers
 
     settings = Settings.from_env().with_plugin_path(plugin_path)
-    specs = plan_workers(detect_gpus(), procs, slots)
+    specs = plan_workers(detect_gpus(), procs, slots, gpus_per_worker)
     cluster = LocalCluster.start(settings, specs)
     console.print(f"broker ready: export FEDQUEUE_BROKER_URL={cluster.settings.broker_url}")
     services = open_client(cluster.settings)

@@ -20,6 +20,9 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 ProcsOpt = Annotated[int | None, typer.Option(help="Worker processes on a host without GPUs (default: one per core).")]
 SlotsOpt = Annotated[int, typer.Option(help="Concurrent tasks per worker process.")]
+GpusPerWorkerOpt = Annotated[
+    int, typer.Option(help="GPUs per worker process, for models larger than one GPU (spread with device_map=auto).")
+]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON for scripts.")]
 
 

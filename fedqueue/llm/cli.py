@@ -16,6 +16,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from fedqueue.cli.common import (
+    GpusPerWorkerOpt,
     JsonOpt,
     PluginPathOpt,
     ProcsOpt,
@@ -67,6 +68,7 @@ def submit(
     detach: Annotated[bool, typer.Option(help="Print the job id and return (needs FEDQUEUE_BROKER_URL).")] = False,
     procs: ProcsOpt = None,
     slots: SlotsOpt = 1,
+    gpus_per_worker: GpusPerWorkerOpt = 1,
     plugin_path: PluginPathOpt = None,
 ) -> None:
     """Submit a job and follow it to the end. Submitting the same input and model again generates only what is missing.
@@ -105,7 +107,7 @@ def submit(
         summary = _follow(api.RunHandle(submitted.job_id, settings))
     else:
         console.print("starting embedded Redis and local workers")
-        with api.local_cluster(procs, slots, settings=settings) as cluster:
+        with api.local_cluster(procs, slots, settings=settings, gpus_per_worker=gpus_per_worker) as cluster:
             console.print(f"embedded Redis at {cluster.settings.broker_url}, {len(cluster.workers.specs)} workers")
             submitted = _submit(cluster.settings, request)
             summary = _follow(api.RunHandle(submitted.job_id, cluster.settings), cluster)

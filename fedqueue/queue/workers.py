@@ -39,7 +39,7 @@ def stop_when_parent_dies() -> None:
 @dataclass(frozen=True)
 class WorkerSpec:
     name: str  # "gpu0" or "cpu0": the part of the hostname before '@'
-    cuda_visible_devices: str  # an index or a GPU/MIG UUID; "" hides every GPU
+    cuda_visible_devices: str  # GPU indices or GPU/MIG UUIDs, comma-separated; "" hides every GPU
     slots: int
 
 
@@ -60,19 +60,33 @@ def detect_gpus() -> list[str]:
     return [line.strip() for line in out.stdout.splitlines() if line.strip().isdigit()] if out.returncode == 0 else []
 
 
-def plan_workers(gpus: list[str], procs: int | None, slots: int) -> list[WorkerSpec]:
+def plan_workers(gpus: list[str], procs: int | None, slots: int, gpus_per_worker: int = 1) -> list[WorkerSpec]:
+    """One worker per GPU, or per group of `gpus_per_worker` GPUs (a model too large for one), or per core."""
     if slots < 1:
         raise ConfigError(f"--slots: must be at least 1, got {slots}")
     if procs is not None and procs < 1:
         raise ConfigError(f"--procs: must be at least 1, got {procs}")
+    if gpus_per_worker < 1:
+        raise ConfigError(f"--gpus-per-worker: must be at least 1, got {gpus_per_worker}")
+    if gpus_per_worker > 1 and (not gpus or procs is not None):
+        raise ConfigError("--gpus-per-worker: needs GPUs (none found here, or --procs asks for CPU workers)")
+    if gpus and len(gpus) % gpus_per_worker:
+        raise ConfigError(f"--gpus-per-worker: {len(gpus)} GPUs do not split into groups of {gpus_per_worker}")
     if gpus and procs is None:
-        # An index names the worker after its GPU (gpu3); a UUID (GPU-..., MIG-...) by its position.
+        groups = [gpus[start : start + gpus_per_worker] for start in range(0, len(gpus), gpus_per_worker)]
         return [
-            WorkerSpec(name=f"gpu{gpu if gpu.isdigit() else position}", cuda_visible_devices=gpu, slots=slots)
-            for position, gpu in enumerate(gpus)
+            WorkerSpec(name=_gpu_worker_name(group, position), cuda_visible_devices=",".join(group), slots=slots)
+            for position, group in enumerate(groups)
         ]
     count = procs if procs is not None else (os.cpu_count() or 1)
     return [WorkerSpec(name=f"cpu{index}", cuda_visible_devices="", slots=slots) for index in range(count)]
+
+
+def _gpu_worker_name(group: list[str], position: int) -> str:
+    """gpu3 for GPU 3, gpu0-1 for GPUs 0 and 1; GPUs named by UUID (GPU-..., MIG-...) by the group's position."""
+    if all(gpu.isdigit() for gpu in group):
+        return f"gpu{group[0]}" if len(group) == 1 else f"gpu{group[0]}-{group[-1]}"
+    return f"gpu{position}"
 
 
 def worker_queues(settings: Settings) -> list[str]:
