@@ -83,6 +83,8 @@ class JobKind:
     commands: Callable[[], Any] | None = None
     # Prints a run of this kind for `fedqueue status RUN [--json]`: (store, run id, as JSON).
     show_status: Callable[[Any, str, bool], None] | None = None
+    # The kind's own numbers of a run, for `fedqueue report` (store, run id) -> JSON-able dict.
+    report_numbers: Callable[[Any, str], dict[str, Any]] | None = None
 
     @property
     def queues(self) -> tuple[str, ...]:

@@ -44,6 +44,12 @@ def _commands() -> Any:
     return app
 
 
+def _report_numbers(store: Any, run_id: str) -> dict[str, Any]:
+    from fedqueue.llm.summary import job_summary
+
+    return job_summary(store, run_id)
+
+
 def _show_status(store: Any, run_id: str, as_json: bool) -> None:
     from fedqueue.llm.cli import show_status
 
@@ -58,4 +64,5 @@ KIND = JobKind(
     task_scope=_generation_scope,
     commands=_commands,
     show_status=_show_status,
+    report_numbers=_report_numbers,
 )

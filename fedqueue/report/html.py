@@ -169,6 +169,30 @@ def _rounds(report: dict[str, Any]) -> str:
     return _table(headers, rows, (1,))
 
 
+def _rounds_section(report: dict[str, Any]) -> str:
+    if not report["rounds"]:  # a job kind without rounds (LLM batches)
+        return ""
+    return f"""<h2>Rounds</h2>
+{_rounds(report)}
+<img src="accuracy.png" alt="accuracy and loss per round">
+"""
+
+
+def _job(report: dict[str, Any]) -> str:
+    """The job kind's own numbers: scalars as one table, its per-worker rows as another."""
+    job = report.get("job")
+    if not job:
+        return ""
+    scalars = [(key, _fmt(value, 4) if isinstance(value, float) else value) for key, value in job.items()]
+    scalars = [(key, value) for key, value in scalars if isinstance(value, (str, int, float)) or value is None]
+    parts = ["<h2>Job</h2>", _table(["", "value"], [(key, "" if v is None else v) for key, v in scalars], (0, 1))]
+    workers = job.get("workers") or []
+    if workers:
+        headers = list(workers[0])
+        parts.append(_table(headers, [tuple(row[h] for h in headers) for row in workers], (0,)))
+    return "\n".join(parts) + "\n"
+
+
 def _slowest(report: dict[str, Any]) -> str:
     rows = [
         (
@@ -230,10 +254,8 @@ def render_html(report: dict[str, Any]) -> str:
 <img src="concurrency.png" alt="tasks running at once against the number of slots">
 <h2>Where the time went</h2>
 {_breakdown(report)}
-<h2>Rounds</h2>
-{_rounds(report)}
-<img src="accuracy.png" alt="accuracy and loss per round">
-<h2>Slowest devices</h2>
+{_job(report)}{_rounds_section(report)}
+<h2>Slowest tasks</h2>
 {_slowest(report)}
 <h2>Device utilization</h2>
 {_utilization(report)}

@@ -83,7 +83,18 @@ def load_run_data(store: Store, run_id: str, now: float | None = None) -> RunDat
 
 def build_report(store: Store, run_id: str, now: float | None = None) -> dict[str, Any]:
     """Every number of the report, read from the store (NotFound for an unknown run)."""
-    return compute_report(load_run_data(store, run_id, now))
+    data = load_run_data(store, run_id, now)
+    return {**compute_report(data), "job": job_numbers(store, data.run)}
+
+
+def job_numbers(store: Store, run: RunRow) -> dict[str, Any] | None:
+    """What the run's job kind adds (an LLM job: tokens per second per worker, padding), if anything."""
+    from fedqueue.core import jobs
+
+    kind = jobs.kinds().get(run.kind)
+    if kind is None or kind.report_numbers is None:
+        return None
+    return kind.report_numbers(store, run.id)
 
 
 def run_end(run: RunRow, spans: Sequence[Span], now: float) -> float:
@@ -282,7 +293,7 @@ def write_report(store: Store, run_id: str, out_dir: Path, now: float | None = N
     from fedqueue.report.html import render_html
 
     data = load_run_data(store, run_id, now)
-    report = compute_report(data)
+    report = {**compute_report(data), "job": job_numbers(store, data.run)}
     done = [span for span in data.spans if span.state == "done"]
     origin, end = data.run.created_at, data.end
     try:

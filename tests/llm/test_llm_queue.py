@@ -17,6 +17,7 @@ from fedqueue.llm.model import load_model
 from fedqueue.llm.results import prompt_rows
 from fedqueue.llm.settings import GenerationSettings
 from fedqueue.queue.client import open_client
+from fedqueue.report import write_report
 from tests.conftest import running_workers
 from tests.helpers import assert_same_weights, reference_final_state, small_config, wait_finished
 from tests.reliability_support import wait_until
@@ -39,14 +40,16 @@ def write_input(path: Path, count: int) -> Path:
     return path
 
 
-def expected_outputs(model_path: Path, rows: list[Any]) -> dict[str, str | None]:
+def expected_outputs(
+    model_path: Path, rows: list[Any], generation: GenerationSettings = GENERATION
+) -> dict[str, str | None]:
     """What a for-loop over the prompts, one at a time in this process, generates."""
     loaded = load_model(str(model_path))
     outputs: dict[str, str | None] = {}
     for row in rows:
         messages = None if row.messages is None else tuple((role, text) for role, text in row.messages)
-        [generation], _ = generate_batch(loaded, [PromptIn(row.key, row.prompt, messages)], GENERATION)
-        outputs[row.key] = generation.output
+        [result], _ = generate_batch(loaded, [PromptIn(row.key, row.prompt, messages)], generation)
+        outputs[row.key] = result.output
     return outputs
 
 
@@ -81,6 +84,16 @@ def test_a_job_on_two_workers_equals_the_one_at_a_time_loop(
     assert {t.task_type for t in timings} == {"generate"} and len(timings) == len(submitted.batches)
     assert len({t.worker for t in timings}) == 2
     assert all(t.enqueued_at <= t.started_at <= t.finished_at and t.compute_ms > 0 for t in timings)
+    # The report draws the batches like device tasks and adds the job's own numbers.
+    report = write_report(services.store, submitted.job_id, tmp_path / "report")
+    assert (
+        report["tasks_by_type"] == {"generate": {"done": len(submitted.batches), "failed": 0}} and report["slots"] == 2
+    )
+    job = report["job"]
+    assert job["done"] == 41 and 0 <= job["pad_fraction"] < 0.5
+    assert len(job["workers"]) == 2 and all(worker["tokens_per_s"] > 0 for worker in job["workers"])
+    html = (tmp_path / "report" / "report.html").read_text()
+    assert "<h2>Job</h2>" in html and "<h2>Rounds</h2>" not in html
     services.close()
 
 
