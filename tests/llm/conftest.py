@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from fedqueue.llm.model import LoadedModel, load_model
-from fedqueue.llm.tiny import build_tiny_llama
+from fedqueue.llm.tiny import build_bench_llama, build_tiny_llama
 
 
 @pytest.fixture(scope="session")
@@ -19,3 +19,9 @@ def tiny_model_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def loaded(tiny_model_path: Path) -> LoadedModel:
     """A fresh load per test: tests patch its generate and it remembers its largest batch."""
     return load_model(str(tiny_model_path))
+
+
+@pytest.fixture(scope="session")
+def slow_model_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The ~25M benchmark model: a batch takes seconds on a CPU, long enough to kill a worker in the middle of it."""
+    return build_bench_llama(tmp_path_factory.mktemp("bench-llama"))

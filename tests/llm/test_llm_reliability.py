@@ -1,0 +1,73 @@
+"""An LLM job survives a worker killed in the middle of a batch: real launcher, real workers, real Redis."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+from pathlib import Path
+
+from fedqueue import api
+from fedqueue.config import Settings
+from fedqueue.core.services import connect_redis
+from fedqueue.llm.job import JobRequest, submit_job
+from fedqueue.llm.messages import batch_task_name
+from fedqueue.llm.results import prompt_rows
+from fedqueue.llm.settings import GenerationSettings
+from fedqueue.queue.client import open_client
+from tests.llm.test_llm_queue import expected_outputs
+from tests.reliability_support import launcher, pid_of_worker, reliable_settings, wait_until, worker_children
+
+GENERATION = GenerationSettings(max_new_tokens=48)
+
+
+def running_batch(settings: Settings, job_id: str, batches: list[int], pending: set[int]) -> tuple[int, str] | None:
+    """A batch whose prompts are still pending and whose worker marks it running, with that worker's hostname."""
+    client = connect_redis(settings.broker_url or "")
+    try:
+        for batch in batches:
+            value = client.get(f"{settings.key_prefix}:running:llm:{job_id}:{batch}")
+            if value and batch in pending:
+                return batch, value.decode()
+    finally:
+        client.close()
+    return None
+
+
+def test_a_worker_killed_mid_batch_loses_nothing(settings: Settings, tmp_path: Path, slow_model_path: Path) -> None:
+    settings = reliable_settings(settings)
+    input_path = tmp_path / "prompts.jsonl"
+    input_path.write_text("".join(json.dumps({"id": i, "prompt": f"Item {i}: " + "go " * i}) + "\n" for i in range(16)))
+    services = open_client(settings)
+    with launcher(settings, procs=2, cwd=tmp_path) as workers:
+        request = JobRequest(input_path, str(slow_model_path), GENERATION, batch_size=4)
+        submitted = submit_job(services, request)
+        handle = api.RunHandle(submitted.job_id, settings)
+        indices = [batch.index for batch in submitted.batches]
+
+        def pending_batches() -> set[int]:
+            return {row.batch for row in prompt_rows(services.store, submitted.job_id) if row.state == "pending"}
+
+        with api.scheduling(handle) as scheduler:
+            wait_until(lambda: running_batch(settings, handle.id, indices, pending_batches()) is not None, 90)
+            found = running_batch(settings, handle.id, indices, pending_batches())
+            assert found is not None
+            victim_batch, hostname = found
+            victim = pid_of_worker(workers, hostname)
+            before = {row.key: (row.finished_at, row.output) for row in prompt_rows(services.store, handle.id)}
+            workers_before = {child.pid for child in worker_children(workers)}
+            os.kill(victim, signal.SIGKILL)
+            status = handle.wait(240, tick=scheduler.tick)
+        assert victim not in {child.pid for child in worker_children(workers)}
+        assert len(worker_children(workers)) == 2 and workers_before != {c.pid for c in worker_children(workers)}
+    assert status["state"] == "finished"
+    rows = prompt_rows(services.store, handle.id)
+    assert all(row.state == "done" for row in rows)
+    # The killed batch ran again (attempt 2); rows stored before the kill were not written again.
+    timing = next(t for t in services.store.task_timings(handle.id) if t.task == batch_task_name(victim_batch))
+    assert timing.attempt == 2
+    for row in rows:
+        if before[row.key][0] is not None:
+            assert (row.finished_at, row.output) == before[row.key]
+    assert {row.key: row.output for row in rows} == expected_outputs(slow_model_path, rows, GENERATION)
+    services.close()
