@@ -79,11 +79,11 @@ def generate_batch(
 ) -> tuple[list[Generation], BatchStats]:
     """One Generation per prompt, in the order given; prompts run in length order to keep padding low."""
     if settings.backend != "transformers":
-        raise ConfigError(f"backend: {settings.backend} is not available on this worker (use transformers)")
+        raise ConfigError(f"backend: {settings.backend} runs in fedqueue.llm.vllm_backend, not here")
     results: dict[int, Generation] = {}
     ready: list[_Encoded] = []
     for index, prompt in enumerate(prompts):
-        encoded = _encode(loaded, prompt)
+        encoded = encode_prompt(loaded, prompt)
         if isinstance(encoded, str):
             results[index] = _failed(prompt.key, encoded, 0)
             continue
@@ -252,7 +252,7 @@ def _nucleus(probs: torch.Tensor, top_p: float) -> torch.Tensor:
     return torch.zeros_like(probs).scatter_(-1, order, ordered)
 
 
-def _encode(loaded: LoadedModel, prompt: PromptIn) -> tuple[int, ...] | str:
+def encode_prompt(loaded: LoadedModel, prompt: PromptIn) -> tuple[int, ...] | str:
     """The prompt's token ids, or why it cannot run."""
     tokenizer = loaded.tokenizer
     if (prompt.prompt is None) == (prompt.messages is None):

@@ -30,7 +30,7 @@ class ModelCache:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._jobs: dict[str, dict[str, Any]] = {}
-        self._models: dict[tuple[str, str], LoadedModel] = {}
+        self._models: dict[tuple[str, str, str], LoadedModel] = {}
 
     def job(self, services: Services, run_id: str) -> dict[str, Any]:
         with self._lock:
@@ -41,15 +41,20 @@ class ModelCache:
                 self._jobs[run_id] = config
         return config
 
-    def model(self, name: str, dtype: str) -> LoadedModel:
+    def model(self, name: str, dtype: str, backend: str = "transformers") -> LoadedModel:
         # One loader at a time: two threads of one worker must not load the same model twice.
         with self._lock:
-            loaded = self._models.get((name, dtype))
+            loaded = self._models.get((name, dtype, backend))
             if loaded is None:
-                from fedqueue.llm.model import load_model
+                if backend == "vllm":
+                    from fedqueue.llm.vllm_backend import load_vllm
 
-                loaded = load_model(name, dtype=dtype, device_map=_device_map())
-                self._models[(name, dtype)] = loaded
+                    loaded = load_vllm(name, dtype)
+                else:
+                    from fedqueue.llm.model import load_model
+
+                    loaded = load_model(name, dtype=dtype, device_map=_device_map())
+                self._models[(name, dtype, backend)] = loaded
         return loaded
 
 
@@ -66,7 +71,7 @@ def run_batch(services: Services, cache: ModelCache, task: GenerateBatch, worker
         return
     config = cache.job(services, task.run_id)
     settings = GenerationSettings.from_dict(config["generation"])
-    loaded = cache.model(config["model"], settings.dtype)
+    loaded = cache.model(config["model"], settings.dtype, settings.backend)
     load_ms = _elapsed_ms(clock)
 
     clock = time.perf_counter()
@@ -78,7 +83,12 @@ def run_batch(services: Services, cache: ModelCache, task: GenerateBatch, worker
         )
         for row in rows
     ]
-    generations, _stats = generate_batch(loaded, prompts, settings)
+    if settings.backend == "vllm":
+        from fedqueue.llm.vllm_backend import generate_vllm
+
+        generations, _stats = generate_vllm(loaded, prompts, settings)
+    else:
+        generations, _stats = generate_batch(loaded, prompts, settings)
     compute_ms = _elapsed_ms(clock)
     outcomes = [
         Outcome(
