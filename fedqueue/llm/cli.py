@@ -90,9 +90,9 @@ def submit(
         job=job,
         strict=strict,
     )
-    _check_backend(backend)
     check_request(request)  # a bad input line (--strict), limit or job name: refused before anything is written
     settings = Settings.from_env().with_plugin_path(plugin_path)
+    _check_backend(backend, workers_here=not settings.broker_url)
     warn_if_insecure(settings)
     if detach and not settings.broker_url:
         raise ConfigError("--detach: needs FEDQUEUE_BROKER_URL (start `fedqueue up` and export the URL it prints)")
@@ -144,9 +144,13 @@ def _check_model_here(model: str, must_exist: bool) -> None:
     errors.print(f"warning: --model {model}: {problem}; the workers must have it", highlight=False)
 
 
-def _check_backend(backend: str) -> None:
-    if backend == "vllm" and importlib.util.find_spec("vllm") is None:
+def _check_backend(backend: str, workers_here: bool) -> None:
+    """vLLM runs on the workers: missing here is fatal only when the workers are started here."""
+    if backend != "vllm" or importlib.util.find_spec("vllm") is not None:
+        return
+    if workers_here:
         raise ConfigError("--backend vllm: vllm is not installed here; use --backend transformers")
+    errors.print("warning: --backend vllm: vllm is not installed here; the GPU workers must have it", highlight=False)
 
 
 def _submit(settings: Settings, request: JobRequest) -> Submitted:
