@@ -64,6 +64,7 @@ def test_submit_with_nothing_configured_then_status_and_export(tmp_path: Path, t
         (("--temperature", "-1"), ['{"prompt": "a"}'], "temperature"),
         (("--job", "bad name!"), ['{"prompt": "a"}'], "--job"),
         (("--dtype", "int3"), ['{"prompt": "a"}'], "dtype"),
+        (("--backend", "vllm"), ['{"prompt": "a"}'], "--backend vllm"),  # not installed, and workers start here
     ],
 )
 def test_bad_input_is_one_line_exit_2_and_writes_nothing(
