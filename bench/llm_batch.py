@@ -10,6 +10,9 @@ The same prompts (varied lengths) on the same model, greedy, float32:
                  already running and the model loaded (a warm-up job loads it in every worker).
 The cold start (cluster up, first model load) is reported apart. Outputs of (b) are compared
 with (a) prompt by prompt. Models: "tiny" (2 layers, 64 wide) and "bench" (~25M: 8 layers, 512 wide).
+
+A second table decides the generation strategy, in one process with every core: fedqueue's sorted
+static batches (what a worker runs) against transformers' continuous batching (`generate_batch`).
 """
 
 from __future__ import annotations
@@ -116,6 +119,44 @@ def way_fedqueue(
     }
 
 
+def way_static(model_path: Path, prompts: list[str], new_tokens: int, batch_size: int) -> tuple[float, int]:
+    """Sorted static batches in this process, as a worker runs them; seconds and generated tokens."""
+    from fedqueue.llm.generate import PromptIn, generate_batch
+    from fedqueue.llm.model import load_model
+    from fedqueue.llm.planner import plan_batches
+    from fedqueue.llm.settings import GenerationSettings
+
+    loaded = load_model(str(model_path), dtype="float32")
+    settings = GenerationSettings(max_new_tokens=new_tokens, dtype="float32")
+    lengths = [(str(index), len(loaded.tokenizer(prompt)["input_ids"])) for index, prompt in enumerate(prompts)]
+    began = time.perf_counter()
+    generated = 0
+    for batch in plan_batches(lengths, batch_size=batch_size):
+        results, _ = generate_batch(loaded, [PromptIn(key, prompts[int(key)]) for key in batch.keys], settings)
+        generated += sum(result.generated_tokens for result in results)
+    return time.perf_counter() - began, generated
+
+
+def way_continuous(model_path: Path, prompts: list[str], new_tokens: int) -> tuple[float, int]:
+    """transformers' continuous batching (`model.generate_batch`), greedy; seconds and generated tokens."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
+
+    tokenizer = AutoTokenizer.from_pretrained(model_path)
+    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).eval()
+    config = GenerationConfig(
+        max_new_tokens=new_tokens,
+        do_sample=False,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+    )
+    inputs = [tokenizer(prompt)["input_ids"] for prompt in prompts]
+    began = time.perf_counter()
+    results = model.generate_batch(inputs=inputs, generation_config=config, max_new_tokens=new_tokens)
+    seconds = time.perf_counter() - began
+    return seconds, sum(len(result.generated_tokens) for result in results.values())
+
+
 def _wait(services: Any, job_id: str, timeout_s: float = 1800) -> None:
     deadline = time.monotonic() + timeout_s
     while services.store.get_run(job_id).state == "running":
@@ -130,12 +171,13 @@ def main() -> None:
     parser.add_argument("--new-tokens", type=int, default=32)
     parser.add_argument("--batch-size", type=int, default=16)
     parser.add_argument("--models", nargs="+", default=["tiny", "bench"], choices=["tiny", "bench"])
+    parser.add_argument("--no-continuous", action="store_true", help="skip the continuous-batching comparison")
     args = parser.parse_args()
 
     info = machine()
     print(machine_line(info))
     prompts = make_prompts(args.prompts)
-    rows, notes = [], []
+    rows, notes, strategy = [], [], []
     load = ForeignLoad()
     with tempfile.TemporaryDirectory(prefix="fedqueue-bench-llm-") as name:
         folder = Path(name)
@@ -159,6 +201,17 @@ def main() -> None:
                     f"{same}/{len(prompts)}",
                 ]
             )
+            if not args.no_continuous:
+                static_s, static_tokens = way_static(model_path, prompts, args.new_tokens, args.batch_size)
+                continuous_s, continuous_tokens = way_continuous(model_path, prompts, args.new_tokens)
+                strategy.append(
+                    [
+                        kind,
+                        f"{static_tokens / static_s:.0f}",
+                        f"{continuous_tokens / continuous_s:.0f}",
+                        ratio(static_s, continuous_s),
+                    ]
+                )
             notes.append(
                 f"{kind}: (a) {loop_s:.2f} s, (b) {queued['seconds']:.2f} s on {queued['procs']} workers in "
                 f"{queued['batches']} batches of up to {args.batch_size}; cold start {queued['cold_s']:.1f} s "
@@ -181,6 +234,10 @@ def main() -> None:
             rows,
         )
     )
+    if strategy:
+        print()
+        headers = ["model", "static sorted batches tokens/s", "continuous batching tokens/s", "continuous/static"]
+        print(markdown_table(headers, strategy))
     print()
     for note in notes:
         print(note)
