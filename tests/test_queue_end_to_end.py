@@ -122,3 +122,25 @@ def test_task_delivered_twice_is_stored_and_aggregated_once(settings: Settings, 
     assert attempts == {2}
     assert_same_weights(final_state(services.store, run_id), reference_final_state(config))
     services.close()
+
+
+def test_an_aggregation_jumps_a_long_queue_of_device_tasks(settings: Settings, tmp_path: Path) -> None:
+    """Aggregations travel on the control queue, read first: one waits for a free slot, not for the queue."""
+    from tests.reliability_support import reliable_settings, slow_config
+
+    settings = reliable_settings(settings)
+    short = small_config(rounds=1, num_devices=4, devices_per_round=2, local_iters=2)
+    # 150 device tasks of about 0.1 s each: some 15 s of queue behind the short run's two devices.
+    long = slow_config(0.05, rounds=1, num_devices=150, devices_per_round=150, local_iters=2)
+    services = open_client(settings)
+    with running_workers(settings, procs=1, log_dir=tmp_path / "logs"):
+        short_id = submit_run(services, short)
+        long_id = submit_run(services, long)
+        wait_finished(services.store, short_id, 120)
+        stored_when_short_ended = services.store.count_done(long_id, 1)
+    aggregation = next(t for t in services.store.task_timings(short_id) if t.task_type == "aggregate")
+    assert aggregation.state == "done"
+    # At most the task in hand and one reserved ahead (prefetch 1) run before it: well under a second.
+    assert aggregation.started_at - aggregation.enqueued_at < 1.0
+    assert stored_when_short_ended < 100  # the long queue was still there when the aggregation ran
+    services.close()
