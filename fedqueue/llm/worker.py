@@ -111,7 +111,9 @@ def run_batch(services: Services, cache: ModelCache, task: GenerateBatch, worker
 def fail_batch(services: Services, task: GenerateBatch, worker: str, attempts: int, error: str) -> None:
     """A batch that failed every attempt: its pending prompts get the error, so the job still ends."""
     pending = pending_prompts(services.store, task.run_id, task.keys)
-    outcomes = [Outcome(key=row.key, state="failed", error=error) for row in pending]
+    # Each prompt's row gets the traceback's last line (what an export reader needs); the timing row keeps it all.
+    reason = next((line for line in reversed(error.strip().splitlines()) if line.strip()), error)
+    outcomes = [Outcome(key=row.key, state="failed", error=reason) for row in pending]
     timing = replace(_timing(task, "failed", worker, attempts, "-", time.time(), 0.0, 0.0), error=error[-4000:])
     left = record_outcomes(services.store, task.run_id, task.batch, worker, outcomes, timing)
     if left == 0:

@@ -188,3 +188,25 @@ def test_fl_rounds_and_an_llm_job_share_the_same_workers(
     rows = [row for row in prompt_rows(services.store, job.job_id) if row.state == "done"]
     assert {row.key: row.output for row in rows} == expected_outputs(tiny_model_path, rows)
     services.close()
+
+
+def test_a_model_that_cannot_load_fails_its_prompts_in_one_line(settings: Settings, tmp_path: Path) -> None:
+    """Every attempt fails on the worker: the batch's prompts are stored failed and the job still ends."""
+    broken = tmp_path / "broken-model"
+    broken.mkdir()
+    (broken / "config.json").write_text("{}")
+    input_path = write_input(tmp_path / "prompts.jsonl", 6)
+    services = open_client(settings)
+    submitted = submit(services, input_path, broken, batch_size=16)
+    with running_workers(settings, procs=1, log_dir=tmp_path / "logs"):
+        wait_finished(services.store, submitted.job_id, 120)
+    assert services.store.get_run(submitted.job_id).state == "finished"
+    rows = [row for row in prompt_rows(services.store, submitted.job_id) if row.key.startswith(("id:", "line:"))]
+    assert rows and all(row.state == "failed" for row in rows)
+    generated = [row for row in rows if row.same_as is None and "exceeds" not in (row.error or "")]
+    for row in generated:  # the traceback's last line, not the traceback
+        assert "cannot be loaded" in (row.error or "") and "\n" not in (row.error or ""), row.error
+    [timing] = services.store.task_timings(submitted.job_id)
+    assert (timing.state, timing.attempt) == ("failed", settings.max_attempts)
+    assert "Traceback" in (timing.error or "")
+    services.close()
