@@ -169,13 +169,14 @@ def local_cluster(
     settings: Settings | None = None,
     plugin_path: list[str] | None = None,
     gpus_per_worker: int = 1,
+    procs_per_gpu: int = 1,
 ) -> Iterator[LocalCluster]:
     """An embedded Redis (unless a broker is configured) and local workers, for the `with` block."""
     from fedqueue.core.local import LocalCluster
     from fedqueue.queue.workers import detect_gpus, plan_workers
 
     settings = _settings(settings, plugin_path)
-    cluster = LocalCluster.start(settings, plan_workers(detect_gpus(), procs, slots, gpus_per_worker))
+    cluster = LocalCluster.start(settings, plan_workers(detect_gpus(), procs, slots, gpus_per_worker, procs_per_gpu))
     try:
         yield cluster
     finally:

@@ -159,6 +159,11 @@ def test_worker_stops_on_sigterm_and_leaves_no_children(settings: Settings, tmp_
         ("dataset = 'cifar10'\ndata_root = '/no/such/folder'\n", "/no/such/folder"),
         ("rounds = = 3\n", "invalid TOML"),
         (f"name = '{'n' * 201}'\n", "name"),
+        ("pack_size = 0\n", "pack_size"),
+        ("pack_size = 'big'\n", "pack_size"),
+        ("pack_size = 10001\n", "pack_size"),
+        ("pack_size = 2.5\n", "pack_size"),
+        ("pack_mode = 'parallel'\n", "pack_mode"),
     ],
 )
 def test_bad_config_is_one_line_exit_2_and_writes_nothing(tmp_path: Path, text: str, field: str) -> None:

@@ -6,6 +6,7 @@ import copy
 import hashlib
 import json
 import math
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -13,7 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from fedqueue.core.codec import BlobRef
-from fedqueue.fl.messages import DeviceTask, MessageError
+from fedqueue.fl.messages import PACK_MAX, DeviceTask, MessageError
 
 SHA = hashlib.sha256(b"weights").hexdigest()
 
@@ -22,7 +23,7 @@ def valid_task() -> DeviceTask:
     return DeviceTask(
         run_id="0123456789abcdef0123456789abcdef",
         round_index=3,
-        device=17,
+        devices=(17,),
         model=BlobRef(key="0123456789abcdef/global/2", sha256=SHA, nbytes=4096),
         enqueued_at=1_700_000_000.25,
         round_size=20,
@@ -56,7 +57,7 @@ def test_not_an_object_is_rejected(raw: Any) -> None:
         DeviceTask.from_dict(raw)
 
 
-@pytest.mark.parametrize("field", ["run_id", "round_index", "device", "model", "enqueued_at", "round_size"])
+@pytest.mark.parametrize("field", ["run_id", "round_index", "devices", "model", "enqueued_at", "round_size", "mode"])
 def test_missing_field_is_rejected(field: str) -> None:
     """Each required field, when absent, is named in the error."""
     raw = valid_raw()
@@ -89,8 +90,9 @@ def test_unknown_field_is_rejected(where: str) -> None:
     [
         (("round_index",), "3"),  # str for int
         (("round_index",), True),  # bool is not an int here
-        (("device",), 17.0),  # float for int
-        (("device",), False),
+        (("devices",), 17),  # a number for a list
+        (("devices",), "17"),
+        (("mode",), 1),
         (("run_id",), 5),
         (("model",), "key"),
         (("model",), [SHA]),
@@ -126,9 +128,9 @@ def test_bad_sha256_length_is_rejected(sha: str) -> None:
 
 
 @pytest.mark.parametrize(
-    ("field", "value"), [("device", -1), ("round_index", 0), ("round_index", -4), ("round_size", 0)]
+    ("field", "value"), [("devices", [-1]), ("round_index", 0), ("round_index", -4), ("round_size", 0)]
 )
-def test_out_of_range_numbers_are_rejected(field: str, value: int) -> None:
+def test_out_of_range_numbers_are_rejected(field: str, value: Any) -> None:
     """A negative device or a round below 1 is rejected, naming the field."""
     raw = valid_raw()
     raw[field] = value
@@ -139,9 +141,49 @@ def test_out_of_range_numbers_are_rejected(field: str, value: int) -> None:
 def test_boundary_values_are_accepted() -> None:
     """Device 0 and round 1 are the smallest valid values."""
     raw = valid_raw()
-    raw["device"], raw["round_index"] = 0, 1
+    raw["devices"], raw["round_index"] = [0], 1
     task = DeviceTask.from_dict(raw)
-    assert (task.device, task.round_index) == (0, 1)
+    assert (task.devices, task.round_index) == ((0,), 1)
+
+
+@pytest.mark.parametrize(
+    ("devices", "reason"),
+    [
+        ([], "1 to"),
+        ([3, 2], "sorted and distinct"),
+        ([2, 2], "sorted and distinct"),
+        ([1, 2.0], "integers"),
+        ([1, True], "integers"),
+        (["1"], "integers"),
+        (list(range(PACK_MAX + 1)), "1 to"),
+    ],
+)
+def test_bad_pack_is_rejected(devices: list[Any], reason: str) -> None:
+    """A pack that is empty, unsorted, repeats a device, holds a non-integer or is too long is rejected."""
+    raw = valid_raw()
+    raw["devices"] = devices
+    with pytest.raises(MessageError, match=rf"task\.devices: .*{reason}"):
+        DeviceTask.from_dict(raw)
+
+
+def test_unknown_pack_mode_is_rejected() -> None:
+    raw = valid_raw()
+    raw["mode"] = "parallel"
+    with pytest.raises(MessageError, match=r"task\.mode: one of sequential, vmap"):
+        DeviceTask.from_dict(raw)
+
+
+def test_a_pack_has_its_own_key_and_goes_alone_device_by_device() -> None:
+    """A lone device keeps the plain key; a pack is keyed by its range, and its devices split off with their own keys."""
+    lone = valid_task()
+    pack = replace(lone, devices=(3, 5, 17), mode="vmap")
+    assert lone.attempt_key.endswith(":3:17") and lone.pack is None
+    assert pack.attempt_key.endswith(":3:pack 3-17") and pack.pack == "pack 3-17"
+    assert pack.label.endswith("round 3 pack 3-17 (3 devices, vmap): 3, 5, 17")
+    alone = pack.alone(17, 5.0)
+    assert (alone.devices, alone.mode, alone.enqueued_at) == ((17,), "sequential", 5.0)
+    assert alone.attempt_key == lone.attempt_key and alone.model == pack.model
+    assert DeviceTask.from_dict(json.loads(json.dumps(pack.to_dict()))) == pack
 
 
 json_values = st.recursive(
@@ -150,7 +192,7 @@ json_values = st.recursive(
     max_leaves=20,
 )
 field_names = st.sampled_from(
-    ["run_id", "round_index", "device", "model", "enqueued_at", "round_size", "key", "sha256", "nbytes"]
+    ["run_id", "round_index", "devices", "model", "enqueued_at", "round_size", "mode", "key", "sha256", "nbytes"]
 )
 
 
@@ -177,9 +219,9 @@ def test_any_json_value_gives_a_task_or_message_error(raw: Any) -> None:
     try:
         task = DeviceTask.from_dict(raw)
     except MessageError:
-        assert raw == before  # a rejected message is left as it was
+        assert repr(raw) == repr(before)  # a rejected message is left as it was (repr: NaN equals itself)
         return
-    assert raw == before
+    assert repr(raw) == repr(before)
     assert isinstance(task, DeviceTask) and isinstance(task.model, BlobRef)
     # An accepted task survives the JSON round trip (NaN, which never equals itself, aside).
     if not math.isnan(task.enqueued_at):

@@ -134,3 +134,22 @@ def test_percentile_edges() -> None:
     assert percentile([0.0, 10.0], 95) == pytest.approx(9.5)
     with pytest.raises(ValueError, match="q must be in"):
         percentile([1.0], 101)
+
+
+def test_a_vmapped_pack_is_one_task_and_a_sequential_pack_stays_per_device() -> None:
+    from dataclasses import replace
+
+    from fedqueue.report.timeline import merge_vmapped_packs
+
+    vmapped = [replace(span(1.0, 3.0, device=d), pack="pack 0-2") for d in (0, 1, 2)]
+    sequential = [replace(span(3.0 + d, 4.0 + d, device=d), pack="pack 3-5") for d in (3, 4, 5)]
+    alone = span(0.0, 1.0, device=9)
+    merged = merge_vmapped_packs([*sequential, alone, *vmapped])
+    assert [(s.task, s.devices) for s in merged] == [
+        ("round 1 device 9", 1),
+        ("round 1 pack 0-2 (3 devices)", 3),
+        ("round 1 device 3", 1),
+        ("round 1 device 4", 1),
+        ("round 1 device 5", 1),
+    ]
+    assert len(pack_lanes(merged)) == 1  # three rows of one vmapped computation are not three slots

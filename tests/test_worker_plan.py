@@ -66,3 +66,32 @@ def test_gpu_groups_for_models_larger_than_one_gpu() -> None:
 def test_bad_gpu_groups_are_refused(gpus: list[str], procs: int | None, per_worker: int, message: str) -> None:
     with pytest.raises(ConfigError, match=f"--gpus-per-worker: .*{message}"):
         plan_workers(gpus, procs=procs, slots=1, gpus_per_worker=per_worker)
+
+
+def test_several_processes_per_gpu_each_pinned_to_it() -> None:
+    specs = plan_workers(["0", "3"], procs=None, slots=2, procs_per_gpu=2)
+    assert [(s.name, s.cuda_visible_devices, s.slots) for s in specs] == [
+        ("gpu0-0", "0", 2),
+        ("gpu0-1", "0", 2),
+        ("gpu3-0", "3", 2),
+        ("gpu3-1", "3", 2),
+    ]
+    command = " ".join(worker_command(specs[1], Settings(broker_url="redis://127.0.0.1:1/0", key_prefix="p")))
+    assert "--hostname gpu0-1@%h" in command
+    assert [s.name for s in plan_workers(["0"], procs=None, slots=1, procs_per_gpu=1)] == ["gpu0"]
+
+
+@pytest.mark.parametrize(
+    ("gpus", "procs", "per_gpu", "per_worker", "message"),
+    [
+        ([], None, 2, 1, "needs GPUs"),
+        (["0"], 2, 2, 1, "needs GPUs"),
+        (["0", "1"], None, 2, 2, "takes them whole"),
+        (["0"], None, 0, 1, "must be at least 1"),
+    ],
+)
+def test_bad_processes_per_gpu_are_refused(
+    gpus: list[str], procs: int | None, per_gpu: int, per_worker: int, message: str
+) -> None:
+    with pytest.raises(ConfigError, match=f"--procs-per-gpu: .*{message}"):
+        plan_workers(gpus, procs=procs, slots=1, gpus_per_worker=per_worker, procs_per_gpu=per_gpu)

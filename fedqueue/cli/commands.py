@@ -17,6 +17,7 @@ from fedqueue.cli.common import (
     JsonOpt,
     PluginPathOpt,
     ProcsOpt,
+    ProcsPerGpuOpt,
     SlotsOpt,
     console,
     errors,
@@ -255,6 +256,7 @@ def worker(
     plugin_path: PluginPathOpt = None,
     jobs: JobsOpt = None,
     gpus_per_worker: GpusPerWorkerOpt = 1,
+    procs_per_gpu: ProcsPerGpuOpt = 1,
 ) -> None:
     """Start one worker process per GPU (or per core) on the configured broker; stop with Ctrl-C.
 
@@ -271,7 +273,7 @@ def worker(
     job_kinds.select(settings.jobs)  # an unknown kind is refused before anything starts
     services = open_client(settings)  # the broker answers, the store is current
     found = [g.strip() for g in gpus.split(",") if g.strip()] if gpus else detect_gpus()
-    group = WorkerGroup(settings, plan_workers(found, procs, slots, gpus_per_worker)).start()
+    group = WorkerGroup(settings, plan_workers(found, procs, slots, gpus_per_worker, procs_per_gpu)).start()
     try:
         _supervise(group, f"{len(group.specs)} workers on {mask_url(settings.broker_url)}", services)
     finally:
@@ -285,6 +287,7 @@ def up(
     slots: SlotsOpt = 1,
     plugin_path: PluginPathOpt = None,
     gpus_per_worker: GpusPerWorkerOpt = 1,
+    procs_per_gpu: ProcsPerGpuOpt = 1,
 ) -> None:
     """Run an embedded Redis and local workers in the foreground, for submitting from another shell."""
     from fedqueue.core.local import LocalCluster
@@ -292,7 +295,7 @@ def up(
     from fedqueue.queue.workers import detect_gpus, plan_workers
 
     settings = Settings.from_env().with_plugin_path(plugin_path)
-    specs = plan_workers(detect_gpus(), procs, slots, gpus_per_worker)
+    specs = plan_workers(detect_gpus(), procs, slots, gpus_per_worker, procs_per_gpu)
     cluster = LocalCluster.start(settings, specs)
     console.print(f"broker ready: export FEDQUEUE_BROKER_URL={cluster.settings.broker_url}")
     services = open_client(cluster.settings)

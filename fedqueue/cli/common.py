@@ -23,6 +23,9 @@ SlotsOpt = Annotated[int, typer.Option(help="Concurrent tasks per worker process
 GpusPerWorkerOpt = Annotated[
     int, typer.Option(help="GPUs per worker process, for models larger than one GPU (spread with device_map=auto).")
 ]
+ProcsPerGpuOpt = Annotated[
+    int, typer.Option(help="Worker processes per GPU, each with its own CUDA context (small models).")
+]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON for scripts.")]
 
 

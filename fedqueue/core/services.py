@@ -18,6 +18,12 @@ from fedqueue.store import Store, open_store
 
 # Sends task messages (any kind's) to their queues; see `fedqueue.queue.publish`.
 Enqueue = Callable[[Sequence[Any]], None]
+# The workers answering now, by hostname, with their concurrent task slots (the queue asks Celery).
+WorkerSlots = Callable[[], dict[str, int]]
+
+
+def no_workers_known() -> dict[str, int]:
+    return {}
 
 
 def connect_redis(url: str) -> redis.Redis:
@@ -46,6 +52,7 @@ class Services:
     blobs: BlobStore
     redis: redis.Redis
     enqueue: Enqueue
+    worker_slots: WorkerSlots = no_workers_known
     _heartbeats: Heartbeats = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -157,7 +164,9 @@ class Services:
         self.redis.close()
 
 
-def open_services(settings: Settings, enqueue: Enqueue, *, migrate: bool) -> Services:
+def open_services(
+    settings: Settings, enqueue: Enqueue, *, migrate: bool, worker_slots: WorkerSlots = no_workers_known
+) -> Services:
     if not settings.broker_url:
         raise ConfigError("FEDQUEUE_BROKER_URL: not set")
     client = connect_redis(settings.broker_url)
@@ -167,4 +176,6 @@ def open_services(settings: Settings, enqueue: Enqueue, *, migrate: bool) -> Ser
         blobs = DirBlobStore(settings.blob_dir)
     else:
         blobs = RedisBlobStore(client, settings.key_prefix, settings.blob_ttl_s)
-    return Services(settings=settings, store=store, blobs=blobs, redis=client, enqueue=enqueue)
+    return Services(
+        settings=settings, store=store, blobs=blobs, redis=client, enqueue=enqueue, worker_slots=worker_slots
+    )

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from fedqueue.errors import ConfigError, DataError
+from fedqueue.fl.messages import PACK_MAX, PACK_MODES
 from fedqueue.fl.plugins import describe_choices, is_valid_name
 from fedqueue.store.schema import NAME_MAX
 
@@ -50,6 +51,12 @@ class RunConfig:
     min_devices_per_round: int = 1
     local_step: str = "cross_entropy"
     aggregate: str = "fedavg"
+    # Devices per task (or "auto": chosen at submit from the round's size and the workers' slots),
+    # and how a task trains its pack: "sequential" (back to back) or "vmap" (one stacked step).
+    pack_size: int | str = 1
+    pack_mode: str = "sequential"  # or "auto": vmap where it pays (see fl/packing.py)
+    # Written at submit: how "auto" was resolved, for the config and the report to show.
+    pack_choice: str = ""
     # Free-form settings handed to the plugins (the TOML `[plugin]` table).
     plugin: dict[str, Any] = field(default_factory=dict)
 
@@ -69,6 +76,20 @@ class RunConfig:
         config = cls(**values)
         config._check_rules()
         return config
+
+    @property
+    def resolved_pack_size(self) -> int:
+        """Devices per task; a stored run's config always holds a number (submit resolves "auto")."""
+        if not isinstance(self.pack_size, int):
+            raise ConfigError('pack_size: "auto" is resolved when the run is submitted')
+        return self.pack_size
+
+    @property
+    def resolved_pack_mode(self) -> str:
+        """How packs train; a stored run's config always holds sequential or vmap (submit resolves "auto")."""
+        if self.pack_mode not in PACK_MODES:
+            raise ConfigError('pack_mode: "auto" is resolved when the run is submitted')
+        return self.pack_mode
 
     @property
     def effective_local_epochs(self) -> int | None:
@@ -110,6 +131,13 @@ class RunConfig:
                 f"devices_per_round = {self.devices_per_round}"
             )
         _choice("local_optimizer", self.local_optimizer, OPTIMIZERS)
+        _choice("pack_mode", self.pack_mode, (*PACK_MODES, "auto"))
+        if isinstance(self.pack_size, str) and self.pack_size != "auto":
+            raise ConfigError(f'pack_size: a positive integer or "auto", got {self.pack_size!r}')
+        if isinstance(self.pack_size, int):
+            _positive("pack_size", self.pack_size)
+            if self.pack_size > PACK_MAX:
+                raise ConfigError(f"pack_size: at most {PACK_MAX}, got {self.pack_size}")
         for key in ("local_lr", "global_lr", "alpha"):
             if not getattr(self, key) > 0:
                 raise ConfigError(f"{key}: must be greater than 0, got {getattr(self, key)}")
@@ -139,6 +167,9 @@ _FIELD_TYPES: dict[str, tuple[tuple[type, ...], str, bool]] = {
     "local_step": ((str,), "a string", False),
     "on_failure": ((str,), "a string", False),
     "aggregate": ((str,), "a string", False),
+    "pack_mode": ((str,), "a string", False),
+    "pack_choice": ((str,), "a string", False),
+    "pack_size": ((int, str), 'a positive integer or "auto"', False),
     "plugin": ((dict,), "a table", False),
     "local_lr": ((float, int), "a number", False),
     "local_momentum": ((float, int), "a number", False),

@@ -16,10 +16,15 @@ from fedqueue.fl.messages import DeviceTask
 from fedqueue.fl.rounds import request_aggregation, update_key
 from fedqueue.fl.timing import task_timing
 from fedqueue.fl.weights import decode_state, encode_state
-from fedqueue.store.repo import DeviceResult
+from fedqueue.store.repo import DeviceResult, TaskTiming
 
 if TYPE_CHECKING:
     import torch
+    from torch import nn
+
+    from fedqueue.fl.data import TensorData
+    from fedqueue.fl.experiment import Plugins
+    from fedqueue.fl.train import LocalTrainConfig, TrainOutcome
 
 log = logging.getLogger(__name__)
 
@@ -58,86 +63,188 @@ class WorkerCache:
         return state
 
 
-def run_device_task(services: Services, cache: WorkerCache, task: DeviceTask, worker: str, attempt: int) -> bool:
-    """Train one device and store its result once; True when this delivery stored it.
+def run_device_task(services: Services, cache: WorkerCache, task: DeviceTask, worker: str, attempt: int) -> int:
+    """Train the task's devices that have no stored result, and store each once; returns how many it stored.
 
     `attempt` numbers this delivery (1 for the first), as counted by `Services.start_attempt`.
+    A pack delivered again (its worker died, or an attempt failed) skips the devices stored before.
     """
     from fedqueue.fl.data import device_data, load_federated
-    from fedqueue.fl.devices import device_label, torch_device
+    from fedqueue.fl.devices import torch_device
     from fedqueue.fl.experiment import data_spec, resolve_plugins, train_config
     from fedqueue.fl.models import build_model
-    from fedqueue.fl.seeding import task_seed
-    from fedqueue.fl.train import train_local
 
     started_at = time.time()
     clock = time.perf_counter()
     config = cache.run_config(services, task.run_id)
+    # A first delivery finds nothing stored (the store drops a duplicate anyway): it skips the query.
+    waiting = list(task.devices)
+    if attempt > 1:
+        waiting = services.store.unstored_devices(task.run_id, task.round_index, task.devices)
+    if not waiting:
+        log.info("%s: already stored; skipped", task.label)
+        return 0
     try:
         global_state = cache.global_state(services, task.model)
     except BlobIntegrityError:
         # A late duplicate finds its round aggregated and the model deleted: nothing to do.
         # Duplicates that still find the model train, and the store keeps the first result.
-        if services.store.has_result(task.run_id, task.round_index, task.device):
-            log.info("run %s round %d device %d already stored; skipped", task.run_id, task.round_index, task.device)
-            return False
+        if not services.store.unstored_devices(task.run_id, task.round_index, task.devices):
+            log.info("%s: already stored; skipped", task.label)
+            return 0
         raise
     spec = data_spec(config)
-    data = device_data(spec, task.device)
     federated = load_federated(spec)
     model = build_model(config.model, federated.input_shape, federated.num_classes, config.plugin)
-    plugins = resolve_plugins(config)
-    model.load_state_dict(global_state)
-    load_ms = _elapsed_ms(clock)
-
-    clock = time.perf_counter()
-    seed = task_seed(config.seed, task.round_index, task.device)
-    outcome = train_local(model, data, train_config(config), seed, torch_device(), plugins.local_step, plugins.options)
-    train_ms = _elapsed_ms(clock)
-
-    clock = time.perf_counter()
-    ref = services.blobs.put(update_key(task.run_id, task.round_index, task.device), encode_state(outcome.state))
-    upload_ms = _elapsed_ms(clock)
-
-    result = DeviceResult(
-        run_id=task.run_id,
-        round_index=task.round_index,
-        device=task.device,
-        state="done",
+    job = _PackJob(
+        services=services,
+        task=task,
         worker=worker,
         attempt=attempt,
-        samples=outcome.samples,
-        loss=outcome.loss,
-        update_key=ref.key,
-        update_sha256=ref.sha256,
-        update_nbytes=ref.nbytes,
+        config=config,
+        model=model,
+        global_state=global_state,
+        plugins=resolve_plugins(config),
+        train=train_config(config),
+        device=torch_device(),
     )
-    phases = {"load_ms": load_ms, "compute_ms": train_ms, "upload_ms": upload_ms}
-    timing = task_timing(task, "done", worker, attempt, device_label(), started_at, **phases)
-    stored = services.store.record_device_result(result, timing)
-    if stored is None:
-        # Another delivery of this task stored first; its update is the one that counts.
-        services.blobs.delete([ref.key])
-        log.info("duplicate of run %s round %d device %d dropped", task.run_id, task.round_index, task.device)
-        return False
-    _close_round_if_last(services, task, stored)
-    return True
+    if task.mode == "vmap" and len(waiting) > 1:
+        datas = [device_data(spec, device) for device in waiting]
+        return job.train_together(waiting, datas, started_at, _elapsed_ms(clock))
+    stored = 0
+    for device in waiting:
+        stored += job.train_alone(device, device_data(spec, device), started_at, _elapsed_ms(clock))
+        started_at, clock = time.time(), time.perf_counter()
+    return stored
+
+
+class _PackJob:
+    """One delivery of a device task: what it trains with, and how each device's result is stored."""
+
+    def __init__(
+        self,
+        *,
+        services: Services,
+        task: DeviceTask,
+        worker: str,
+        attempt: int,
+        config: RunConfig,
+        model: nn.Module,
+        global_state: dict[str, torch.Tensor],
+        plugins: Plugins,
+        train: LocalTrainConfig,
+        device: torch.device,
+    ) -> None:
+        self.services, self.task, self.worker, self.attempt = services, task, worker, attempt
+        self.config, self.model, self.global_state = config, model, global_state
+        self.plugins, self.train, self.device = plugins, train, device
+
+    def train_alone(self, device: int, data: TensorData, started_at: float, load_ms: float) -> int:
+        """Train one device exactly as a task of its own would, and store it."""
+        from fedqueue.fl.seeding import task_seed
+        from fedqueue.fl.train import train_local
+
+        # The same module serves the pack's devices: loading the weights resets it completely.
+        self.model.load_state_dict(self.global_state)
+        clock = time.perf_counter()
+        seed = task_seed(self.config.seed, self.task.round_index, device)
+        outcome = train_local(
+            self.model, data, self.train, seed, self.device, self.plugins.local_step, self.plugins.options
+        )
+        phases = {"load_ms": load_ms, "compute_ms": _elapsed_ms(clock)}
+        clock = time.perf_counter()
+        ref = self._upload(device, outcome)
+        timing = self._timing(device, started_at, upload_ms=_elapsed_ms(clock), **phases)
+        return self._record(device, outcome, ref, timing)
+
+    def train_together(self, devices: list[int], datas: list[TensorData], started_at: float, load_ms: float) -> int:
+        """Train the devices in one vmapped computation; their timing rows are the pack's, shared."""
+        from fedqueue.fl.pack_train import train_pack
+        from fedqueue.fl.seeding import task_seed
+
+        self.model.load_state_dict(self.global_state)
+        clock = time.perf_counter()
+        seeds = [task_seed(self.config.seed, self.task.round_index, device) for device in devices]
+        outcomes = train_pack(
+            self.model, datas, self.train, seeds, self.device, self.plugins.local_step, self.plugins.options
+        )
+        compute_ms = _elapsed_ms(clock)
+        clock = time.perf_counter()
+        refs = [self._upload(device, outcome) for device, outcome in zip(devices, outcomes, strict=True)]
+        phases = {"load_ms": load_ms, "compute_ms": compute_ms, "upload_ms": _elapsed_ms(clock)}
+        finished_at = time.time()
+        stored = 0
+        for device, outcome, ref in zip(devices, outcomes, refs, strict=True):
+            timing = self._timing(device, started_at, finished_at=finished_at, **phases)
+            stored += self._record(device, outcome, ref, timing)
+        return stored
+
+    def _upload(self, device: int, outcome: TrainOutcome) -> BlobRef:
+        task = self.task
+        return self.services.blobs.put(update_key(task.run_id, task.round_index, device), encode_state(outcome.state))
+
+    def _timing(self, device: int, started_at: float, **phases: float) -> TaskTiming:
+        from fedqueue.fl.devices import device_label
+
+        return task_timing(self.task, device, "done", self.worker, self.attempt, device_label(), started_at, **phases)
+
+    def _record(self, device: int, outcome: TrainOutcome, ref: BlobRef, timing: TaskTiming) -> int:
+        """Store a device's result once: 1 if this delivery's result counts, 0 if another's came first."""
+        task = self.task
+        result = DeviceResult(
+            run_id=task.run_id,
+            round_index=task.round_index,
+            device=device,
+            state="done",
+            worker=self.worker,
+            attempt=self.attempt,
+            samples=outcome.samples,
+            loss=outcome.loss,
+            update_key=ref.key,
+            update_sha256=ref.sha256,
+            update_nbytes=ref.nbytes,
+        )
+        stored = self.services.store.record_device_result(result, timing)
+        if stored is None:
+            # Another delivery of this device stored first; its update is the one that counts.
+            self.services.blobs.delete([ref.key])
+            log.info("duplicate of run %s round %d device %d dropped", task.run_id, task.round_index, device)
+            return 0
+        _close_round_if_last(self.services, task, stored)
+        return 1
+
+
+def give_up_on(
+    services: Services, task: DeviceTask, worker: str, attempts: int, error: str, device_used: str = "-"
+) -> None:
+    """A task that failed every attempt: a pack's devices are tried again one by one, a lone device is stored failed.
+
+    So a poisoned device fails alone, and its pack-mates are stored.
+    """
+    if len(task.devices) == 1:
+        record_failure(services, task, worker, attempts, error, device_used)
+        return
+    waiting = services.store.unstored_devices(task.run_id, task.round_index, task.devices)
+    log.warning("%s failed %d attempts; its %d unstored devices go on alone", task.label, attempts, len(waiting))
+    now = time.time()
+    services.enqueue([task.alone(device, now) for device in waiting])
 
 
 def record_failure(
     services: Services, task: DeviceTask, worker: str, attempts: int, error: str, device_used: str = "-"
 ) -> None:
-    """Store a device that failed every attempt, so its round can still close."""
+    """Store a lone device that failed every attempt, so its round can still close."""
+    (device,) = task.devices
     result = DeviceResult(
         run_id=task.run_id,
         round_index=task.round_index,
-        device=task.device,
+        device=device,
         state="failed",
         worker=worker,
         attempt=attempts,
         error=error[-4000:],
     )
-    timing = task_timing(task, "failed", worker, attempts, device_used, time.time(), error=result.error)
+    timing = task_timing(task, device, "failed", worker, attempts, device_used, time.time(), error=result.error)
     stored = services.store.record_device_result(result, timing)
     if stored is not None:
         _close_round_if_last(services, task, stored)

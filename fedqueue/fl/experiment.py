@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+import os
+from collections.abc import Callable
+from dataclasses import dataclass, replace
 from typing import Any
 
 from fedqueue.errors import ConfigError, FedqueueError
 from fedqueue.fl.config import RunConfig
-from fedqueue.fl.data import DataSpec
+from fedqueue.fl.data import DataSpec, FederatedData
 from fedqueue.fl.plugins import AggregateRule, LocalStep, check_options, resolve
 from fedqueue.fl.train import LocalTrainConfig
 
@@ -58,6 +60,78 @@ def check_plugins(config: RunConfig) -> None:
     """Import every plugin the run names and let each check its options: before anything is written."""
     for kind in ("dataset", "model", "local_step", "aggregate"):
         check_options(kind, resolve(kind, getattr(config, kind)), config.plugin)
+
+
+def resolve_packing(config: RunConfig, data: FederatedData, worker_slots: Callable[[], dict[str, int]]) -> RunConfig:
+    """The config with "auto" pack size and mode chosen (and the choice noted), checked for vmap; else as given."""
+    from fedqueue.fl.packing import PACKS_PER_SLOT, auto_pack_mode, auto_pack_size, has_gpu_workers, total_slots
+
+    if config.pack_size != "auto" and config.pack_mode != "auto":
+        check_pack_mode(config, data)
+        return config
+    workers = worker_slots()
+    notes = []
+    size = config.pack_size
+    if not isinstance(size, int):
+        slots = total_slots(workers) if workers else os.cpu_count() or 1
+        size = auto_pack_size(config.devices_per_round, slots)
+        found = f"{slots} slots" if workers else f"no worker answered, {slots} slots assumed (one per core here)"
+        notes.append(f"pack_size {size}: {config.devices_per_round} devices, {found}, {PACKS_PER_SLOT} packs per slot")
+    mode = config.pack_mode
+    if mode == "auto":
+        try:
+            check_pack_mode(replace(config, pack_size=max(size, 2), pack_mode="vmap"), data)
+            refused = None
+        except ConfigError as err:
+            refused = str(err).removeprefix("pack_mode: ").split(";")[0]
+        mode, why = auto_pack_mode(_has_convolution(config, data), has_gpu_workers(workers), refused)
+        notes.append(f"pack_mode {mode}: {why}")
+    resolved = replace(config, pack_size=size, pack_mode=mode, pack_choice="; ".join(notes))
+    check_pack_mode(resolved, data)
+    return resolved
+
+
+def _has_convolution(config: RunConfig, data: FederatedData) -> bool:
+    from torch import nn
+
+    from fedqueue.fl.models import build_model
+
+    model = build_model(config.model, data.input_shape, data.num_classes, config.plugin)
+    return any(isinstance(module, nn.modules.conv._ConvNd) for module in model.modules())
+
+
+def check_pack_mode(config: RunConfig, data: FederatedData) -> None:
+    """Refuse a vmapped run whose model or local step cannot train in a stacked pack, in one line.
+
+    The model is inspected, then the step is tried once on two devices, as a worker would run it.
+    """
+    if config.pack_mode != "vmap" or config.pack_size == 1:
+        return
+    import torch
+
+    from fedqueue.fl.data import device_data
+    from fedqueue.fl.models import build_model
+    from fedqueue.fl.pack_train import train_pack, vmap_refusal
+
+    advice = 'use pack_mode = "sequential"'
+    model = build_model(config.model, data.input_shape, data.num_classes, config.plugin)
+    refusal = vmap_refusal(model)
+    if refusal is not None:
+        raise ConfigError(f"pack_mode: vmap cannot train this model: {refusal}; {advice}")
+    spec = data_spec(config)
+    trial = replace(train_config(config), local_iters=1, local_epochs=None)
+    devices = list(range(min(2, config.num_devices)))
+    plugins = resolve_plugins(config)
+    try:
+        with torch.random.fork_rng(devices=[]):
+            datas = [device_data(spec, device) for device in devices]
+            train_pack(model, datas, trial, devices, torch.device("cpu"), plugins.local_step, plugins.options)
+    except Exception as err:  # whatever the step does under vmap, the user gets one line and the advice
+        reason = (str(err).strip().splitlines() or [""])[0][:200]
+        raise ConfigError(
+            f"pack_mode: local_step {config.local_step!r} cannot run under vmap ({type(err).__name__}: {reason}); "
+            f"{advice}"
+        ) from None
 
 
 def call_plugin(kind: str, name: str, function: Any, *args: Any) -> Any:

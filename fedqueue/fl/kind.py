@@ -9,7 +9,7 @@ from collections.abc import Iterator
 
 from fedqueue.config import Settings
 from fedqueue.core.jobs import CONTROL_QUEUE, JobKind, TaskContext, TaskHandler
-from fedqueue.fl.device_task import WorkerCache, record_failure, run_device_task
+from fedqueue.fl.device_task import WorkerCache, give_up_on, run_device_task
 from fedqueue.fl.messages import DEVICES_QUEUE, KIND_NAME, AggregateTask, DeviceTask
 from fedqueue.fl.repair import reconcile
 from fedqueue.fl.rounds import aggregate_round, fail_aggregation
@@ -26,7 +26,7 @@ def _train(context: TaskContext, task: DeviceTask) -> None:
 def _device_failed(context: TaskContext, task: DeviceTask, attempts: int, error: str) -> None:
     from fedqueue.fl.devices import device_label
 
-    record_failure(context.services, task, context.worker, attempts, error, device_label())
+    give_up_on(context.services, task, context.worker, attempts, error, device_label())
 
 
 def _aggregate(context: TaskContext, task: AggregateTask) -> None:
@@ -38,7 +38,7 @@ def _aggregate(context: TaskContext, task: AggregateTask) -> None:
     if aggregate_round(context.services, task.run_id, task.round_index, owner):
         took_ms = (time.time() - started_at) * 1000
         timing = task_timing(
-            task, "done", context.worker, context.attempt, device_label(), started_at, compute_ms=took_ms
+            task, None, "done", context.worker, context.attempt, device_label(), started_at, compute_ms=took_ms
         )
         context.services.store.record_timing(timing)
 
@@ -48,7 +48,7 @@ def _aggregation_failed(context: TaskContext, task: AggregateTask, attempts: int
 
     fail_aggregation(context.services, task.run_id, task.round_index, attempts, error)
     now = time.time()
-    timing = task_timing(task, "failed", context.worker, attempts, device_label(), now, error=error[-4000:])
+    timing = task_timing(task, None, "failed", context.worker, attempts, device_label(), now, error=error[-4000:])
     context.services.store.record_timing(timing)
 
 

@@ -3,28 +3,36 @@
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from fedqueue.core.codec import INT_LIMIT, BlobRef, MessageError, require_fields
 
 KIND_NAME = "fl"  # the job kind these messages belong to, as runs and task timings name it
 DEVICES_QUEUE = "devices"  # the queue (a suffix of the prefixed name) device tasks travel on
+PACK_MODES = ("sequential", "vmap")
+LABEL_DEVICES = 32  # devices a pack's label lists
+PACK_MAX = 10_000  # devices in one task message: beyond this a message outgrows its purpose
 
 
 @dataclass(frozen=True)
 class DeviceTask:
-    """Train one simulated device for one round, starting from a global model version."""
+    """Train a pack of simulated devices for one round, starting from a global model version.
+
+    A pack of one device is the plain device task. `mode` says how a larger pack trains:
+    "sequential" (back to back, each exactly as alone) or "vmap" (one stacked step at a time).
+    """
 
     run_id: str
     round_index: int
-    device: int
+    devices: tuple[int, ...]  # sorted, cut from the round's sorted selection
     model: BlobRef
     enqueued_at: float
     round_size: int  # devices selected in the round: the worker storing the last result closes it
+    mode: str = "sequential"
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        return {**asdict(self), "devices": list(self.devices)}
 
     @classmethod
     def from_dict(cls, raw: Any) -> DeviceTask:
@@ -33,17 +41,27 @@ class DeviceTask:
             {
                 "run_id": str,
                 "round_index": int,
-                "device": int,
+                "devices": list,
                 "model": dict,
                 "enqueued_at": (int, float),
                 "round_size": int,
+                "mode": str,
             },
             "task",
         )
         if not 1 <= raw["round_index"] < INT_LIMIT:
             raise MessageError("task.round_index: out of range")
-        if not 0 <= raw["device"] < INT_LIMIT:
-            raise MessageError("task.device: out of range")
+        devices = raw["devices"]
+        if not 1 <= len(devices) <= PACK_MAX:
+            raise MessageError(f"task.devices: 1 to {PACK_MAX} devices, got {len(devices)}")
+        if not all(isinstance(device, int) and not isinstance(device, bool) for device in devices):
+            raise MessageError("task.devices: must be integers")
+        if not all(0 <= device < INT_LIMIT for device in devices):
+            raise MessageError("task.devices: out of range")
+        if any(later <= earlier for earlier, later in zip(devices, devices[1:], strict=False)):
+            raise MessageError("task.devices: must be sorted and distinct")
+        if raw["mode"] not in PACK_MODES:
+            raise MessageError(f"task.mode: one of {', '.join(PACK_MODES)}")
         if not math.isfinite(raw["enqueued_at"]):
             raise MessageError("task.enqueued_at: must be a finite number")
         if not 1 <= raw["round_size"] < INT_LIMIT:
@@ -51,24 +69,41 @@ class DeviceTask:
         return cls(
             run_id=raw["run_id"],
             round_index=raw["round_index"],
-            device=raw["device"],
+            devices=tuple(devices),
             model=BlobRef.from_dict(raw["model"]),
             enqueued_at=float(raw["enqueued_at"]),
             round_size=raw["round_size"],
+            mode=raw["mode"],
         )
 
     @property
     def attempt_key(self) -> str:
-        return f"{self.run_id}:{self.round_index}:{self.device}"
+        if len(self.devices) == 1:
+            return f"{self.run_id}:{self.round_index}:{self.devices[0]}"
+        return f"{self.run_id}:{self.round_index}:{self.pack}"
+
+    @property
+    def pack(self) -> str | None:
+        """The pack's name in timings and labels ("pack 3-17"); None for a single device."""
+        if len(self.devices) == 1:
+            return None
+        return f"pack {self.devices[0]}-{self.devices[-1]}"
 
     @property
     def label(self) -> str:
-        return f"run {self.run_id} round {self.round_index} device {self.device}"
+        if len(self.devices) == 1:
+            return f"run {self.run_id} round {self.round_index} device {self.devices[0]}"
+        # What Flower shows in its task list: the devices too, the first few of a long pack.
+        shown = ", ".join(str(device) for device in self.devices[:LABEL_DEVICES])
+        more = ", ..." if len(self.devices) > LABEL_DEVICES else ""
+        return (
+            f"run {self.run_id} round {self.round_index} {self.pack} "
+            f"({len(self.devices)} devices, {self.mode}): {shown}{more}"
+        )
 
-    @property
-    def task_name(self) -> str:
-        """Its name in the run's task timings."""
-        return device_task_name(self.round_index, self.device)
+    def alone(self, device: int, enqueued_at: float) -> DeviceTask:
+        """One of this pack's devices as a task of its own: how a pack that failed every attempt is retried."""
+        return replace(self, devices=(device,), enqueued_at=enqueued_at, mode="sequential")
 
 
 @dataclass(frozen=True)

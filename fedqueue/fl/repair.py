@@ -18,9 +18,9 @@ from fedqueue.core.codec import BlobRef
 from fedqueue.core.lost import find_lost
 from fedqueue.core.services import Services
 from fedqueue.fl.config import RunConfig
-from fedqueue.fl.device_task import record_failure
+from fedqueue.fl.device_task import give_up_on
 from fedqueue.fl.messages import DEVICES_QUEUE, DeviceTask, aggregate_key
-from fedqueue.fl.rounds import request_aggregation, round_key, start_next, start_round
+from fedqueue.fl.rounds import pack_tasks, request_aggregation, round_key, start_next, start_round
 from fedqueue.store.schema import RoundRow
 
 log = logging.getLogger(__name__)
@@ -92,35 +92,55 @@ def _repair_training_round(
     unsent = not services.was_enqueued(group) and time.time() - current.enqueued_at > ENQUEUE_GRACE_S
     if unsent:
         actions.append(f"round {current.round_index} was never fully enqueued")
-    candidates = _unstored(services, run_id, current, check_blobs=broker_lost)
-    tasks = [
-        DeviceTask(
-            run_id=run_id,
-            round_index=current.round_index,
-            device=device,
-            model=model,
-            enqueued_at=time.time(),
-            round_size=len(current.selected),
-        )
-        for device in candidates
-    ]
+    waiting = set(_unstored(services, run_id, current, check_blobs=broker_lost))
+    tasks = _expected_tasks(services, run_id, config, current, model, waiting)
 
     def unstored_now() -> set[str]:
         unstored = set(_unstored(services, run_id, current, check_blobs=False))
-        return {task.attempt_key for task in tasks if task.device in unstored}
+        return {task.attempt_key for task in tasks if unstored.intersection(task.devices)}
 
     found = find_lost(services, tasks, DEVICES_QUEUE, unstored_now, requeue_unstarted=broker_lost or unsent)
     for task, tries, reason in found.exhausted:
-        record_failure(services, task, "scheduler", tries, reason)
-        actions.append(f"round {current.round_index}: device {task.device} failed after {tries} attempts")
+        give_up_on(services, task, "scheduler", tries, reason)
+        if task.pack is None:
+            actions.append(f"round {current.round_index}: device {task.devices[0]} failed after {tries} attempts")
+        else:
+            actions.append(f"round {current.round_index}: {task.pack} failed {tries} attempts; its devices go alone")
     lost = found.requeue
     if lost:
         services.enqueue(lost)
-        devices = ", ".join(str(task.device) for task in lost[:20]) + (" ..." if len(lost) > 20 else "")
-        actions.append(f"round {current.round_index}: enqueued again {len(lost)} devices: {devices}")
+        devices = [device for task in lost for device in task.devices]
+        listed = ", ".join(str(device) for device in devices[:20]) + (" ..." if len(devices) > 20 else "")
+        actions.append(f"round {current.round_index}: enqueued again {len(devices)} devices: {listed}")
     if broker_lost or unsent:
         services.mark_enqueued(group)
     return actions
+
+
+def _expected_tasks(
+    services: Services, run_id: str, config: RunConfig, current: RoundRow, model: BlobRef, waiting: set[int]
+) -> list[DeviceTask]:
+    """The round's tasks that still have devices to store: its packs, or the devices of a pack that gave up.
+
+    A pack whose attempts are used up (and that no worker runs) was split: its devices go alone.
+    """
+    now = time.time()
+    packs = [
+        task
+        for task in pack_tasks(run_id, current.round_index, config, current.selected, model, now)
+        if waiting.intersection(task.devices)
+    ]
+    keys = [task.attempt_key for task in packs if len(task.devices) > 1]
+    attempts, running = services.attempts_of(keys), services.running_of(keys)
+    tasks: list[DeviceTask] = []
+    for task in packs:
+        key = task.attempt_key
+        split = key in attempts and attempts[key] >= services.settings.max_attempts and not running[key]
+        if split:
+            tasks += [task.alone(device, now) for device in task.devices if device in waiting]
+        else:
+            tasks.append(task)
+    return tasks
 
 
 def _unstored(services: Services, run_id: str, current: RoundRow, check_blobs: bool) -> list[int]:

@@ -42,6 +42,29 @@ def select_devices(seed: int, round_index: int, num_devices: int, per_round: int
     return sorted(int(device) for device in rng.choice(num_devices, size=per_round, replace=False))
 
 
+def cut_packs(selected: Sequence[int], pack_size: int) -> list[tuple[int, ...]]:
+    """A round's packs: its sorted selection cut every `pack_size` devices, whatever the workers."""
+    return [tuple(selected[start : start + pack_size]) for start in range(0, len(selected), pack_size)]
+
+
+def pack_tasks(
+    run_id: str, round_index: int, config: RunConfig, selected: Sequence[int], model: BlobRef, enqueued_at: float
+) -> list[DeviceTask]:
+    """The device tasks of a round, one per pack; a pack of one device always trains as it would alone."""
+    return [
+        DeviceTask(
+            run_id=run_id,
+            round_index=round_index,
+            devices=pack,
+            model=model,
+            enqueued_at=enqueued_at,
+            round_size=len(selected),
+            mode=config.resolved_pack_mode if len(pack) > 1 else "sequential",
+        )
+        for pack in cut_packs(selected, config.resolved_pack_size)
+    ]
+
+
 def global_key(run_id: str, version: int) -> str:
     return f"{run_id}/global/{version}"
 
@@ -58,7 +81,7 @@ def new_run_id() -> str:
 def submit_run(services: Services, config: RunConfig, run_id: str | None = None) -> str:
     """Record the run, publish version 0 of the model and enqueue round 1."""
     from fedqueue.fl.data import load_federated
-    from fedqueue.fl.experiment import call_plugin, check_plugins, data_spec
+    from fedqueue.fl.experiment import call_plugin, check_plugins, data_spec, resolve_packing
     from fedqueue.fl.models import initial_state
 
     check_plugins(config)
@@ -74,6 +97,8 @@ def submit_run(services: Services, config: RunConfig, run_id: str | None = None)
         config.seed,
         config.plugin,
     )
+    # After the model plugin proved it builds: packing builds it again, and tries a vmapped step.
+    config = resolve_packing(config, data, services.worker_slots)
     encoded = encode_state(state)
     services.store.create_run(run_id, config.name, config.to_dict(), config.rounds, broker_id=services.broker_id())
     _checkpoint(services, run_id, 0, encoded)
@@ -106,19 +131,7 @@ def start_round(services: Services, run_id: str, config: RunConfig, round_index:
     )
     if not recorded:
         return False
-    services.enqueue(
-        [
-            DeviceTask(
-                run_id=run_id,
-                round_index=round_index,
-                device=device,
-                model=ref,
-                enqueued_at=now,
-                round_size=len(selected),
-            )
-            for device in selected
-        ]
-    )
+    services.enqueue(pack_tasks(run_id, round_index, config, selected, ref, now))
     services.mark_enqueued(round_key(run_id, round_index))
     return True
 

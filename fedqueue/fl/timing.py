@@ -4,12 +4,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from fedqueue.fl.messages import KIND_NAME, AggregateTask, DeviceTask
+from fedqueue.fl.messages import KIND_NAME, AggregateTask, DeviceTask, device_task_name
 from fedqueue.store.repo import TaskTiming
 
 
 def task_timing(
     task: DeviceTask | AggregateTask,
+    device: int | None,
     state: str,
     worker: str,
     attempt: int,
@@ -17,12 +18,21 @@ def task_timing(
     started_at: float,
     **phases_and_error: Any,
 ) -> TaskTiming:
-    """A task's timing, finished now; `phases_and_error` sets load/compute/upload ms and error."""
+    """A task's timing, finished now; `phases_and_error` sets load/compute/upload ms and error.
+
+    A device task has one row per device (`device`), naming the pack it was trained in.
+    """
+    if isinstance(task, DeviceTask):
+        assert device is not None
+        name, task_type, pack = device_task_name(task.round_index, device), "train", task.pack
+    else:
+        name, task_type, pack = task.task_name, "aggregate", None
     return TaskTiming(
         run_id=task.run_id,
         kind=KIND_NAME,
-        task_type="train" if isinstance(task, DeviceTask) else "aggregate",
-        task=task.task_name,
+        task_type=task_type,
+        task=name,
+        pack=pack,
         round_index=task.round_index,
         state=state,
         worker=worker,

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 
 import torch
@@ -39,7 +39,7 @@ class TrainOutcome:
     steps: int
 
 
-def _check(cfg: LocalTrainConfig) -> None:
+def check_train_config(cfg: LocalTrainConfig) -> None:
     if (cfg.local_iters is None) == (cfg.local_epochs is None):
         raise ConfigError("local_iters: set exactly one of local_iters and local_epochs")
     if cfg.local_iters is not None and cfg.local_iters < 1:
@@ -54,21 +54,31 @@ def _check(cfg: LocalTrainConfig) -> None:
         raise ConfigError(f"lr: must be >= 0, got {cfg.lr}")
 
 
-def _optimizer(model: nn.Module, cfg: LocalTrainConfig) -> torch.optim.Optimizer:
+def make_optimizer(parameters: Iterable[torch.Tensor], cfg: LocalTrainConfig) -> torch.optim.Optimizer:
     if cfg.optimizer == "sgd":
-        return torch.optim.SGD(model.parameters(), lr=cfg.lr, momentum=cfg.momentum)
+        return torch.optim.SGD(parameters, lr=cfg.lr, momentum=cfg.momentum)
     # Adam keeps its own moment estimates; momentum does not apply.
-    return torch.optim.Adam(model.parameters(), lr=cfg.lr)
+    return torch.optim.Adam(parameters, lr=cfg.lr)
 
 
-def _batches(count: int, batch_size: int, generator: torch.Generator) -> Iterator[torch.Tensor]:
+def local_schedule(count: int, cfg: LocalTrainConfig) -> tuple[int, int]:
+    """(batch size, optimizer steps) of a device holding `count` samples."""
+    if count == 0:
+        raise DataError("train_local: the device has no training samples")
+    batch_size = min(cfg.batch_size, count)
+    if cfg.local_iters is not None:
+        return batch_size, cfg.local_iters
+    return batch_size, int(cfg.local_epochs or 0) * math.ceil(count / batch_size)
+
+
+def batch_indices(count: int, batch_size: int, generator: torch.Generator) -> Iterator[torch.Tensor]:
     """Endless mini-batch indices: shuffled epochs, back to back, last batch possibly short."""
     while True:
         order = torch.randperm(count, generator=generator)
         yield from order.split(batch_size)
 
 
-def _cpu_copy(tensor: torch.Tensor) -> torch.Tensor:
+def cpu_copy(tensor: torch.Tensor) -> torch.Tensor:
     tensor = tensor.detach()
     # to("cpu") already copies device tensors; CPU ones must be cloned to detach from the model.
     copied = tensor.clone() if tensor.device.type == "cpu" else tensor.to("cpu")
@@ -100,27 +110,21 @@ def train_local(
     `step` gives each mini-batch's loss; it sees the global weights (on `device`) and the
     run's plugin options, which is all FedProx-like objectives need.
     """
-    _check(cfg)
+    check_train_config(cfg)
     count = len(data)
-    if count == 0:
-        raise DataError("train_local: the device has no training samples")
-    batch_size = min(cfg.batch_size, count)
-    if cfg.local_iters is not None:
-        steps = cfg.local_iters
-    else:
-        steps = int(cfg.local_epochs or 0) * math.ceil(count / batch_size)
+    batch_size, steps = local_schedule(count, cfg)
 
     model.to(device)
     # Taken before the first step: the weights the device started from.
-    global_state = {key: _cpu_copy(value).to(device) for key, value in model.state_dict().items()}
+    global_state = {key: cpu_copy(value).to(device) for key, value in model.state_dict().items()}
     options = dict(options or {})
     model.train()
     x = data.x.to(device)
     y = data.y.to(device)
-    optimizer = _optimizer(model, cfg)
+    optimizer = make_optimizer(model.parameters(), cfg)
     # A private generator: the global RNG is shared by every task thread in the process.
     generator = torch.Generator(device="cpu").manual_seed(seed)
-    batches = _batches(count, batch_size, generator)
+    batches = batch_indices(count, batch_size, generator)
 
     # Summed on the device so the loop never waits for a loss value.
     loss_sum = torch.zeros((), dtype=torch.float64, device=device)
@@ -132,6 +136,6 @@ def train_local(
         optimizer.step()
         loss_sum += loss.detach()
 
-    state = {key: _cpu_copy(value) for key, value in model.state_dict().items()}
+    state = {key: cpu_copy(value) for key, value in model.state_dict().items()}
     mean_loss = float(loss_sum.item()) / steps
     return TrainOutcome(state=state, samples=count, loss=mean_loss, steps=steps)

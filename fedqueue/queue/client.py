@@ -2,8 +2,16 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from fedqueue.config import Settings
-from fedqueue.core.services import Services, open_services
+from fedqueue.core.services import Services, WorkerSlots, open_services
+
+if TYPE_CHECKING:
+    from celery import Celery
+
+# How long a submit waits for the workers' answers when it sizes packs for them.
+STATS_TIMEOUT_S = 1.0
 
 
 def open_client(settings: Settings) -> Services:
@@ -12,4 +20,14 @@ def open_client(settings: Settings) -> Services:
 
     settings.activate_plugin_path()
     app = make_app(settings)
-    return open_services(settings, enqueue_with(app, settings), migrate=True)
+    return open_services(settings, enqueue_with(app, settings), migrate=True, worker_slots=worker_slots_of(app))
+
+
+def worker_slots_of(app: Celery) -> WorkerSlots:
+    """Ask the workers on the broker for their pool sizes (only when a submit needs them)."""
+
+    def worker_slots() -> dict[str, int]:
+        stats = app.control.inspect(timeout=STATS_TIMEOUT_S).stats() or {}
+        return {name: int(info.get("pool", {}).get("max-concurrency", 1)) for name, info in stats.items()}
+
+    return worker_slots

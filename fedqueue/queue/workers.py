@@ -60,8 +60,14 @@ def detect_gpus() -> list[str]:
     return [line.strip() for line in out.stdout.splitlines() if line.strip().isdigit()] if out.returncode == 0 else []
 
 
-def plan_workers(gpus: list[str], procs: int | None, slots: int, gpus_per_worker: int = 1) -> list[WorkerSpec]:
-    """One worker per GPU, or per group of `gpus_per_worker` GPUs (a model too large for one), or per core."""
+def plan_workers(
+    gpus: list[str], procs: int | None, slots: int, gpus_per_worker: int = 1, procs_per_gpu: int = 1
+) -> list[WorkerSpec]:
+    """One worker per GPU, or per group of `gpus_per_worker` GPUs (a model too large for one), or per core.
+
+    `procs_per_gpu` starts that many processes on each GPU, each with its own CUDA context
+    (gpu0-0, gpu0-1, ...): models too small to fill a GPU from one process.
+    """
     if slots < 1:
         raise ConfigError(f"--slots: must be at least 1, got {slots}")
     if procs is not None and procs < 1:
@@ -70,13 +76,24 @@ def plan_workers(gpus: list[str], procs: int | None, slots: int, gpus_per_worker
         raise ConfigError(f"--gpus-per-worker: must be at least 1, got {gpus_per_worker}")
     if gpus_per_worker > 1 and (not gpus or procs is not None):
         raise ConfigError("--gpus-per-worker: needs GPUs (none found here, or --procs asks for CPU workers)")
+    if procs_per_gpu < 1:
+        raise ConfigError(f"--procs-per-gpu: must be at least 1, got {procs_per_gpu}")
+    if procs_per_gpu > 1 and (not gpus or procs is not None):
+        raise ConfigError("--procs-per-gpu: needs GPUs (none found here, or --procs asks for CPU workers)")
+    if procs_per_gpu > 1 and gpus_per_worker > 1:
+        raise ConfigError("--procs-per-gpu: a worker spread over several GPUs (--gpus-per-worker) takes them whole")
     if gpus and len(gpus) % gpus_per_worker:
         raise ConfigError(f"--gpus-per-worker: {len(gpus)} GPUs do not split into groups of {gpus_per_worker}")
     if gpus and procs is None:
         groups = [gpus[start : start + gpus_per_worker] for start in range(0, len(gpus), gpus_per_worker)]
         return [
-            WorkerSpec(name=_gpu_worker_name(group, position), cuda_visible_devices=",".join(group), slots=slots)
+            WorkerSpec(
+                name=_gpu_worker_name(group, position) + (f"-{process}" if procs_per_gpu > 1 else ""),
+                cuda_visible_devices=",".join(group),
+                slots=slots,
+            )
             for position, group in enumerate(groups)
+            for process in range(procs_per_gpu)
         ]
     count = procs if procs is not None else (os.cpu_count() or 1)
     return [WorkerSpec(name=f"cpu{index}", cuda_visible_devices="", slots=slots) for index in range(count)]

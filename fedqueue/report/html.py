@@ -65,6 +65,7 @@ def _headline(report: dict[str, Any]) -> str:
         ("state", report["state"]),
         ("rounds", f"{report['rounds_done']} of {report['rounds_total']} done"),
         ("dataset / model", f"{report['dataset']} / {report['model']}"),
+        *_packing_rows(report.get("packing")),
         ("wall time", f"{_fmt(report['wall_s'], 2)} s"),
         ("slots", report["slots"]),
         ("parallel efficiency", _pct(report["parallel_efficiency"])),
@@ -87,6 +88,15 @@ def _headline(report: dict[str, Any]) -> str:
         )
         + "</table>"
     )
+
+
+def _packing_rows(packing: dict[str, Any] | None) -> list[tuple[str, str]]:
+    if not packing or packing["pack_size"] == 1:
+        return []
+    rows = [("packs", f"{packing['pack_size']} devices per task, {packing['pack_mode']}")]
+    if packing.get("chosen"):
+        rows.append(("packs chosen by auto", packing["chosen"]))
+    return rows
 
 
 def _breakdown(report: dict[str, Any]) -> str:

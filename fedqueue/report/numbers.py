@@ -14,18 +14,21 @@ from pathlib import Path
 from typing import Any
 
 from fedqueue.errors import ConfigError
+from fedqueue.report.summary import packing_of
 from fedqueue.report.timeline import (
     Lane,
     Span,
     concurrency_steps,
     dispatch_gaps,
     mean,
+    merge_vmapped_packs,
     pack_lanes,
     parallel_efficiency,
     percentile,
+    span_of,
 )
 from fedqueue.store import Store
-from fedqueue.store.schema import RoundRow, RunRow, TaskTimingRow
+from fedqueue.store.schema import RoundRow, RunRow
 from fedqueue.store.utilization import Sample, samples_between
 
 SLOTS_NOTE = (
@@ -33,25 +36,6 @@ SLOTS_NOTE = (
     " in this run (the store does not record --slots; a worker that never overlapped counts once)"
 )
 TOP_SLOWEST = 5
-
-
-def span_of(row: TaskTimingRow) -> Span:
-    return Span(
-        task=row.task,
-        round_index=row.round_index,
-        task_type=row.task_type,
-        worker=row.worker,
-        pid=row.pid,
-        device_used=row.device_used,
-        state=row.state,
-        attempt=row.attempt,
-        enqueued_at=row.enqueued_at,
-        started_at=row.started_at,
-        finished_at=row.finished_at,
-        load_ms=row.load_ms,
-        compute_ms=row.compute_ms,
-        upload_ms=row.upload_ms,
-    )
 
 
 @dataclass(frozen=True, eq=False)
@@ -73,7 +57,7 @@ def load_run_data(store: Store, run_id: str, now: float | None = None) -> RunDat
     """Read a run's rows (NotFound for an unknown run id)."""
     run = store.get_run(run_id)
     rounds = store.list_rounds(run_id)
-    spans = [span_of(row) for row in store.task_timings(run_id)]
+    spans = merge_vmapped_packs(span_of(row) for row in store.task_timings(run_id))
     now = time.time() if now is None else now
     end = run_end(run, spans, now)
     # Samples of the workers that ran this run's tasks, while it ran.
@@ -125,6 +109,7 @@ def compute_report(data: RunData) -> dict[str, Any]:
         "error": run.error,
         "dataset": run.config.get("dataset"),
         "model": run.config.get("model"),
+        **packing_of(run),
         "created_at": run.created_at,
         "finished_at": run.finished_at,
         "rounds_total": run.rounds_total,
@@ -134,6 +119,7 @@ def compute_report(data: RunData) -> dict[str, Any]:
         "slots_note": SLOTS_NOTE,
         "workers": sorted({f"{span.worker}:{span.pid}" for span in spans}),
         "tasks_done": len(done),
+        "devices_trained": sum(span.devices for span in done if span.task_type == "train"),
         "tasks_failed": len(spans) - len(done),
         "tasks_retried": sum(1 for span in spans if span.attempt > 1),
         "tasks_by_type": tasks_by_type(spans),

@@ -27,6 +27,7 @@ MAX_ROUND_LINES = 40
 AGGREGATION_COLOUR = "#222222"
 UTILIZATION_COLOUR = "#8c8c8c"
 FAILED_COLOUR = "#d62728"
+PACK_COLOUR = "0.15"
 UNROUNDED_COLOUR = "#1f77b4"  # tasks of kinds that do not run in rounds
 
 
@@ -144,7 +145,8 @@ def timeline(
     ax.set_xlabel("seconds since the run was submitted")
     ax.grid(axis="x", color="0.9", zorder=0)
     ax.set_title(title or "tasks per worker slot", loc="left", fontsize=10, pad=14)
-    _timeline_legend(figure, ax, colours, bool(samples), any(span.state != "done" for span in spans))
+    failed = any(span.state != "done" for span in spans)
+    _timeline_legend(figure, ax, colours, bool(samples), failed, any(span.pack is not None for span in spans))
     figure.savefig(path)
 
 
@@ -170,6 +172,14 @@ def _task_bars(ax: Axes, lane: Lane, colours: RoundColours, origin: float, y: in
             linewidth=0.6 if crowded else 0.4,
             zorder=3,
         )
+    # A pack's devices (trained back to back, or vmapped as one bar) are underlined together.
+    packs: dict[tuple[int | None, str], list[Span]] = defaultdict(list)
+    for span in lane.spans:
+        if span.pack is not None:
+            packs[(span.round_index, span.pack)].append(span)
+    for members in packs.values():
+        start, end = min(s.started_at for s in members) - origin, max(s.finished_at for s in members) - origin
+        ax.plot([start, end], [y + 0.45, y + 0.45], color=PACK_COLOUR, linewidth=1.4, solid_capstyle="butt", zorder=4)
 
 
 def _utilization(ax: Axes, samples: Sequence[Sample], origin: float, y: int) -> None:
@@ -199,7 +209,9 @@ def _utilization(ax: Axes, samples: Sequence[Sample], origin: float, y: int) -> 
     ax.axhline(bottom - 0.8, color="0.85", linewidth=0.5, zorder=1)
 
 
-def _timeline_legend(figure: Figure, ax: Axes, colours: RoundColours, sampled: bool, failed: bool) -> None:
+def _timeline_legend(
+    figure: Figure, ax: Axes, colours: RoundColours, sampled: bool, failed: bool, packed: bool
+) -> None:
     handles: list[Patch | Line2D] = []
     if colours.continuous:
         from matplotlib.cm import ScalarMappable
@@ -213,6 +225,8 @@ def _timeline_legend(figure: Figure, ax: Axes, colours: RoundColours, sampled: b
         handles.append(Patch(color=UTILIZATION_COLOUR, alpha=0.7, label="utilization (row = 0-100 %)"))
     if failed:
         handles.append(Line2D([], [], color=FAILED_COLOUR, marker="x", linestyle="none", label="failed task"))
+    if packed:
+        handles.append(Line2D([], [], color=PACK_COLOUR, linewidth=1.4, label="one pack of devices"))
     ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.005, 1.0), fontsize=8, frameon=False)
 
 

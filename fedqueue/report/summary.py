@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
+from fedqueue.report.timeline import merge_vmapped_packs, span_of
 from fedqueue.store import Store
 from fedqueue.store.schema import RunRow
 
@@ -28,7 +29,7 @@ def run_summary(store: Store, run_id: str) -> dict[str, Any]:
     run = store.get_run(run_id)
     rounds = store.list_rounds(run_id)
     results = store.device_tasks(run_id)
-    timings = store.task_timings(run_id)
+    timings = merge_vmapped_packs(span_of(row) for row in store.task_timings(run_id))
     ran = [timing for timing in timings if timing.state == "done"]
     trained = [timing for timing in ran if timing.task_type == "train"]
     end = run.finished_at
@@ -47,7 +48,7 @@ def run_summary(store: Store, run_id: str) -> dict[str, Any]:
         "loss": {str(row.round_index): row.loss for row in rounds if row.loss is not None},
         "final_accuracy": next((row.accuracy for row in reversed(rounds) if row.accuracy is not None), None),
         "wall_s": round(end - run.created_at, 3),
-        "task_busy_s": round(sum(timing.finished_at - timing.started_at for timing in ran), 3),
+        "task_busy_s": round(sum(timing.busy_s for timing in ran), 3),
         "workers": sorted({f"{timing.worker}:{timing.pid}" for timing in timings}),
         "devices_used": sorted({timing.device_used for timing in timings}),
         # Every task type counts: an aggregation running beside device tasks is parallelism too.
@@ -69,7 +70,18 @@ def run_summary(store: Store, run_id: str) -> dict[str, Any]:
             if result.state != "done"
         ],
         "mean_train_ms": round(sum(t.compute_ms for t in trained) / len(trained), 2) if trained else None,
+        **packing_of(run),
     }
+
+
+def packing_of(run: RunRow) -> dict[str, Any]:
+    """How an FL run's devices were packed into tasks, as its stored config says; nothing for other kinds."""
+    if "pack_size" not in run.config:
+        return {}
+    packing = {"pack_size": run.config["pack_size"], "pack_mode": run.config.get("pack_mode", "sequential")}
+    if run.config.get("pack_choice"):
+        packing["chosen"] = run.config["pack_choice"]
+    return {"packing": packing}
 
 
 def run_line(run: RunRow, rounds_done: int) -> dict[str, Any]:

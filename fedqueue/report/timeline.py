@@ -5,7 +5,11 @@ from __future__ import annotations
 import math
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from fedqueue.store.schema import TaskTimingRow
 
 
 @dataclass(frozen=True)
@@ -26,6 +30,8 @@ class Span:
     load_ms: float = 0.0
     compute_ms: float = 0.0
     upload_ms: float = 0.0
+    pack: str | None = None  # FL: the pack of devices the task was trained in
+    devices: int = 1  # how many devices' rows this span stands for (a vmapped pack's, merged)
 
     @property
     def busy_s(self) -> float:
@@ -54,6 +60,50 @@ class Lane:
     @property
     def label(self) -> str:
         return f"{self.worker} pid {self.pid} {self.device_used} #{self.slot}"
+
+
+def span_of(row: TaskTimingRow) -> Span:
+    return Span(
+        task=row.task,
+        round_index=row.round_index,
+        task_type=row.task_type,
+        worker=row.worker,
+        pid=row.pid,
+        device_used=row.device_used,
+        state=row.state,
+        attempt=row.attempt,
+        enqueued_at=row.enqueued_at,
+        started_at=row.started_at,
+        finished_at=row.finished_at,
+        load_ms=row.load_ms,
+        compute_ms=row.compute_ms,
+        upload_ms=row.upload_ms,
+        pack=row.pack,
+    )
+
+
+def merge_vmapped_packs(spans: Iterable[Span]) -> list[Span]:
+    """One span per vmapped pack: its devices' rows share one timing, so they are one computation, not several.
+
+    Rows of a sequential pack (back to back, each its own timing) stay one per device.
+    """
+    merged: list[Span] = []
+    shared: dict[tuple[object, ...], list[Span]] = defaultdict(list)
+    for span in spans:
+        if span.pack is None:
+            merged.append(span)
+        else:
+            key = (span.pack, span.round_index, span.worker, span.pid, span.started_at, span.finished_at, span.state)
+            shared[key].append(span)
+    for members in shared.values():
+        if len(members) == 1:
+            merged.append(members[0])
+            continue
+        first = members[0]
+        task = f"round {first.round_index} {first.pack} ({len(members)} devices)"
+        merged.append(replace(first, task=task, devices=len(members)))
+    merged.sort(key=lambda span: (span.started_at, span.task))
+    return merged
 
 
 def pack_lanes(spans: Iterable[Span]) -> list[Lane]:

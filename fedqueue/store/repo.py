@@ -72,6 +72,7 @@ class TaskTiming:
     compute_ms: float = 0.0
     upload_ms: float = 0.0
     error: str | None = None
+    pack: str | None = None  # FL: the pack of devices this task was trained in
 
 
 @dataclass(frozen=True)
@@ -379,6 +380,21 @@ class Store:
                 )
             )
         return found is not None
+
+    @retry_transient
+    def unstored_devices(self, run_id: str, round_index: int, devices: Sequence[int]) -> list[int]:
+        """Which of `devices` have no result stored (done or failed) in the round, in their order."""
+        with self.engine.connect() as connection:
+            stored = set(
+                connection.execute(
+                    select(DeviceTaskRow.device).where(
+                        DeviceTaskRow.run_id == run_id,
+                        DeviceTaskRow.round_index == round_index,
+                        DeviceTaskRow.device.in_(list(devices)),
+                    )
+                ).scalars()
+            )
+        return [device for device in devices if device not in stored]
 
     @retry_transient
     def count_done(self, run_id: str, round_index: int) -> int:

@@ -93,6 +93,8 @@ class TaskTimingRow(Base):
     compute_ms: Mapped[float] = mapped_column(Float)
     upload_ms: Mapped[float] = mapped_column(Float)
     error: Mapped[str | None] = mapped_column(Text, nullable=True)
+    # FL packs: the pack the device was trained in ("pack 3-17"), shared by its devices' rows.
+    pack: Mapped[str | None] = mapped_column(String(64), nullable=True)
 
 
 class DeviceTaskRow(Base):

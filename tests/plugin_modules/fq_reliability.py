@@ -1,4 +1,4 @@
-"""Test plugins that make device tasks slow, make one device kill its worker or hang, or make aggregation raise.
+"""Test plugins that make device tasks slow, make one device kill its worker, hang or raise, or make aggregation raise.
 
 The training ones leave the mathematics of training untouched, so runs that use them must end
 with exactly the weights of the built-in cross-entropy step.
@@ -35,6 +35,8 @@ def slow_step(
     if float(inputs.max()) >= POISON_MARK:
         if options.get("poison_mode") == "hang":
             threading.Event().wait()  # the poisoned device never finishes: only a time limit ends it
+        if options.get("poison_mode") == "raise":
+            raise RuntimeError("poisoned sample")  # the poisoned device fails every attempt
         os.kill(os.getpid(), signal.SIGKILL)  # the poisoned device takes its worker down, every time
     return F.cross_entropy(model(inputs), labels)
 

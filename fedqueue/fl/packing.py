@@ -1,0 +1,39 @@
+"""How `pack_size = "auto"` and `pack_mode = "auto"` are resolved when a run is submitted.
+
+Pure rules, so they test without workers: the choice is written into the run's config,
+and the report shows it.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+
+# Packs per slot: a round keeps every slot busy twice over, so one slow pack leaves no slot idle long.
+PACKS_PER_SLOT = 2
+# Past this a pack gains little on a CPU and holds one task a long time against the time limit.
+AUTO_PACK_MAX = 64
+
+
+def auto_pack_size(devices_per_round: int, slots: int) -> int:
+    """Devices per task: enough packs for every slot twice over, at most AUTO_PACK_MAX devices each."""
+    packs = PACKS_PER_SLOT * max(1, slots)
+    return max(1, min(AUTO_PACK_MAX, math.ceil(devices_per_round / packs)))
+
+
+def total_slots(workers: Mapping[str, int]) -> int:
+    return sum(max(1, slots) for slots in workers.values())
+
+
+def has_gpu_workers(workers: Mapping[str, int]) -> bool:
+    """fedqueue names a GPU worker gpuN@host (gpuN-M@host for several per GPU)."""
+    return any(name.startswith("gpu") for name in workers)
+
+
+def auto_pack_mode(has_convolution: bool, on_gpu: bool, vmap_refused: str | None) -> tuple[str, str]:
+    """(mode, why). vmapped convolutions are slower than a loop on a CPU, so only a GPU gets them vmapped."""
+    if vmap_refused is not None:
+        return "sequential", f"vmap refused: {vmap_refused}"
+    if has_convolution and not on_gpu:
+        return "sequential", "convolutions on CPU workers train faster one device at a time"
+    return "vmap", "GPU workers" if on_gpu else "no convolutions: stacked steps pay on a CPU"

@@ -1,0 +1,62 @@
+"""How "auto" chooses packs: pure rules, and the choice as a submitted run records it."""
+
+from __future__ import annotations
+
+import pytest
+
+from fedqueue.fl.config import RunConfig
+from fedqueue.fl.data import load_federated
+from fedqueue.fl.experiment import data_spec, resolve_packing
+from fedqueue.fl.packing import AUTO_PACK_MAX, auto_pack_mode, auto_pack_size, has_gpu_workers, total_slots
+
+
+@pytest.mark.parametrize(
+    ("devices", "slots", "size"),
+    [(20, 2, 5), (100, 4, 13), (7, 8, 1), (1000, 2, AUTO_PACK_MAX), (100, 0, 50)],
+)
+def test_auto_size_keeps_every_slot_busy_twice_over(devices: int, slots: int, size: int) -> None:
+    assert auto_pack_size(devices, slots) == size
+
+
+def test_slots_and_gpus_are_read_from_the_workers() -> None:
+    workers = {"cpu0@a": 2, "cpu1@a": 1, "gpu0-1@b": 3}
+    assert total_slots(workers) == 6
+    assert has_gpu_workers(workers) and not has_gpu_workers({"cpu0@a": 1})
+
+
+def test_auto_mode_never_vmaps_convolutions_on_a_cpu() -> None:
+    assert auto_pack_mode(has_convolution=True, on_gpu=False, vmap_refused=None)[0] == "sequential"
+    assert auto_pack_mode(has_convolution=True, on_gpu=True, vmap_refused=None)[0] == "vmap"
+    assert auto_pack_mode(has_convolution=False, on_gpu=False, vmap_refused=None)[0] == "vmap"
+    mode, why = auto_pack_mode(has_convolution=False, on_gpu=True, vmap_refused="the model has dropout")
+    assert mode == "sequential" and "dropout" in why
+
+
+def _config(**changes: object) -> RunConfig:
+    base = {"dataset": "synthetic", "num_devices": 40, "devices_per_round": 24, "samples_per_device": 8}
+    return RunConfig.from_dict({**base, **changes})
+
+
+@pytest.mark.parametrize(
+    ("model", "workers", "size", "mode"),
+    [
+        ("mlp", {"cpu0@h": 1, "cpu1@h": 1}, 6, "vmap"),
+        ("cnn", {"cpu0@h": 1, "cpu1@h": 1}, 6, "sequential"),
+        ("cnn", {"gpu0@h": 2}, 6, "vmap"),
+        ("resnet18", {"gpu0@h": 1, "gpu1@h": 1, "gpu2@h": 1}, 4, "sequential"),
+    ],
+)
+def test_auto_is_resolved_at_submit_and_the_choice_noted(
+    model: str, workers: dict[str, int], size: int, mode: str
+) -> None:
+    config = _config(model=model, pack_size="auto", pack_mode="auto")
+    resolved = resolve_packing(config, load_federated(data_spec(config)), lambda: workers)
+    assert (resolved.pack_size, resolved.pack_mode) == (size, mode)
+    assert resolved.pack_choice.startswith(f"pack_size {size}: 24 devices, ")
+    assert f"pack_mode {mode}: " in resolved.pack_choice
+    assert RunConfig.from_dict(resolved.to_dict()) == resolved  # the stored config reads back
+
+
+def test_an_explicit_choice_is_kept_as_given() -> None:
+    config = _config(pack_size=3, pack_mode="sequential")
+    assert resolve_packing(config, load_federated(data_spec(config)), lambda: {"gpu0@h": 1}) == config
