@@ -100,6 +100,18 @@ def test_tampered_blob_is_refused(backend: Backend) -> None:
         backend.store.get(ref)
 
 
+def test_many_blobs_in_one_call_are_checked_each(backend: Backend) -> None:
+    """put_many and get_many (one Redis round trip) keep every blob's key, bytes and sha256 check."""
+    items = [(unique_key(), f"update {index}".encode()) for index in range(5)]
+    refs = backend.store.put_many(items)
+    assert [ref.key for ref in refs] == [key for key, _ in items]
+    assert backend.store.get_many(list(reversed(refs))) == [data for _, data in reversed(items)]
+    assert backend.store.get_many([]) == []
+    backend.overwrite(items[3][0], b"tampered")
+    with pytest.raises(BlobIntegrityError, match="does not match its sha256"):
+        backend.store.get_many(refs)
+
+
 def test_missing_blob_is_refused(backend: Backend) -> None:
     """A key never stored is reported missing."""
     key = unique_key()

@@ -8,7 +8,7 @@ from __future__ import annotations
 import hashlib
 import os
 import tempfile
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
@@ -21,7 +21,9 @@ if TYPE_CHECKING:
 
 class BlobStore(Protocol):
     def put(self, key: str, data: bytes) -> BlobRef: ...
+    def put_many(self, items: Sequence[tuple[str, bytes]]) -> list[BlobRef]: ...
     def get(self, ref: BlobRef) -> bytes: ...
+    def get_many(self, refs: Sequence[BlobRef]) -> list[bytes]: ...
     def delete(self, keys: Iterable[str]) -> None: ...
     def exists(self, key: str) -> bool: ...
 
@@ -50,9 +52,24 @@ class RedisBlobStore:
         self._client.set(self._prefix + key, data, ex=self._ttl_s)
         return _ref(key, data)
 
+    def put_many(self, items: Sequence[tuple[str, bytes]]) -> list[BlobRef]:
+        """Several blobs in one round trip (a pack's updates)."""
+        with self._client.pipeline(transaction=False) as pipe:
+            for key, data in items:
+                pipe.set(self._prefix + key, data, ex=self._ttl_s)
+            pipe.execute()
+        return [_ref(key, data) for key, data in items]
+
     def get(self, ref: BlobRef) -> bytes:
         data: bytes | None = self._client.get(self._prefix + ref.key)  # type: ignore[assignment]
         return _checked(ref, data)
+
+    def get_many(self, refs: Sequence[BlobRef]) -> list[bytes]:
+        """Several blobs in one round trip (small updates, read for an aggregation)."""
+        if not refs:
+            return []
+        found: list[bytes | None] = self._client.mget([self._prefix + ref.key for ref in refs])  # type: ignore[assignment]
+        return [_checked(ref, data) for ref, data in zip(refs, found, strict=True)]
 
     def delete(self, keys: Iterable[str]) -> None:
         names = [self._prefix + key for key in keys]
@@ -84,12 +101,18 @@ class DirBlobStore:
         os.replace(tmp.name, path)
         return _ref(key, data)
 
+    def put_many(self, items: Sequence[tuple[str, bytes]]) -> list[BlobRef]:
+        return [self.put(key, data) for key, data in items]
+
     def get(self, ref: BlobRef) -> bytes:
         try:
             data = self._path(ref.key).read_bytes()
         except FileNotFoundError:
             data = None
         return _checked(ref, data)
+
+    def get_many(self, refs: Sequence[BlobRef]) -> list[bytes]:
+        return [self.get(ref) for ref in refs]
 
     def delete(self, keys: Iterable[str]) -> None:
         for key in keys:

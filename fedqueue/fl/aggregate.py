@@ -19,16 +19,26 @@ class LoadedOnUse(Sequence[Update]):
     not grow with its number of devices. Devices and sample counts are known up front.
     Indexed in order, the next `read_ahead` updates are read by background threads while
     the current one is summed: fetching and checking blobs overlaps the arithmetic.
+    With `load_many`, updates are read `chunk` at a time (one round trip for many small
+    updates); the caller sizes `chunk` so that a few chunks fit in memory.
     Use it as a context manager, so reads still under way are dropped at the end.
     """
 
     def __init__(
-        self, counts: Sequence[tuple[int, int]], load: Callable[[int], Mapping[str, Tensor]], read_ahead: int = 0
+        self,
+        counts: Sequence[tuple[int, int]],
+        load: Callable[[int], Mapping[str, Tensor]],
+        read_ahead: int = 0,
+        *,
+        load_many: Callable[[Sequence[int]], list[Mapping[str, Tensor]]] | None = None,
+        chunk: int = 1,
     ) -> None:
         self.counts = list(counts)
-        self._load = load
-        self._read_ahead = read_ahead
-        self._pending: dict[int, Future[Mapping[str, Tensor]]] = {}
+        self._load_many = load_many or (lambda positions: [load(position) for position in positions])
+        self._chunk = max(1, chunk)
+        self._chunks_ahead = -(-read_ahead // self._chunk)  # ceil: at least one chunk when reading ahead
+        self._pending: dict[int, Future[list[Mapping[str, Tensor]]]] = {}
+        self._current: tuple[int, list[Mapping[str, Tensor]]] | None = None
         self._readers = ThreadPoolExecutor(max_workers=2, thread_name_prefix="update-reader") if read_ahead else None
 
     def __enter__(self) -> LoadedOnUse:
@@ -40,15 +50,28 @@ class LoadedOnUse(Sequence[Update]):
                 future.cancel()
             self._pending.clear()
             self._readers.shutdown(wait=True)
+        self._current = None
+
+    def _read_chunk(self, index: int) -> list[Mapping[str, Tensor]]:
+        start = index * self._chunk
+        return self._load_many(range(start, min(start + self._chunk, len(self))))
 
     def _state(self, position: int) -> Mapping[str, Tensor]:
+        index = position // self._chunk
+        if self._current is not None and self._current[0] == index:
+            return self._current[1][position % self._chunk]
+        self._current = None  # the chunk before is done with: let it go before reading the next
         if self._readers is None:
-            return self._load(position)
-        for ahead in range(position + 1, min(position + 1 + self._read_ahead, len(self))):
-            if ahead not in self._pending:
-                self._pending[ahead] = self._readers.submit(self._load, ahead)
-        pending = self._pending.pop(position, None)
-        return pending.result() if pending is not None else self._load(position)
+            states = self._read_chunk(index)
+        else:
+            last = (len(self) - 1) // self._chunk
+            for ahead in range(index + 1, min(index + 1 + self._chunks_ahead, last + 1)):
+                if ahead not in self._pending:
+                    self._pending[ahead] = self._readers.submit(self._read_chunk, ahead)
+            pending = self._pending.pop(index, None)
+            states = pending.result() if pending is not None else self._read_chunk(index)
+        self._current = (index, states)
+        return states[position % self._chunk]
 
     def __len__(self) -> int:
         return len(self.counts)

@@ -169,15 +169,30 @@ class _PackJob:
             self.model, datas, self.train, seeds, self.device, self.plugins.local_step, self.plugins.options
         )
         compute_ms = _elapsed_ms(clock)
+        # One Redis round trip for the pack's updates and one transaction for its rows.
         clock = time.perf_counter()
-        refs = [self._upload(device, outcome) for device, outcome in zip(devices, outcomes, strict=True)]
+        task = self.task
+        blobs = [
+            (update_key(task.run_id, task.round_index, device), encode_state(outcome.state))
+            for device, outcome in zip(devices, outcomes, strict=True)
+        ]
+        refs = self.services.blobs.put_many(blobs)
         phases = {"load_ms": load_ms, "compute_ms": compute_ms, "upload_ms": _elapsed_ms(clock)}
         finished_at = time.time()
-        stored = 0
-        for device, outcome, ref in zip(devices, outcomes, refs, strict=True):
-            timing = self._timing(device, started_at, finished_at=finished_at, **phases)
-            stored += self._record(device, outcome, ref, timing)
-        return stored
+        rows = [
+            (self._result(device, outcome, ref), self._timing(device, started_at, finished_at=finished_at, **phases))
+            for device, outcome, ref in zip(devices, outcomes, refs, strict=True)
+        ]
+        counts = self.services.store.record_device_results(rows)
+        dropped = [ref.key for ref, count in zip(refs, counts, strict=True) if count is None]
+        if dropped:
+            # Other deliveries of these devices stored first; their updates are the ones that count.
+            self.services.blobs.delete(dropped)
+            log.info("%s: %d duplicate devices dropped", task.label, len(dropped))
+        stored = [count for count in counts if count is not None]
+        if stored:
+            _close_round_if_last(self.services, task, max(stored))
+        return len(stored)
 
     def _upload(self, device: int, outcome: TrainOutcome) -> BlobRef:
         task = self.task
@@ -188,10 +203,9 @@ class _PackJob:
 
         return task_timing(self.task, device, "done", self.worker, self.attempt, device_label(), started_at, **phases)
 
-    def _record(self, device: int, outcome: TrainOutcome, ref: BlobRef, timing: TaskTiming) -> int:
-        """Store a device's result once: 1 if this delivery's result counts, 0 if another's came first."""
+    def _result(self, device: int, outcome: TrainOutcome, ref: BlobRef) -> DeviceResult:
         task = self.task
-        result = DeviceResult(
+        return DeviceResult(
             run_id=task.run_id,
             round_index=task.round_index,
             device=device,
@@ -204,7 +218,11 @@ class _PackJob:
             update_sha256=ref.sha256,
             update_nbytes=ref.nbytes,
         )
-        stored = self.services.store.record_device_result(result, timing)
+
+    def _record(self, device: int, outcome: TrainOutcome, ref: BlobRef, timing: TaskTiming) -> int:
+        """Store a device's result once: 1 if this delivery's result counts, 0 if another's came first."""
+        task = self.task
+        stored = self.services.store.record_device_result(self._result(device, outcome, ref), timing)
         if stored is None:
             # Another delivery of this device stored first; its update is the one that counts.
             self.services.blobs.delete([ref.key])

@@ -34,6 +34,8 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 UPDATES_READ_AHEAD = 4  # updates fetched and checked in the background while one is summed
+READ_CHUNK_BYTES = 16 * 2**20  # updates read in one round trip: at most this many bytes ...
+READ_CHUNK_MAX = 64  # ... and this many updates
 
 
 def select_devices(seed: int, round_index: int, num_devices: int, per_round: int) -> list[int]:
@@ -256,10 +258,16 @@ def _aggregate_claimed_round(
         assert task.update_key and task.update_sha256 and task.update_nbytes is not None
         refs.append(BlobRef(key=task.update_key, sha256=task.update_sha256, nbytes=task.update_nbytes))
     # Each update is read as the rule reaches it (a few ahead): memory stays flat whatever the round's size.
+    # Small updates are read many per round trip, as many as fit in READ_CHUNK_BYTES.
+    largest = max((ref.nbytes for ref in refs), default=1)
     with LoadedOnUse(
         [(task.device, task.samples) for task in results],
         lambda position: decode_state(services.blobs.get(refs[position])),
         read_ahead=UPDATES_READ_AHEAD,
+        load_many=lambda positions: [
+            decode_state(blob) for blob in services.blobs.get_many([refs[position] for position in positions])
+        ],
+        chunk=max(1, min(READ_CHUNK_MAX, READ_CHUNK_BYTES // max(largest, 1))),
     ) as updates:
         new_state = resolve_plugins(config).aggregate(global_state, updates, config.global_lr, config.plugin)
     encoded = encode_state(new_state)

@@ -13,7 +13,7 @@ from typing import Any, TypeVar
 from sqlalchemy import and_, bindparam, delete, func, or_, select, update
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
-from sqlalchemy.engine import Engine, Row
+from sqlalchemy.engine import Connection, Engine, Row
 from sqlalchemy.exc import IntegrityError, OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -339,19 +339,28 @@ class Store:
         delivery's result was already there. A retry after a commit whose acknowledgement
         was lost finds its own row (the same update key, unique per delivery) and counts as stored.
         """
+        with self.engine.begin() as connection:
+            return self._record_one(connection, result, timing)
+
+    @retry_transient
+    def record_device_results(self, outcomes: Sequence[tuple[DeviceResult, TaskTiming]]) -> list[int | None]:
+        """`record_device_result` for several devices in one transaction (a vmapped pack's), one answer each."""
+        with self.engine.begin() as connection:
+            return [self._record_one(connection, result, timing) for result, timing in outcomes]
+
+    def _record_one(self, connection: Connection, result: DeviceResult, timing: TaskTiming) -> int | None:
         # Statements built once, values bound per call: building them per call cost 6x the insert.
         where = {"run": result.run_id, "round": result.round_index}
-        with self.engine.begin() as connection:
-            if connection.execute(self._insert_result, asdict(result)).first() is None:
-                stored_key = connection.execute(self._stored_update_key, {**where, "device": result.device}).scalar()
-                if result.update_key is None or stored_key != result.update_key:
-                    return None
-                count = connection.execute(self._stored_count, where).scalar()
-            else:
-                count = connection.execute(self._count_stored, where).scalar()
-            connection.execute(self.timing_upsert, asdict(timing))
-            if count is None:  # no round row (only in tests of the store alone): count the rows
-                count = connection.execute(self._rows_stored, where).scalar()
+        if connection.execute(self._insert_result, asdict(result)).first() is None:
+            stored_key = connection.execute(self._stored_update_key, {**where, "device": result.device}).scalar()
+            if result.update_key is None or stored_key != result.update_key:
+                return None
+            count = connection.execute(self._stored_count, where).scalar()
+        else:
+            count = connection.execute(self._count_stored, where).scalar()
+        connection.execute(self.timing_upsert, asdict(timing))
+        if count is None:  # no round row (only in tests of the store alone): count the rows
+            count = connection.execute(self._rows_stored, where).scalar()
         return int(count or 0)
 
     @retry_transient

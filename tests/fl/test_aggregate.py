@@ -127,3 +127,26 @@ def test_reading_ahead_reads_each_update_once_and_passes_on_a_failed_read() -> N
     broken = 4
     with LoadedOnUse(counts, load, read_ahead=3) as streamed, pytest.raises(ValueError, match="blob 4"):
         fedavg(base, streamed, 1.0)
+
+
+@pytest.mark.parametrize("read_ahead", [0, 4])
+def test_updates_read_in_chunks_are_read_once_each_with_few_calls(read_ahead: int) -> None:
+    """Many small updates come in chunks (one round trip each), every update read once, the same weights."""
+    base = _state(0)
+    held = [(device, 2 + device, _state(device + 1)) for device in range(10)]
+    calls: list[list[int]] = []
+    lock = threading.Lock()
+
+    def load_many(positions: object) -> list[dict[str, torch.Tensor]]:
+        chosen = list(positions)  # type: ignore[call-overload]
+        with lock:
+            calls.append(chosen)
+        return [held[position][2] for position in chosen]
+
+    def load_one(position: int) -> dict[str, torch.Tensor]:
+        raise AssertionError("read one by one although chunks were asked for")
+
+    counts = [(device, samples) for device, samples, _ in held]
+    with LoadedOnUse(counts, load_one, read_ahead, load_many=load_many, chunk=4) as streamed:
+        assert _same(fedavg(base, streamed, 0.8), fedavg(base, held, 0.8))
+    assert sorted(calls) == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9]]
