@@ -28,12 +28,13 @@ lint: $(STAMP)
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
 
-# About 12 minutes on an idle 2-core machine; each benchmark first waits (up to 3 minutes) for other work to stop.
+# About 25 minutes on an idle 2-core machine; each benchmark first waits (up to 3 minutes) for other work to stop.
 bench: $(STAMP)
 	$(BIN)/python bench/fl_round.py
 	$(BIN)/python bench/overhead.py
 	$(BIN)/python bench/scaling.py
 	$(BIN)/python bench/llm_batch.py
+	$(BIN)/python bench/packing.py
 
 clean:
 	rm -rf $(VENV) fedqueue.db fedqueue.db-wal fedqueue.db-shm
