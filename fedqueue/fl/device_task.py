@@ -155,7 +155,7 @@ class _PackJob:
         clock = time.perf_counter()
         ref = self._upload(device, outcome)
         timing = self._timing(device, started_at, upload_ms=_elapsed_ms(clock), **phases)
-        return self._record(device, outcome, ref, timing)
+        return self._record([(self._result(device, outcome, ref), timing)])
 
     def train_together(self, devices: list[int], datas: list[TensorData], started_at: float, load_ms: float) -> int:
         """Train the devices in one vmapped computation; their timing rows are the pack's, shared."""
@@ -183,16 +183,7 @@ class _PackJob:
             (self._result(device, outcome, ref), self._timing(device, started_at, finished_at=finished_at, **phases))
             for device, outcome, ref in zip(devices, outcomes, refs, strict=True)
         ]
-        counts = self.services.store.record_device_results(rows)
-        dropped = [ref.key for ref, count in zip(refs, counts, strict=True) if count is None]
-        if dropped:
-            # Other deliveries of these devices stored first; their updates are the ones that count.
-            self.services.blobs.delete(dropped)
-            log.info("%s: %d duplicate devices dropped", task.label, len(dropped))
-        stored = [count for count in counts if count is not None]
-        if stored:
-            _close_round_if_last(self.services, task, max(stored))
-        return len(stored)
+        return self._record(rows)
 
     def _upload(self, device: int, outcome: TrainOutcome) -> BlobRef:
         task = self.task
@@ -219,17 +210,18 @@ class _PackJob:
             update_nbytes=ref.nbytes,
         )
 
-    def _record(self, device: int, outcome: TrainOutcome, ref: BlobRef, timing: TaskTiming) -> int:
-        """Store a device's result once: 1 if this delivery's result counts, 0 if another's came first."""
-        task = self.task
-        stored = self.services.store.record_device_result(self._result(device, outcome, ref), timing)
-        if stored is None:
-            # Another delivery of this device stored first; its update is the one that counts.
-            self.services.blobs.delete([ref.key])
-            log.info("duplicate of run %s round %d device %d dropped", task.run_id, task.round_index, device)
-            return 0
-        _close_round_if_last(self.services, task, stored)
-        return 1
+    def _record(self, rows: list[tuple[DeviceResult, TaskTiming]]) -> int:
+        """Store the devices' results in one transaction; returns how many this delivery's results count for."""
+        counts = self.services.store.record_device_results(rows)
+        dropped = [result.update_key for (result, _), count in zip(rows, counts, strict=True) if count is None]
+        if dropped:
+            # Other deliveries of these devices stored first; their updates are the ones that count.
+            self.services.blobs.delete([key for key in dropped if key])
+            log.info("%s: %d duplicate devices dropped", self.task.label, len(dropped))
+        stored = [count for count in counts if count is not None]
+        if stored:
+            _close_round_if_last(self.services, self.task, max(stored))
+        return len(stored)
 
 
 def give_up_on(

@@ -87,7 +87,8 @@ def resolve_packing(config: RunConfig, data: FederatedData, worker_slots: Callab
         mode, why = auto_pack_mode(_has_convolution(config, data), has_gpu_workers(workers), refused)
         notes.append(f"pack_mode {mode}: {why}")
     resolved = replace(config, pack_size=size, pack_mode=mode, pack_choice="; ".join(notes))
-    check_pack_mode(resolved, data)
+    if config.pack_mode != "auto":  # an "auto" mode was tried as vmap above: no second trial
+        check_pack_mode(resolved, data)
     return resolved
 
 

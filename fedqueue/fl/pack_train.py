@@ -150,11 +150,13 @@ def _step_active(optimizer: torch.optim.Optimizer, stacked: Any, active: Sequenc
         optimizer.step()
         return
     resting = torch.tensor(sorted(set(range(size)) - set(active)))
-    tensors = list(stacked)
-    for parameter in tensors:
-        for value in optimizer.state.get(parameter, {}).values():
-            if isinstance(value, Tensor) and value.dim() > 0 and value.shape[0] == size:
-                tensors.append(value)
+    parameters = list(stacked)
+    tensors = parameters + [
+        value
+        for parameter in parameters
+        for value in optimizer.state.get(parameter, {}).values()
+        if isinstance(value, Tensor) and value.dim() > 0 and value.shape[0] == size
+    ]
     with torch.no_grad():
         saved = [(tensor, tensor.index_select(0, resting.to(tensor.device))) for tensor in tensors]
         optimizer.step()
