@@ -18,7 +18,7 @@ import torch
 from fedqueue import api
 from fedqueue.config import Settings
 from fedqueue.errors import ConfigError
-from fedqueue.fl.rounds import cut_packs, select_devices
+from fedqueue.fl.rounds import cut_packs, is_pack_sum_key, select_devices
 from fedqueue.report import write_report
 from fedqueue.report.summary import run_summary
 from tests.conftest import running_workers
@@ -34,6 +34,7 @@ from tests.reliability_support import (
     wait_until,
 )
 
+EXAMPLES = Path(__file__).resolve().parents[1] / "examples" / "plugins"
 PACKED = small_config(num_devices=40, devices_per_round=20, rounds=2, local_iters=5, partition="dirichlet")
 
 
@@ -64,13 +65,22 @@ def test_sequential_packs_of_1_5_and_20_give_the_same_weights(settings: Settings
 def test_vmapped_packs_are_deterministic_and_match_sequential(settings: Settings, tmp_path: Path) -> None:
     """The same seed gives the same weights with 1 and with 2 workers, within float tolerance of sequential."""
     vmapped = replace(PACKED, pack_size=6, pack_mode="vmap")
+    # A rule that needs every update apart (the clipping example, unclipped: FedAvg's result).
+    every_update = replace(vmapped, aggregate="fedqueue_examples.clipping:clipped_fedavg", plugin={"clip_norm": 1e9})
     one = _finish_together(settings, [vmapped], 1, tmp_path)[0]
-    two = _finish_together(settings, [vmapped], 2, tmp_path)[0]
+    two, apart = _finish_together(settings.with_plugin_path([str(EXAMPLES)]), [vmapped, every_update], 2, tmp_path)
     assert_same_weights(one.final_weights(), two.final_weights())
     reference = reference_final_state(PACKED)
-    for name, value in one.final_weights().items():
-        torch.testing.assert_close(value, reference[name], atol=1e-5, rtol=0, msg=name)
+    for handle in (one, apart):
+        for name, value in handle.final_weights().items():
+            torch.testing.assert_close(value, reference[name], atol=1e-5, rtol=0, msg=name)
     one_result_per_device(one)
+    # FedAvg gets one pre-summed update per pack, shared by the pack's rows; the other rule one per device.
+    summed = {row.update_key for row in one.store.device_tasks(one.id, 1)}
+    assert len(summed) == 4 and all(key and is_pack_sum_key(key) for key in summed)
+    apart_keys = [row.update_key for row in apart.store.device_tasks(apart.id, 1)]
+    assert len(set(apart_keys)) == PACKED.devices_per_round
+    assert not any(key and is_pack_sum_key(key) for key in apart_keys)
     # A vmapped pack's devices share its timing, and its name.
     rows = [row for row in one.store.task_timings(one.id, 1) if row.task_type == "train"]
     by_pack: dict[str | None, set[tuple[float, float]]] = {}

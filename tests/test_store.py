@@ -353,6 +353,27 @@ def test_record_device_result_stores_once_keeping_first(store: Store) -> None:
     assert (timing.worker, timing.pid) == ("first", 1234)  # the duplicate's timing (pid 99) was not stored
 
 
+def test_results_sharing_a_summed_update_are_stored_all_or_none(store: Store) -> None:
+    """A vmapped pack's rows share one pre-summed update: one device stored before stores none of them."""
+    run_id = new_run(store)
+    store.add_round(round_row(run_id, 1))
+    assert store.record_device_result(*device_result(run_id, 1, 5, worker="alone")) == 1
+    shared = {"update_key": f"{run_id}/update/1/pack-4-6/w2", "worker": "w2"}
+    pack = [device_result(run_id, 1, device, **shared) for device in (4, 5, 6)]
+    assert store.record_device_results(pack, all_or_nothing=True) == [None, None, None]
+    assert [row.device for row in store.device_tasks(run_id, 1)] == [5]
+    assert len(store.task_timings(run_id, 1)) == 1
+    # Without device 5 in it, the pack is stored whole, and a retry of the same delivery finds its rows.
+    rest = [device_result(run_id, 1, device, **shared) for device in (4, 6)]
+    assert store.record_device_results(rest, all_or_nothing=True) == [2, 3]
+    assert store.record_device_results(rest, all_or_nothing=True) == [3, 3]
+    assert {row.device: row.update_key for row in store.device_tasks(run_id, 1)} == {
+        4: shared["update_key"],
+        5: f"{run_id}/update/1/5/alone",
+        6: shared["update_key"],
+    }
+
+
 def test_a_task_timing_is_its_latest_delivery_and_every_kind_shares_the_table(store: Store) -> None:
     """A retried task (an aggregation that failed, then ran) keeps one timing row: the later one.
 

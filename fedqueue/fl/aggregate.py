@@ -97,8 +97,6 @@ def counts_of(updates: Sequence[Update]) -> list[tuple[int, int]]:
 def _order(updates: Sequence[Update]) -> tuple[list[int], int]:
     """Positions of the updates by device id, and their total samples; refuses what FedAvg cannot use."""
     counts = counts_of(updates)
-    if not counts:
-        raise ValueError("fedavg needs at least one update")
     # Floating-point sums depend on order; a fixed order makes the result reproducible.
     order = sorted(range(len(counts)), key=lambda position: counts[position][0])
     devices = [counts[position][0] for position in order]
@@ -107,10 +105,7 @@ def _order(updates: Sequence[Update]) -> tuple[list[int], int]:
     for device, samples in counts:
         if samples < 0:
             raise ValueError(f"device {device} reported {samples} samples")
-    total = sum(samples for _, samples in counts)
-    if total <= 0:
-        raise ValueError("fedavg updates carry no samples")
-    return order, total
+    return order, sum(samples for _, samples in counts)
 
 
 def _local(device: int, state: Mapping[str, Tensor], name: str, like: Tensor) -> Tensor:
@@ -122,18 +117,37 @@ def _local(device: int, state: Mapping[str, Tensor], name: str, like: Tensor) ->
     return tensor
 
 
+# Rules whose result a pack's devices can pre-sum: FedAvg is linear in the updates. Rules that
+# need every update apart (clipping, a median, any plugin) read one update per device.
+SUMMABLE_RULES = ("fedavg",)
+
+
 def fedavg(
     global_state: Mapping[str, Tensor],
     updates: Sequence[Update],
     global_lr: float,
+    sums: Sequence[Update] = (),
 ) -> dict[str, Tensor]:
     """global + global_lr * sample-weighted mean of (local - global), per tensor.
 
     updates are (device_id, num_samples, local_state), each indexed once, in device order
     (so a `LoadedOnUse` round is read one update at a time). Non-floating tensors
     (counters such as BatchNorm's num_batches_tracked) come from the lowest device id.
+    `sums` are packs pre-summed by their worker: (lowest device, the pack's samples,
+    sum of samples x (local - global) in float64, non-floating tensors of its lowest device).
     """
     order, total = _order(updates)
+    sum_order, summed_total = _order(sums)
+    total += summed_total
+    if not order and not sum_order:
+        raise ValueError("fedavg needs at least one update")
+    if total <= 0:
+        raise ValueError("fedavg updates carry no samples")
+    lowest = min((device for device, _ in counts_of(updates)), default=None)
+    lowest_summed = min((device for device, _ in counts_of(sums)), default=None)
+    if lowest is not None and lowest == lowest_summed:
+        raise ValueError(f"fedavg got device {lowest} alone and in a pre-summed pack")
+    counters_from_sum = lowest is None or (lowest_summed is not None and lowest_summed < lowest)
     # float64 accumulation keeps low-precision weights from drifting through the sum.
     base = {
         name: current.detach().to(torch.float64)
@@ -152,8 +166,16 @@ def fedavg(
                 # delta += (samples / total) * (local - base), one rounding per operation as written.
                 difference = scratch[name].copy_(local).sub_(base[name])
                 delta[name].add_(difference.mul_(samples / total))
-            elif rank == 0:
+            elif rank == 0 and not counters_from_sum:
                 counters[name] = local.clone()
+    for rank, position in enumerate(sum_order):
+        device, _, state = sums[position]
+        for name, current in global_state.items():
+            summed = _local(device, state, name, current).detach()
+            if name in base:
+                delta[name].add_(scratch[name].copy_(summed).div_(total))
+            elif rank == 0 and counters_from_sum:
+                counters[name] = summed.clone()
     return {
         name: counters[name]
         if name not in base

@@ -13,7 +13,7 @@ from fedqueue.core.services import Services
 from fedqueue.errors import BlobIntegrityError
 from fedqueue.fl.config import RunConfig
 from fedqueue.fl.messages import DeviceTask
-from fedqueue.fl.rounds import request_aggregation, update_key
+from fedqueue.fl.rounds import pack_sum_key, request_aggregation, update_key
 from fedqueue.fl.timing import task_timing
 from fedqueue.fl.weights import decode_state, encode_state
 from fedqueue.store.repo import DeviceResult, TaskTiming
@@ -24,6 +24,7 @@ if TYPE_CHECKING:
 
     from fedqueue.fl.data import TensorData
     from fedqueue.fl.experiment import Plugins
+    from fedqueue.fl.pack_train import StackedPack
     from fedqueue.fl.train import LocalTrainConfig, TrainOutcome
 
 log = logging.getLogger(__name__)
@@ -155,35 +156,71 @@ class _PackJob:
         clock = time.perf_counter()
         ref = self._upload(device, outcome)
         timing = self._timing(device, started_at, upload_ms=_elapsed_ms(clock), **phases)
-        return self._record([(self._result(device, outcome, ref), timing)])
+        return self._record([(self._result(device, outcome.samples, outcome.loss, ref), timing)])
 
     def train_together(self, devices: list[int], datas: list[TensorData], started_at: float, load_ms: float) -> int:
         """Train the devices in one vmapped computation; their timing rows are the pack's, shared."""
+        from fedqueue.fl.aggregate import SUMMABLE_RULES
         from fedqueue.fl.pack_train import train_pack
         from fedqueue.fl.seeding import task_seed
 
         self.model.load_state_dict(self.global_state)
         clock = time.perf_counter()
         seeds = [task_seed(self.config.seed, self.task.round_index, device) for device in devices]
-        outcomes = train_pack(
+        pack = train_pack(
             self.model, datas, self.train, seeds, self.device, self.plugins.local_step, self.plugins.options
         )
-        compute_ms = _elapsed_ms(clock)
+        phases = {"load_ms": load_ms, "compute_ms": _elapsed_ms(clock)}
+        task = self.task
+        waiting = set(devices)
+        if self.config.aggregate in SUMMABLE_RULES:
+            stored = self._store_summed(devices, pack, started_at, phases)
+            if stored is not None:
+                return stored
+            # Another delivery stored a device of the pack first: the sum counts for none; the rest go alone.
+            waiting = set(self.services.store.unstored_devices(task.run_id, task.round_index, devices))
         # One Redis round trip for the pack's updates and one transaction for its rows.
         clock = time.perf_counter()
-        task = self.task
+        kept = [(member, device) for member, device in enumerate(devices) if device in waiting]
+        outcomes = pack.outcomes()
         blobs = [
-            (update_key(task.run_id, task.round_index, device), encode_state(outcome.state))
-            for device, outcome in zip(devices, outcomes, strict=True)
+            (update_key(task.run_id, task.round_index, device), encode_state(outcomes[member].state))
+            for member, device in kept
         ]
         refs = self.services.blobs.put_many(blobs)
-        phases = {"load_ms": load_ms, "compute_ms": compute_ms, "upload_ms": _elapsed_ms(clock)}
+        phases["upload_ms"] = _elapsed_ms(clock)
         finished_at = time.time()
+        return self._record(
+            [
+                (
+                    self._result(device, pack.samples[member], pack.losses[member], ref),
+                    self._timing(device, started_at, finished_at=finished_at, **phases),
+                )
+                for (member, device), ref in zip(kept, refs, strict=True)
+            ]
+        )
+
+    def _store_summed(
+        self, devices: list[int], pack: StackedPack, started_at: float, phases: dict[str, float]
+    ) -> int | None:
+        """FedAvg needs only the pack's sum: one blob for all its devices (summed where they trained).
+
+        Stored for all the devices or for none (None), since the sum cannot be taken apart.
+        """
+        clock = time.perf_counter()
+        key = pack_sum_key(self.task.run_id, self.task.round_index, devices)
+        ref = self.services.blobs.put(key, encode_state(pack.weighted_delta_sum()))
+        timing = {**phases, "upload_ms": _elapsed_ms(clock), "finished_at": time.time()}
         rows = [
-            (self._result(device, outcome, ref), self._timing(device, started_at, finished_at=finished_at, **phases))
-            for device, outcome, ref in zip(devices, outcomes, refs, strict=True)
+            (self._result(device, samples, loss, ref), self._timing(device, started_at, **timing))
+            for device, samples, loss in zip(devices, pack.samples, pack.losses, strict=True)
         ]
-        return self._record(rows)
+        counts = self.services.store.record_device_results(rows, all_or_nothing=True)
+        if None in counts:
+            self.services.blobs.delete([key])
+            return None
+        _close_round_if_last(self.services, self.task, max(count for count in counts if count is not None))
+        return len(counts)
 
     def _upload(self, device: int, outcome: TrainOutcome) -> BlobRef:
         task = self.task
@@ -194,7 +231,7 @@ class _PackJob:
 
         return task_timing(self.task, device, "done", self.worker, self.attempt, device_label(), started_at, **phases)
 
-    def _result(self, device: int, outcome: TrainOutcome, ref: BlobRef) -> DeviceResult:
+    def _result(self, device: int, samples: int, loss: float, ref: BlobRef) -> DeviceResult:
         task = self.task
         return DeviceResult(
             run_id=task.run_id,
@@ -203,8 +240,8 @@ class _PackJob:
             state="done",
             worker=self.worker,
             attempt=self.attempt,
-            samples=outcome.samples,
-            loss=outcome.loss,
+            samples=samples,
+            loss=loss,
             update_key=ref.key,
             update_sha256=ref.sha256,
             update_nbytes=ref.nbytes,

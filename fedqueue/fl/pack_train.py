@@ -11,6 +11,7 @@ within float tolerance.
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, cast
 
 import torch
@@ -64,6 +65,52 @@ def vmap_refusal(model: nn.Module) -> str | None:
     return None
 
 
+@dataclass
+class StackedPack:
+    """A pack's trained weights, still stacked on the training device: one slice per device."""
+
+    parameters: dict[str, Tensor]  # name -> (devices, *shape)
+    global_state: dict[str, Tensor]  # the weights every device started from, on the training device
+    samples: list[int]
+    losses: list[float]
+    steps: list[int]
+
+    def outcomes(self) -> list[TrainOutcome]:
+        """One outcome per device, its weights on the CPU (one copy per tensor for the whole pack)."""
+        on_cpu = {name: cpu_copy(value) for name, value in self.parameters.items()}
+        return [
+            TrainOutcome(
+                state={
+                    key: on_cpu[key][member] if key in on_cpu else cpu_copy(value)
+                    for key, value in self.global_state.items()
+                },
+                samples=samples,
+                loss=loss,
+                steps=steps,
+            )
+            for member, (samples, loss, steps) in enumerate(zip(self.samples, self.losses, self.steps, strict=True))
+        ]
+
+    def weighted_delta_sum(self) -> dict[str, Tensor]:
+        """sum over devices of samples x (local - global), in float64, on the CPU: FedAvg's share of the pack.
+
+        Tensors that are not trained (buffers) come from the pack's first device, as FedAvg takes
+        them from a round's lowest device.
+        """
+        first = self.global_state
+        weights = torch.tensor(self.samples, dtype=torch.float64)
+        summed: dict[str, Tensor] = {}
+        for key, start in first.items():
+            stacked = self.parameters.get(key)
+            if stacked is None or not start.is_floating_point():
+                summed[key] = cpu_copy(start)
+                continue
+            difference = stacked.detach().to(torch.float64) - start.to(torch.float64)
+            shape = (-1,) + (1,) * start.dim()
+            summed[key] = cpu_copy((difference * weights.to(difference.device).view(shape)).sum(0))
+        return summed
+
+
 def train_pack(
     model: nn.Module,
     datas: Sequence[TensorData],
@@ -72,8 +119,11 @@ def train_pack(
     device: torch.device,
     step: LocalStep = cross_entropy_step,
     options: Options | None = None,
-) -> list[TrainOutcome]:
-    """Train every device of a pack from `model`'s weights (the global model); one outcome per device."""
+) -> StackedPack:
+    """Train every device of a pack from `model`'s weights (the global model), in one stacked computation.
+
+    The weights stay stacked on the training device: `outcomes()` gives one per device on the CPU.
+    """
     check_train_config(cfg)
     refusal = vmap_refusal(model)
     if refusal is not None:
@@ -95,8 +145,11 @@ def train_pack(
         batch_indices(len(data), batch_size, torch.Generator(device="cpu").manual_seed(seed))
         for data, (batch_size, _), seed in zip(datas, schedules, seeds, strict=True)
     ]
-    inputs = [data.x.to(device) for data in datas]
-    labels = [data.y.to(device) for data in datas]
+    # Every device's samples in one tensor on the training device: a step gathers its batches
+    # with one index copied there, not a copy per device (each a wait on a GPU).
+    inputs = torch.cat([data.x for data in datas]).to(device)
+    labels = torch.cat([data.y for data in datas]).to(device)
+    offsets = torch.tensor([0] + [len(data) for data in datas]).cumsum(0)[:-1].tolist()
 
     def member_loss(parameters: dict[str, Tensor], batch_inputs: Tensor, batch_labels: Tensor) -> Tensor:
         member = cast(nn.Module, PackMember(model, parameters, buffers))  # duck-typed for the step
@@ -110,27 +163,24 @@ def train_pack(
         optimizer.zero_grad(set_to_none=True)
         # A short batch (the end of an epoch) has its own length: devices are grouped by it.
         for members in _by_length(drawn):
-            chosen = torch.tensor(members, device=device)
             everyone = len(members) == size
+            chosen = torch.tensor(members).to(device, non_blocking=True)
             parameters = (
                 stacked if everyone else {name: value.index_select(0, chosen) for name, value in stacked.items()}
             )
-            batch_inputs = torch.stack([inputs[m][drawn[m].to(device)] for m in members])
-            batch_labels = torch.stack([labels[m][drawn[m].to(device)] for m in members])
-            losses = batched_loss(parameters, batch_inputs, batch_labels)
+            rows = torch.stack([drawn[member] + offsets[member] for member in members]).to(device, non_blocking=True)
+            losses = batched_loss(parameters, inputs[rows], labels[rows])
             losses.sum().backward()
             loss_sums.index_add_(0, chosen, losses.detach().to(torch.float64))
         _step_active(optimizer, stacked.values(), active, size)
 
-    outcomes = []
-    for member, data in enumerate(datas):
-        state = {
-            key: cpu_copy(stacked[key][member]) if key in stacked else cpu_copy(value)
-            for key, value in global_state.items()
-        }
-        loss = float(loss_sums[member].item()) / steps[member]
-        outcomes.append(TrainOutcome(state=state, samples=len(data), loss=loss, steps=steps[member]))
-    return outcomes
+    return StackedPack(
+        parameters={name: value.detach() for name, value in stacked.items()},
+        global_state=global_state,
+        samples=[len(data) for data in datas],
+        losses=[total / count for total, count in zip(loss_sums.tolist(), steps, strict=True)],
+        steps=steps,
+    )
 
 
 def _by_length(drawn: Mapping[int, Tensor]) -> list[list[int]]:

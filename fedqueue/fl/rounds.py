@@ -31,11 +31,14 @@ if TYPE_CHECKING:
     import torch
     from sqlalchemy.engine import Row
 
+    from fedqueue.fl.aggregate import LoadedOnUse
+
 log = logging.getLogger(__name__)
 
 UPDATES_READ_AHEAD = 4  # updates fetched and checked in the background while one is summed
 READ_CHUNK_BYTES = 16 * 2**20  # updates read in one round trip: at most this many bytes ...
 READ_CHUNK_MAX = 64  # ... and this many updates
+PACK_SUM_MARK = "pack-"  # in an update's key: the blob is a pack's pre-summed update
 
 
 def select_devices(seed: int, round_index: int, num_devices: int, per_round: int) -> list[int]:
@@ -74,6 +77,15 @@ def global_key(run_id: str, version: int) -> str:
 def update_key(run_id: str, round_index: int, device: int) -> str:
     # A fresh suffix per attempt: a duplicate delivery never overwrites the stored winner's blob.
     return f"{run_id}/update/{round_index}/{device}/{uuid.uuid4().hex[:8]}"
+
+
+def pack_sum_key(run_id: str, round_index: int, devices: Sequence[int]) -> str:
+    """Where a vmapped pack's pre-summed update goes: one blob for all its devices' rows."""
+    return f"{run_id}/update/{round_index}/{PACK_SUM_MARK}{devices[0]}-{devices[-1]}/{uuid.uuid4().hex[:8]}"
+
+
+def is_pack_sum_key(key: str) -> bool:
+    return key.split("/")[-2].startswith(PACK_SUM_MARK)
 
 
 def new_run_id() -> str:
@@ -229,7 +241,7 @@ def _policy_failure(config: RunConfig, round_index: int, tasks: Sequence[Row[Any
 def _aggregate_claimed_round(
     services: Services, run_id: str, round_index: int, owner: str, lost: threading.Event
 ) -> None:
-    from fedqueue.fl.aggregate import LoadedOnUse
+    from fedqueue.fl.aggregate import SUMMABLE_RULES, fedavg
     from fedqueue.fl.data import load_federated
     from fedqueue.fl.devices import torch_device
     from fedqueue.fl.evaluate import evaluate
@@ -253,23 +265,15 @@ def _aggregate_claimed_round(
     global_state = decode_state(
         services.blobs.get(BlobRef(key=row.model_key, sha256=row.model_sha256, nbytes=row.model_nbytes))
     )
-    refs = []
-    for task in results:
-        assert task.update_key and task.update_sha256 and task.update_nbytes is not None
-        refs.append(BlobRef(key=task.update_key, sha256=task.update_sha256, nbytes=task.update_nbytes))
+    alone, packs = _updates_of(results)
     # Each update is read as the rule reaches it (a few ahead): memory stays flat whatever the round's size.
-    # Small updates are read many per round trip, as many as fit in READ_CHUNK_BYTES.
-    largest = max((ref.nbytes for ref in refs), default=1)
-    with LoadedOnUse(
-        [(task.device, task.samples) for task in results],
-        lambda position: decode_state(services.blobs.get(refs[position])),
-        read_ahead=UPDATES_READ_AHEAD,
-        load_many=lambda positions: [
-            decode_state(blob) for blob in services.blobs.get_many([refs[position] for position in positions])
-        ],
-        chunk=max(1, min(READ_CHUNK_MAX, READ_CHUNK_BYTES // max(largest, 1))),
-    ) as updates:
-        new_state = resolve_plugins(config).aggregate(global_state, updates, config.global_lr, config.plugin)
+    with _loaded(services, alone) as updates, _loaded(services, packs) as sums:
+        if sums:
+            if config.aggregate not in SUMMABLE_RULES:
+                raise RuntimeError(f"round {round_index}: pre-summed packs, but aggregate = {config.aggregate!r}")
+            new_state = fedavg(global_state, updates, config.global_lr, sums)
+        else:
+            new_state = resolve_plugins(config).aggregate(global_state, updates, config.global_lr, config.plugin)
     encoded = encode_state(new_state)
     aggregate_ms = (time.perf_counter() - began) * 1000
 
@@ -292,10 +296,52 @@ def _aggregate_claimed_round(
     _checkpoint(services, run_id, round_index, encoded)
     if not services.store.complete_round(run_id, round_index, owner, **metrics):
         raise ClaimLost()
-    services.blobs.delete([task.update_key for task in results if task.update_key])
+    services.blobs.delete(list(dict.fromkeys(task.update_key for task in results if task.update_key)))
     services.blobs.delete([row.model_key])
     start_next(services, run_id, config, round_index, encoded)
-    log.info("run %s round %d aggregated from %d updates", run_id, round_index, len(updates))
+    log.info("run %s round %d aggregated from %d devices", run_id, round_index, len(results))
+
+
+_Stored = tuple[int, int, BlobRef]  # (device, samples, its update); for a pack: its lowest device, its samples
+
+
+def _updates_of(results: Sequence[Row[Any]]) -> tuple[list[_Stored], list[_Stored]]:
+    """The round's updates: devices stored alone, and packs stored as one pre-summed update."""
+    alone: list[_Stored] = []
+    packs: dict[str, list[Row[Any]]] = {}
+    for task in results:
+        assert task.update_key and task.update_sha256 and task.update_nbytes is not None
+        if is_pack_sum_key(task.update_key):
+            packs.setdefault(task.update_key, []).append(task)
+        else:
+            ref = BlobRef(key=task.update_key, sha256=task.update_sha256, nbytes=task.update_nbytes)
+            alone.append((task.device, task.samples, ref))
+    summed = [
+        (
+            min(task.device for task in pack),
+            sum(task.samples for task in pack),
+            BlobRef(key=key, sha256=pack[0].update_sha256, nbytes=pack[0].update_nbytes),
+        )
+        for key, pack in packs.items()
+    ]
+    return alone, summed
+
+
+def _loaded(services: Services, stored: Sequence[_Stored]) -> LoadedOnUse:
+    """Updates read from the blob store as they are used; small ones many per round trip (READ_CHUNK_BYTES)."""
+    from fedqueue.fl.aggregate import LoadedOnUse
+
+    refs = [ref for _, _, ref in stored]
+    largest = max((ref.nbytes for ref in refs), default=1)
+    return LoadedOnUse(
+        [(device, samples) for device, samples, _ in stored],
+        lambda position: decode_state(services.blobs.get(refs[position])),
+        read_ahead=UPDATES_READ_AHEAD,
+        load_many=lambda positions: [
+            decode_state(blob) for blob in services.blobs.get_many([refs[position] for position in positions])
+        ],
+        chunk=max(1, min(READ_CHUNK_MAX, READ_CHUNK_BYTES // max(largest, 1))),
+    )
 
 
 def start_next(services: Services, run_id: str, config: RunConfig, done_round: int, model: bytes) -> bool:

@@ -46,6 +46,10 @@ def retry_transient(method: F) -> F:
     return wrapper  # type: ignore[return-value]
 
 
+class _StoredBefore(Exception):
+    """Rolls back an all-or-nothing store of results when one of them was stored before."""
+
+
 def _changed_one(result: Any) -> bool:
     """An UPDATE or DELETE touched exactly one row (a CursorResult's rowcount; typed as a plain Result)."""
     return int(result.rowcount) == 1
@@ -343,10 +347,22 @@ class Store:
             return self._record_one(connection, result, timing)
 
     @retry_transient
-    def record_device_results(self, outcomes: Sequence[tuple[DeviceResult, TaskTiming]]) -> list[int | None]:
-        """`record_device_result` for several devices in one transaction (a vmapped pack's), one answer each."""
-        with self.engine.begin() as connection:
-            return [self._record_one(connection, result, timing) for result, timing in outcomes]
+    def record_device_results(
+        self, outcomes: Sequence[tuple[DeviceResult, TaskTiming]], all_or_nothing: bool = False
+    ) -> list[int | None]:
+        """`record_device_result` for several devices in one transaction (a vmapped pack's), one answer each.
+
+        With `all_or_nothing`, one device stored before makes the transaction store none (all None):
+        the results share one summed update, which counts for all of them or for none.
+        """
+        try:
+            with self.engine.begin() as connection:
+                counts = [self._record_one(connection, result, timing) for result, timing in outcomes]
+                if all_or_nothing and None in counts:
+                    raise _StoredBefore()
+                return counts
+        except _StoredBefore:
+            return [None] * len(outcomes)
 
     def _record_one(self, connection: Connection, result: DeviceResult, timing: TaskTiming) -> int | None:
         # Statements built once, values bound per call: building them per call cost 6x the insert.

@@ -150,3 +150,24 @@ def test_updates_read_in_chunks_are_read_once_each_with_few_calls(read_ahead: in
     with LoadedOnUse(counts, load_one, read_ahead, load_many=load_many, chunk=4) as streamed:
         assert _same(fedavg(base, streamed, 0.8), fedavg(base, held, 0.8))
     assert sorted(calls) == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9]]
+
+
+def test_pre_summed_packs_average_with_devices_alone() -> None:
+    """A pack's sum of samples x (local - global) stands for its devices; counters follow the lowest device."""
+    base = _state(0, torch.float64)
+    updates = [(device, 3 + device, _state(device + 1, torch.float64)) for device in range(5)]
+
+    def pack_sum(members: list[tuple[int, int, dict[str, torch.Tensor]]]) -> tuple[int, int, dict[str, torch.Tensor]]:
+        summed = {
+            name: sum((state[name] - base[name]) * samples for _, samples, state in members) for name in ("w", "b")
+        }
+        return members[0][0], sum(samples for _, samples, _ in members), {**summed, "count": members[0][2]["count"]}
+
+    expected = fedavg(base, updates, 0.7)
+    for alone, packs in (([updates[3]], [updates[:3], updates[4:]]), ([], [updates[:2], updates[2:]])):
+        result = fedavg(base, alone, 0.7, sums=[pack_sum(pack) for pack in packs])
+        assert int(result["count"]) == int(expected["count"]) == 1
+        for name in ("w", "b"):
+            torch.testing.assert_close(result[name], expected[name], rtol=1e-12, atol=0)
+    with pytest.raises(ValueError, match="device 0 alone and in a pre-summed pack"):
+        fedavg(base, updates[:1], 0.7, sums=[pack_sum(updates[:2])])

@@ -45,7 +45,7 @@ def _train_both(
         alone.append(train_local(model, data, cfg, seed, torch.device("cpu"), **extra))  # type: ignore[arg-type]
     model = build_model(name, shape, 10)
     model.load_state_dict(state)
-    together = train_pack(model, datas, cfg, seeds, torch.device("cpu"), **extra)  # type: ignore[arg-type]
+    together = train_pack(model, datas, cfg, seeds, torch.device("cpu"), **extra).outcomes()  # type: ignore[arg-type]
     return alone, together, state
 
 
@@ -132,3 +132,31 @@ def test_models_with_running_statistics_or_dropout_are_refused() -> None:
 )
 def test_packs_are_cut_from_the_sorted_selection(selected: list[int], size: int, packs: list[tuple[int, ...]]) -> None:
     assert cut_packs(selected, size) == packs
+
+
+def test_a_pack_summed_for_fedavg_gives_fedavg_of_its_devices() -> None:
+    """The pack's pre-summed update, averaged with a device stored alone, is FedAvg of all of them."""
+    from fedqueue.fl.aggregate import fedavg
+    from fedqueue.fl.pack_train import train_pack
+
+    torch.set_num_threads(1)
+    cfg = LocalTrainConfig(local_iters=3, local_epochs=None, batch_size=4, optimizer="sgd", lr=0.1, momentum=0.0)
+    datas, state = _datas(SHAPES["mlp"]), initial_state("mlp", SHAPES["mlp"], 10, seed=1)
+    model = build_model("mlp", SHAPES["mlp"], 10)
+    model.load_state_dict(state)
+    pack = train_pack(model, datas[1:], cfg, [1, 2, 3, 4], torch.device("cpu"))
+    outcomes = pack.outcomes()
+    assert [outcome.samples for outcome in outcomes] == list(SIZES[1:]) == pack.samples
+    model.load_state_dict(state)
+    alone = train_local(model, datas[0], cfg, 0, torch.device("cpu"))
+    each = [(0, alone.samples, alone.state)] + [
+        (device, outcome.samples, outcome.state) for device, outcome in enumerate(outcomes, start=1)
+    ]
+    summed = fedavg(
+        state, [(0, alone.samples, alone.state)], 0.5, sums=[(1, sum(SIZES[1:]), pack.weighted_delta_sum())]
+    )
+    expected = fedavg(state, each, 0.5)
+    for key, value in expected.items():
+        torch.testing.assert_close(summed[key], value, atol=1e-7, rtol=0, msg=key)
+    # Not vacuous: the pack's devices moved the model.
+    assert any(not torch.equal(summed[key], fedavg(state, each[:1], 0.5)[key]) for key in state)
