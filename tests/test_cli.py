@@ -212,3 +212,12 @@ def test_unknown_run_id(tmp_path: Path) -> None:
     open_store(f"sqlite:///{tmp_path / 'fedqueue.db'}", migrate=True).close()
     result = fedqueue("status", "nope", cwd=tmp_path, env=cli_env())
     assert result.returncode == 2 and result.stderr.strip() == "error: run 'nope' does not exist"
+
+
+def test_flower_without_a_broker_or_basic_auth_is_one_line_and_starts_nothing(tmp_path: Path) -> None:
+    result = fedqueue("flower", cwd=tmp_path, env=cli_env(FLOWER_BASIC_AUTH="admin:pw"))
+    assert result.returncode == 2 and "FEDQUEUE_BROKER_URL: not set" in result.stderr
+    assert "Traceback" not in result.stderr + result.stdout
+    result = fedqueue("flower", cwd=tmp_path, env=cli_env(FEDQUEUE_BROKER_URL="redis://127.0.0.1:6379/0"))
+    assert result.returncode == 2 and "FLOWER_BASIC_AUTH: not set" in result.stderr
+    assert "Traceback" not in result.stderr + result.stdout

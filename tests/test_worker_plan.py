@@ -6,7 +6,7 @@ import pytest
 
 from fedqueue.config import Settings
 from fedqueue.errors import ConfigError
-from fedqueue.queue.workers import detect_gpus, plan_workers, worker_command
+from fedqueue.queue.workers import detect_gpus, named, plan_workers, worker_command
 
 
 def test_one_pinned_process_per_gpu_named_after_it() -> None:
@@ -95,3 +95,14 @@ def test_bad_processes_per_gpu_are_refused(
 ) -> None:
     with pytest.raises(ConfigError, match=f"--procs-per-gpu: .*{message}"):
         plan_workers(gpus, procs=procs, slots=1, gpus_per_worker=per_worker, procs_per_gpu=per_gpu)
+
+
+def test_one_worker_can_be_named_and_several_cannot() -> None:
+    """`--name gpu1`: a container that sees its GPU as GPU 0 still names the worker after the host's GPU."""
+    (spec,) = named(plan_workers(["0"], None, 2), "gpu1")
+    assert (spec.name, spec.cuda_visible_devices, spec.slots) == ("gpu1", "0", 2)
+    assert named(plan_workers([], 2, 1), None) == plan_workers([], 2, 1)
+    with pytest.raises(ConfigError, match="--name: names one worker process, but this host plans 2"):
+        named(plan_workers([], 2, 1), "cpu")
+    with pytest.raises(ConfigError, match="--name: letters, digits"):
+        named(plan_workers(["0"], None, 1), "gpu 1@x")

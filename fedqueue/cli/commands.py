@@ -257,6 +257,10 @@ def worker(
     jobs: JobsOpt = None,
     gpus_per_worker: GpusPerWorkerOpt = 1,
     procs_per_gpu: ProcsPerGpuOpt = 1,
+    name: Annotated[
+        str | None,
+        typer.Option(help="Name of the one worker process, before '@' (e.g. gpu1 in a container that sees one GPU)."),
+    ] = None,
 ) -> None:
     """Start one worker process per GPU (or per core) on the configured broker; stop with Ctrl-C.
 
@@ -264,16 +268,17 @@ def worker(
     """
     from fedqueue.core import jobs as job_kinds
     from fedqueue.queue.client import open_client
-    from fedqueue.queue.workers import WorkerGroup, detect_gpus, plan_workers
+    from fedqueue.queue.workers import WorkerGroup, detect_gpus, named, plan_workers
 
     settings = Settings.from_env().with_plugin_path(plugin_path).with_jobs(jobs)
     if not settings.broker_url:
         raise FedqueueError("FEDQUEUE_BROKER_URL: not set (or use `fedqueue up` for a local broker)")
     warn_if_insecure(settings)
     job_kinds.select(settings.jobs)  # an unknown kind is refused before anything starts
-    services = open_client(settings)  # the broker answers, the store is current
     found = [g.strip() for g in gpus.split(",") if g.strip()] if gpus else detect_gpus()
-    group = WorkerGroup(settings, plan_workers(found, procs, slots, gpus_per_worker, procs_per_gpu)).start()
+    specs = named(plan_workers(found, procs, slots, gpus_per_worker, procs_per_gpu), name)
+    services = open_client(settings)  # the broker answers, the store is current
+    group = WorkerGroup(settings, specs).start()
     try:
         _supervise(group, f"{len(group.specs)} workers on {mask_url(settings.broker_url)}", services)
     finally:
@@ -305,6 +310,36 @@ def up(
         services.close()
         if cluster.redis is not None:
             cluster.redis.stop()
+
+
+@app.command()
+@friendly_errors
+def flower(
+    address: Annotated[
+        str, typer.Option(help="Address to listen on. Basic auth travels in clear over HTTP: keep it local.")
+    ] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="Port to listen on.")] = 5555,
+    allow_actions: Annotated[
+        bool,
+        typer.Option(
+            "--allow-actions", envvar="FLOWER_ALLOW_ACTIONS", help="Allow shutdown, pool and rate-limit actions."
+        ),
+    ] = False,
+) -> None:
+    """Start the Flower UI on the configured broker, behind basic auth from FLOWER_BASIC_AUTH.
+
+    Read-only unless --allow-actions; /metrics and /healthcheck answer without a login.
+    """
+    import os
+
+    from fedqueue.queue.flower import check_basic_auth, flower_command
+
+    settings = Settings.from_env()
+    command = flower_command(settings, address, port, allow_actions)
+    check_basic_auth(os.environ)
+    warn_if_insecure(settings)
+    console.print(f"Flower on http://{address}:{port} watching {mask_url(settings.broker_url)}")
+    os.execv(command[0], command)  # Flower becomes this process: signals reach it directly
 
 
 def _supervise(group: Any, what: str, services: Any) -> None:

@@ -8,12 +8,13 @@ launcher never imports torch.
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import signal
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import IO
 
@@ -97,6 +98,17 @@ def plan_workers(
         ]
     count = procs if procs is not None else (os.cpu_count() or 1)
     return [WorkerSpec(name=f"cpu{index}", cuda_visible_devices="", slots=slots) for index in range(count)]
+
+
+def named(specs: list[WorkerSpec], name: str | None) -> list[WorkerSpec]:
+    """The plan with its one worker renamed (`--name gpu1`: a container that sees its GPU as GPU 0)."""
+    if name is None:
+        return specs
+    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}", name):
+        raise ConfigError(f"--name: letters, digits, '.', '_' and '-' only (at most 64), got {name!r}")
+    if len(specs) != 1:
+        raise ConfigError(f"--name: names one worker process, but this host plans {len(specs)}")
+    return [replace(specs[0], name=name)]
 
 
 def _gpu_worker_name(group: list[str], position: int) -> str:
