@@ -9,19 +9,15 @@ Flower, and the CLI running a short config. The run must finish with its results
 
 from __future__ import annotations
 
-import base64
 import contextlib
 import json
 import os
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
-import urllib.error
-import urllib.request
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -33,20 +29,12 @@ import redis
 import yaml
 
 from fedqueue.store import open_store
+from tests.service_support import free_port, http_get, required_tool
 
 ROOT = Path(__file__).resolve().parents[1]
 COMPOSE_FILE = ROOT / "docker-compose.yml"
 ENV_EXAMPLE = ROOT / ".env.example"
 FEDQUEUE = str(Path(sys.executable).with_name("fedqueue"))
-
-
-def _compose() -> str:
-    found = shutil.which("docker-compose")
-    if found is None:
-        if os.environ.get("CI") == "true":
-            pytest.fail("CI=true and no docker-compose (Debian's docker-compose package): compose is not validated")
-        pytest.skip("docker-compose is not installed: compose validation skipped")
-    return found
 
 
 def _env_file(folder: Path, **values: str) -> Path:
@@ -58,7 +46,15 @@ def _env_file(folder: Path, **values: str) -> Path:
 
 
 def _config(env_file: Path) -> subprocess.CompletedProcess[str]:
-    command = [_compose(), "--project-directory", str(ROOT), "-f", str(COMPOSE_FILE), "--env-file", str(env_file)]
+    command = [
+        required_tool("docker-compose", "docker-compose", "docker-compose.yml"),
+        "--project-directory",
+        str(ROOT),
+        "-f",
+        str(COMPOSE_FILE),
+        "--env-file",
+        str(env_file),
+    ]
     return subprocess.run([*command, "config"], capture_output=True, text=True, timeout=60, env=_bare_env())
 
 
@@ -118,12 +114,6 @@ def test_compose_names_a_missing_password(tmp_path: Path) -> None:
     resolved = _config(env_file)
     assert resolved.returncode != 0
     assert "set REDIS_PASSWORD in .env" in resolved.stderr
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def _entrypoint() -> list[str]:
@@ -189,20 +179,6 @@ def _wait_for(what: str, check: Any, timeout_s: float = 60.0) -> Any:
         time.sleep(0.2)
 
 
-def _get(url: str, auth: tuple[str, str] | None = None) -> tuple[int, Any]:
-    """An HTTP GET: its status and, for JSON answers, the parsed body."""
-    request = urllib.request.Request(url)
-    if auth is not None:
-        request.add_header("Authorization", "Basic " + base64.b64encode(":".join(auth).encode()).decode())
-    try:
-        with urllib.request.urlopen(request, timeout=5) as answer:
-            body = answer.read()
-            kind = answer.headers.get("Content-Type", "")
-            return answer.status, json.loads(body) if "json" in kind else body
-    except urllib.error.HTTPError as err:
-        return err.code, None
-
-
 def _as_run(command: list[Any]) -> list[str]:
     """A command as the container gets it: `config` prints `$$` (a literal `$`) still escaped."""
     return [str(part).replace("$$", "$") for part in command]
@@ -226,7 +202,7 @@ def test_each_service_runs_as_a_process_and_a_run_lands_in_postgres(
     from sqlalchemy.engine import make_url
 
     database = make_url(postgres_url)
-    redis_port, flower_port = _free_port(), _free_port()
+    redis_port, flower_port = free_port(), free_port()
     prefix = f"fqcompose-{uuid.uuid4().hex[:8]}"
     services = _services(
         _env_file(
@@ -296,12 +272,12 @@ def test_each_service_runs_as_a_process_and_a_run_lands_in_postgres(
     user, _, flower_password = str(flower["environment"]["FLOWER_BASIC_AUTH"]).partition(":")
     base = f"http://127.0.0.1:{flower_port}"
     auth = (user, flower_password)
-    _wait_for("Flower", lambda: _get(f"{base}/healthcheck")[0] == 200)
-    assert _get(f"{base}/workers")[0] == 401 and _get(f"{base}/api/workers")[0] == 401
-    assert _get(f"{base}/workers", auth)[0] == 200
+    _wait_for("Flower", lambda: http_get(f"{base}/healthcheck")[0] == 200)
+    assert http_get(f"{base}/workers")[0] == 401 and http_get(f"{base}/api/workers")[0] == 401
+    assert http_get(f"{base}/workers", auth)[0] == 200
 
     def both_listed() -> dict[str, Any] | None:
-        status, names = _get(f"{base}/api/workers?refresh=1", auth)
+        status, names = http_get(f"{base}/api/workers?refresh=1", auth)
         return names if status == 200 and {name.split("@")[0] for name in names} >= {"cpu0", "cpu1"} else None
 
     assert set(_wait_for("Flower to list both workers", both_listed)) == workers
