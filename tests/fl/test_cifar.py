@@ -70,3 +70,19 @@ def test_corrupt_batch_is_a_data_error(tmp_path: Path) -> None:
     with pytest.raises(DataError) as caught:
         load_federated(DataSpec(dataset="cifar10", root=str(tmp_path)))
     assert str(tmp_path) in str(caught.value)
+
+
+def test_the_cifar10_example_reads_its_batches_from_data_cifar10(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """examples/cifar10_fedavg.toml, run where ./data/cifar10 holds the batches (as in docker compose)."""
+    from fedqueue.fl.config import load_run_config
+    from fedqueue.fl.experiment import data_spec
+
+    example = Path(__file__).resolve().parents[2] / "examples" / "cifar10_fedavg.toml"
+    write_cifar_batches(tmp_path / "data" / "cifar10", train_samples=2000, test_samples=100)
+    monkeypatch.chdir(tmp_path)
+    config = load_run_config(example)
+    data = load_federated(data_spec(config))
+    assert len(data.partitions) == config.num_devices == 100 and data.input_shape == (3, 32, 32)
+    assert sum(len(part) for part in data.partitions) == 2000
