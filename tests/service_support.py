@@ -3,15 +3,23 @@
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 import os
 import shutil
 import socket
+import subprocess
+import sys
 import urllib.error
 import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
+import redis
+
+from tests.reliability_support import wait_until
 
 
 def required_tool(name: str, package: str, needed_for: str) -> str:
@@ -43,3 +51,26 @@ def http_get(url: str, auth: tuple[str, str] | None = None) -> tuple[int, Any]:
         return err.code, None
     except OSError:
         return 0, None
+
+
+def redis_answers(client: redis.Redis) -> bool:
+    with contextlib.suppress(redis.RedisError):
+        return bool(client.ping())
+    return False
+
+
+@contextlib.contextmanager
+def running_flower(env: dict[str, str], port: int, log: Path) -> Iterator[str]:
+    """`fedqueue flower` as the README starts it (the password only in `env`); yields its base URL."""
+    with log.open("wb") as out:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "fedqueue.cli", "flower", "--port", str(port)], env=env, stdout=out, stderr=out
+        )
+    base = f"http://127.0.0.1:{port}"
+    try:
+        wait_until(lambda: http_get(f"{base}/healthcheck")[0] == 200 or process.poll() is not None, 60)
+        assert process.poll() is None, log.read_text()[-2000:]
+        yield base
+    finally:
+        process.terminate()
+        process.wait(timeout=30)

@@ -29,7 +29,8 @@ import redis
 import yaml
 
 from fedqueue.store import open_store
-from tests.service_support import free_port, http_get, required_tool
+from tests.reliability_support import wait_until
+from tests.service_support import free_port, http_get, redis_answers, required_tool
 
 ROOT = Path(__file__).resolve().parents[1]
 COMPOSE_FILE = ROOT / "docker-compose.yml"
@@ -165,20 +166,6 @@ def processes(tmp_path: Path) -> Iterator[Processes]:
         started.stop()
 
 
-def _wait_for(what: str, check: Any, timeout_s: float = 60.0) -> Any:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        try:
-            found = check()
-        except (OSError, redis.RedisError):
-            found = None
-        if found:
-            return found
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.2)
-
-
 def _as_run(command: list[Any]) -> list[str]:
     """A command as the container gets it: `config` prints `$$` (a literal `$`) still escaped."""
     return [str(part).replace("$$", "$") for part in command]
@@ -225,7 +212,7 @@ def test_each_service_runs_as_a_process_and_a_run_lands_in_postgres(
     processes.start("redis", _redis_command(redis_service, redis_folder, redis_port), redis_service["environment"])
     password = redis_service["environment"]["REDIS_PASSWORD"]
     client = redis.Redis(port=redis_port, password=password)
-    _wait_for("the redis service's Redis", client.ping)
+    wait_until(lambda: redis_answers(client), 60)
     assert client.config_get("maxmemory-policy")["maxmemory-policy"] == "noeviction"
     assert client.config_get("appendfsync")["appendfsync"] == "everysec"
     with pytest.raises(redis.AuthenticationError):
@@ -272,15 +259,15 @@ def test_each_service_runs_as_a_process_and_a_run_lands_in_postgres(
     user, _, flower_password = str(flower["environment"]["FLOWER_BASIC_AUTH"]).partition(":")
     base = f"http://127.0.0.1:{flower_port}"
     auth = (user, flower_password)
-    _wait_for("Flower", lambda: http_get(f"{base}/healthcheck")[0] == 200)
+    wait_until(lambda: http_get(f"{base}/healthcheck")[0] == 200, 60)
     assert http_get(f"{base}/workers")[0] == 401 and http_get(f"{base}/api/workers")[0] == 401
     assert http_get(f"{base}/workers", auth)[0] == 200
 
-    def both_listed() -> dict[str, Any] | None:
+    def listed() -> set[str]:
         status, names = http_get(f"{base}/api/workers?refresh=1", auth)
-        return names if status == 200 and {name.split("@")[0] for name in names} >= {"cpu0", "cpu1"} else None
+        return set(names) if status == 200 else set()
 
-    assert set(_wait_for("Flower to list both workers", both_listed)) == workers
+    wait_until(lambda: listed() == workers, 60)
     # No password on any process's command line; Flower runs read-only.
     command_lines = []
     for process in psutil.process_iter():

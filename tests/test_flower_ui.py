@@ -9,10 +9,7 @@ from __future__ import annotations
 import contextlib
 import os
 import socket
-import subprocess
-import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -22,27 +19,9 @@ from fedqueue import api
 from fedqueue.config import Settings
 from tests.conftest import running_workers
 from tests.reliability_support import cli_env, reliable_settings, slow_config, wait_until
-from tests.service_support import free_port, http_get, required_tool
+from tests.service_support import free_port, http_get, required_tool, running_flower
 
 PASSWORD = "flower-test-pw-7Q2x"
-
-
-@contextlib.contextmanager
-def flower(settings: Settings, port: int, log: Path) -> Iterator[str]:
-    """`fedqueue flower` as the README starts it: the password only in its environment."""
-    env = {**cli_env(settings), "FLOWER_BASIC_AUTH": f"admin:{PASSWORD}"}
-    with log.open("wb") as out:
-        process = subprocess.Popen(
-            [sys.executable, "-m", "fedqueue.cli", "flower", "--port", str(port)], env=env, stdout=out, stderr=out
-        )
-    base = f"http://127.0.0.1:{port}"
-    try:
-        wait_until(lambda: http_get(f"{base}/healthcheck")[0] == 200 or process.poll() is not None, 60)
-        assert process.poll() is None, log.read_text()[-2000:]
-        yield base
-    finally:
-        process.terminate()
-        process.wait(timeout=30)
 
 
 def _wait_for_page(browser: Any, url: str, auth: tuple[str, str], needles: list[str], timeout_s: float = 60) -> str:
@@ -67,7 +46,8 @@ def test_flower_shows_workers_and_device_tasks_behind_basic_auth(settings: Setti
     auth = ("admin", PASSWORD)
     with running_workers(settings, procs=2, log_dir=tmp_path / "logs") as group:
         workers = {f"{spec.name}@{socket.gethostname()}" for spec in group.specs}
-        with flower(settings, free_port(), tmp_path / "flower.log") as base:
+        env = {**cli_env(settings), "FLOWER_BASIC_AUTH": f"admin:{PASSWORD}"}
+        with running_flower(env, free_port(), tmp_path / "flower.log") as base:
             handle = api.submit(slow_config(0.05, rounds=6, devices_per_round=8, num_devices=20), settings=settings)
             # Flower's API first: if these fail, Flower is at fault, not the browser.
             assert http_get(f"{base}/api/workers")[0] == 401

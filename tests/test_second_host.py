@@ -28,7 +28,7 @@ from fedqueue import api
 from fedqueue.config import Settings
 from tests.helpers import assert_same_weights, reference_final_state
 from tests.reliability_support import cli_env, ping_count, reliable_settings, slow_config, wait_until
-from tests.service_support import free_port, http_get
+from tests.service_support import free_port, http_get, redis_answers, running_flower
 
 PASSWORD = "second-host-redis-pw"
 
@@ -74,13 +74,7 @@ def redis_with_password(folder: Path, addresses: list[str]) -> Iterator[int]:
     process = subprocess.Popen(["redis-server", str(config)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         client = redis.Redis(port=port, password=PASSWORD)
-
-        def answers() -> bool:
-            with contextlib.suppress(redis.RedisError):
-                return bool(client.ping())
-            return False
-
-        wait_until(answers, 30)
+        wait_until(lambda: redis_answers(client), 30)
         yield port
     finally:
         process.terminate()
@@ -188,21 +182,11 @@ def test_a_second_host_shares_the_run_and_the_weights_match_one_host(
                 assert "host2" in hosts and len(hosts) == 2, workers
                 assert_same_weights(handle.final_weights(), reference_final_state(config))
                 # Flower, on the first host, lists the workers of both.
-                port = free_port()
                 flower_env = {**here_env, "FLOWER_BASIC_AUTH": "admin:pw"}
-                flower = subprocess.Popen(
-                    [sys.executable, "-m", "fedqueue.cli", "flower", "--port", str(port)],
-                    env=flower_env,
-                    stdout=subprocess.DEVNULL,
-                    stderr=subprocess.DEVNULL,
-                )
-                try:
+                with running_flower(flower_env, free_port(), tmp_path / "flower.log") as base:
 
                     def listed() -> bool:
-                        status, found = http_get(f"http://127.0.0.1:{port}/api/workers?refresh=1", ("admin", "pw"))
+                        status, found = http_get(f"{base}/api/workers?refresh=1", ("admin", "pw"))
                         return status == 200 and workers <= set(found)
 
                     wait_until(listed, 60)
-                finally:
-                    flower.terminate()
-                    flower.wait(timeout=30)

@@ -94,16 +94,18 @@ class StackedPack:
     def weighted_delta_sum(self) -> dict[str, Tensor]:
         """sum over devices of samples x (local - global), in float64, on the CPU: FedAvg's share of the pack.
 
-        Tensors that are not trained (buffers) come from the pack's first device, as FedAvg takes
-        them from a round's lowest device.
+        Floating buffers are not trained, so their share is zero; counters (integer tensors) are
+        the pack's, as FedAvg takes them from a round's lowest device.
         """
-        first = self.global_state
         weights = torch.tensor(self.samples, dtype=torch.float64)
         summed: dict[str, Tensor] = {}
-        for key, start in first.items():
+        for key, start in self.global_state.items():
             stacked = self.parameters.get(key)
-            if stacked is None or not start.is_floating_point():
+            if not start.is_floating_point():
                 summed[key] = cpu_copy(start)
+                continue
+            if stacked is None:
+                summed[key] = torch.zeros(start.shape, dtype=torch.float64)
                 continue
             difference = stacked.detach().to(torch.float64) - start.to(torch.float64)
             shape = (-1,) + (1,) * start.dim()

@@ -143,6 +143,10 @@ def test_a_pack_summed_for_fedavg_gives_fedavg_of_its_devices() -> None:
     cfg = LocalTrainConfig(local_iters=3, local_epochs=None, batch_size=4, optimizer="sgd", lr=0.1, momentum=0.0)
     datas, state = _datas(SHAPES["mlp"]), initial_state("mlp", SHAPES["mlp"], 10, seed=1)
     model = build_model("mlp", SHAPES["mlp"], 10)
+    # A buffer that training never changes, and a counter: averaged, they stay what they were.
+    model.register_buffer("scale", torch.tensor([2.0, 3.0]))
+    model.register_buffer("count", torch.tensor(7))
+    state = {**state, "scale": torch.tensor([2.0, 3.0]), "count": torch.tensor(7)}
     model.load_state_dict(state)
     pack = train_pack(model, datas[1:], cfg, [1, 2, 3, 4], torch.device("cpu"))
     outcomes = pack.outcomes()
@@ -158,5 +162,6 @@ def test_a_pack_summed_for_fedavg_gives_fedavg_of_its_devices() -> None:
     expected = fedavg(state, each, 0.5)
     for key, value in expected.items():
         torch.testing.assert_close(summed[key], value, atol=1e-7, rtol=0, msg=key)
+    assert torch.equal(summed["scale"], state["scale"]) and int(summed["count"]) == 7
     # Not vacuous: the pack's devices moved the model.
     assert any(not torch.equal(summed[key], fedavg(state, each[:1], 0.5)[key]) for key in state)
