@@ -215,12 +215,7 @@ class _PackJob:
             (self._result(device, samples, loss, ref), self._timing(device, started_at, **timing))
             for device, samples, loss in zip(devices, pack.samples, pack.losses, strict=True)
         ]
-        counts = self.services.store.record_device_results(rows, all_or_nothing=True)
-        if None in counts:
-            self.services.blobs.delete([key])
-            return None
-        _close_round_if_last(self.services, self.task, max(count for count in counts if count is not None))
-        return len(counts)
+        return self._record(rows, all_or_nothing=True) or None
 
     def _upload(self, device: int, outcome: TrainOutcome) -> BlobRef:
         task = self.task
@@ -247,13 +242,16 @@ class _PackJob:
             update_nbytes=ref.nbytes,
         )
 
-    def _record(self, rows: list[tuple[DeviceResult, TaskTiming]]) -> int:
-        """Store the devices' results in one transaction; returns how many this delivery's results count for."""
-        counts = self.services.store.record_device_results(rows)
+    def _record(self, rows: list[tuple[DeviceResult, TaskTiming]], all_or_nothing: bool = False) -> int:
+        """Store the devices' results in one transaction; returns how many this delivery's results count for.
+
+        `all_or_nothing`: rows sharing one summed update are stored together or not at all.
+        """
+        counts = self.services.store.record_device_results(rows, all_or_nothing)
         dropped = [result.update_key for (result, _), count in zip(rows, counts, strict=True) if count is None]
         if dropped:
             # Other deliveries of these devices stored first; their updates are the ones that count.
-            self.services.blobs.delete([key for key in dropped if key])
+            self.services.blobs.delete(list(dict.fromkeys(key for key in dropped if key)))
             log.info("%s: %d duplicate devices dropped", self.task.label, len(dropped))
         stored = [count for count in counts if count is not None]
         if stored:
