@@ -96,7 +96,7 @@ class Way:
     seconds: float  # per timed round
     devices: int  # per round
     weights: State | None = None
-    note: str = ""
+    run: Any = None  # fedqueue's RunHandle, for ways through fedqueue
 
     @property
     def per_s(self) -> float:
@@ -155,7 +155,6 @@ def _train(config: RunConfig, state: State, round_index: int, device: int, where
 
 def through_fedqueue(cluster: Any, config: RunConfig, label: str) -> Way:
     import fedqueue
-    from fedqueue.report import build_report
 
     handle = fedqueue.submit(config, settings=cluster.settings)
     status = wait_run(handle, cluster)
@@ -164,12 +163,21 @@ def through_fedqueue(cluster: Any, config: RunConfig, label: str) -> Way:
     rounds = handle.store.list_rounds(handle.id)[1:-1]
     assert all(row.aggregated_at is not None for row in rounds)
     span = (rounds[-1].aggregated_at - rounds[0].enqueued_at) / len(rounds)  # type: ignore[operator]
-    report = build_report(handle.store, handle.id)
+    return Way(label, span, config.devices_per_round, handle.final_weights(), run=handle)
+
+
+def gpu_busy(way: Way) -> str:
+    """The run's mean GPU utilization from its report; ask once its cluster stopped, since workers
+    write their samples every few seconds and on stopping, and a fast run ends before the first write."""
+    from fedqueue.report import build_report
+
+    if way.run is None:
+        return ""
+    report = build_report(way.run.store, way.run.id)
     used = [
         row["utilization_mean"] for row in report["utilization"] if row["kind"] == "gpu" and row["utilization_mean"]
     ]
-    note = f"GPU {sum(used) / len(used):.0f} % busy" if used else ""
-    return Way(label, span, config.devices_per_round, handle.final_weights(), note)
+    return f"GPU {sum(used) / len(used):.0f} % busy" if used else "no sample"
 
 
 def max_difference(left: State | None, right: State | None) -> float:
@@ -265,7 +273,7 @@ def gpu_case(timed: int, folder: Path) -> None:
     threads = ways[0]
     print(f"\n### GPU: CIFAR CNN, 100 devices x 25 steps of batch 32 per round ({timed} timed rounds)\n")
     rows = [
-        (way.label, f"{way.seconds:.3f}", f"{way.per_s:.0f}", ratio(threads.seconds, way.seconds), way.note)
+        (way.label, f"{way.seconds:.3f}", f"{way.per_s:.0f}", ratio(threads.seconds, way.seconds), gpu_busy(way))
         for way in ways
     ]
     print(markdown_table(["way", "s per round", "devices per s", "vs thread pool", "GPU"], rows))

@@ -28,6 +28,16 @@ class BlobStore(Protocol):
     def exists(self, key: str) -> bool: ...
 
 
+READ_CHUNK_BYTES = 16 * 2**20  # blobs read in one round trip: at most this many bytes ...
+READ_CHUNK_MAX = 64  # ... and this many blobs
+
+
+def blobs_per_read(refs: Sequence[BlobRef]) -> int:
+    """How many of these blobs one `get_many` should ask for: many small ones per round trip, big ones few."""
+    largest = max((ref.nbytes for ref in refs), default=1)
+    return max(1, min(READ_CHUNK_MAX, READ_CHUNK_BYTES // max(largest, 1)))
+
+
 def _checked(ref: BlobRef, data: bytes | None) -> bytes:
     if data is None:
         raise BlobIntegrityError(f"blob {ref.key!r} is missing (expired or deleted)")

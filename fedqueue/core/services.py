@@ -76,6 +76,12 @@ class Services:
             count, _, _ = pipe.execute()
         return int(count)
 
+    def take_back_attempt(self, task_key: str) -> None:
+        """This delivery gave its work back undone (it waited for something that did not come): do not count it."""
+        attempts = self.key("attempts", task_key)
+        if self.redis.decr(attempts) < 0:
+            self.redis.set(attempts, 0, ex=self.settings.blob_ttl_s)
+
     def heartbeat(self, task_key: str, worker: str) -> AbstractContextManager[None]:
         """Keep the running mark of a started task alive while the block runs.
 
@@ -154,6 +160,14 @@ class Services:
     def request_once(self, task_key: str, within_s: float) -> bool:
         """True for the first caller in `within_s` seconds: keeps repair passes from sending a task again and again."""
         return bool(self.redis.set(self.key("requested", task_key), 1, nx=True, ex=max(1, int(within_s))))
+
+    def renew_request(self, task_key: str, within_s: float) -> None:
+        """Keep a request marked for `within_s` more seconds (its task is still at work on it)."""
+        self.redis.expire(self.key("requested", task_key), max(1, int(within_s)))
+
+    def forget_request(self, task_key: str) -> None:
+        """The next `request_once` of this task goes through."""
+        self.redis.delete(self.key("requested", task_key))
 
     def attempts(self, task_key: str) -> int:
         """How many deliveries of this task have started so far."""

@@ -13,6 +13,7 @@ from fedqueue.core.services import Services
 from fedqueue.errors import BlobIntegrityError
 from fedqueue.fl.config import RunConfig
 from fedqueue.fl.messages import DeviceTask
+from fedqueue.fl.read_ahead import tail_started
 from fedqueue.fl.rounds import pack_sum_key, request_aggregation, update_key
 from fedqueue.fl.timing import task_timing
 from fedqueue.fl.weights import decode_state, encode_state
@@ -296,8 +297,12 @@ def record_failure(
 
 
 def _close_round_if_last(services: Services, task: DeviceTask, stored: int) -> None:
-    """The worker that stored a round's last result (`stored` counts them) enqueues its aggregation."""
-    if stored >= task.round_size:
+    """The worker that stored a round's last result (`stored` counts them) enqueues its aggregation.
+
+    So does one that finds the round in its tail: the aggregator then reads the stored updates
+    on an idle slot while the last devices train (fedqueue.fl.read_ahead).
+    """
+    if stored >= task.round_size or tail_started(services, stored, task.round_size):
         request_aggregation(services, task.run_id, task.round_index)
 
 

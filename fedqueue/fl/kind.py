@@ -34,8 +34,9 @@ def _aggregate(context: TaskContext, task: AggregateTask) -> None:
 
     # A claim names this delivery, so a worker that lost its claim can never finish the round.
     owner = f"{context.worker}#{uuid.uuid4().hex[:8]}"
-    started_at = time.time()
-    if aggregate_round(context.services, task.run_id, task.round_index, owner):
+    # Timed from the round's completion: a wait through the round's tail (reading ahead) is not aggregating.
+    started_at = aggregate_round(context.services, task.run_id, task.round_index, owner)
+    if started_at is not None:
         took_ms = (time.time() - started_at) * 1000
         timing = task_timing(
             task, None, "done", context.worker, context.attempt, device_label(), started_at, compute_ms=took_ms

@@ -72,7 +72,7 @@ def _repair_rounds(services: Services, run_id: str, config: RunConfig, broker_lo
     actions = _repair_training_round(services, run_id, config, current, broker_lost)
     if broker_lost:
         # An aggregation request may have been lost with the queue.
-        services.redis.delete(services.key("requested", aggregate_key(run_id, current.round_index)))
+        services.forget_request(aggregate_key(run_id, current.round_index))
     complete = services.store.count_done(run_id, current.round_index) >= len(current.selected)
     if complete and request_aggregation(services, run_id, current.round_index):
         actions.append(f"round {current.round_index}: all results stored; aggregation requested")

@@ -14,15 +14,17 @@ import logging
 import threading
 import time
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from fedqueue.core.blobs import blobs_per_read
 from fedqueue.core.codec import BlobRef
 from fedqueue.core.services import Services
 from fedqueue.fl.config import RunConfig
 from fedqueue.fl.messages import AggregateTask, DeviceTask
+from fedqueue.fl.read_ahead import ReadAhead, read_round_ahead
 from fedqueue.fl.weights import decode_state, encode_state
 from fedqueue.store import Store
 from fedqueue.store.schema import RoundRow
@@ -36,8 +38,6 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 UPDATES_READ_AHEAD = 4  # updates fetched and checked in the background while one is summed
-READ_CHUNK_BYTES = 16 * 2**20  # updates read in one round trip: at most this many bytes ...
-READ_CHUNK_MAX = 64  # ... and this many updates
 PACK_SUM_MARK = "pack-"  # in an update's key: the blob is a pack's pre-summed update
 
 
@@ -150,11 +150,6 @@ def start_round(services: Services, run_id: str, config: RunConfig, round_index:
     return True
 
 
-def round_is_complete(services: Services, run_id: str, round_index: int) -> bool:
-    row = services.store.get_round(run_id, round_index)
-    return row is not None and services.store.count_done(run_id, round_index) >= len(row.selected)
-
-
 def request_aggregation(services: Services, run_id: str, round_index: int) -> bool:
     """Enqueue the round's aggregation task, unless it was requested within the last two claim periods."""
     task = AggregateTask(run_id=run_id, round_index=round_index, enqueued_at=time.time())
@@ -191,26 +186,38 @@ def _renewing(services: Services, run_id: str, round_index: int, owner: str) -> 
         thread.join()
 
 
-def aggregate_round(services: Services, run_id: str, round_index: int, owner: str) -> bool:
-    """Aggregate a complete round, evaluate, checkpoint, start the next. False if there was nothing to do.
+def aggregate_round(services: Services, run_id: str, round_index: int, owner: str) -> float | None:
+    """Aggregate a round, evaluate, checkpoint, start the next; when the aggregation began, or None if not done.
 
+    Requested in the round's tail, it first reads the updates already stored while the last
+    devices train (fedqueue.fl.read_ahead), and gives up if the tail outlasts its limit.
     The claim is renewed while this runs. A failure hands it back and raises, so the task is retried.
     """
-    if not round_is_complete(services, run_id, round_index):
-        return False
-    stale_before = time.time() - services.settings.heartbeat_ttl_s
+    row = services.store.get_round(run_id, round_index)
+    if row is None:
+        return None
+    ahead = ReadAhead()
+    if services.store.count_done(run_id, round_index) < len(row.selected):
+        if row.state != "training":
+            return None
+        waited = read_round_ahead(services, run_id, round_index, len(row.selected))
+        if waited is None:
+            return None
+        ahead = waited
+    began = time.time()
+    stale_before = began - services.settings.heartbeat_ttl_s
     if not services.store.claim_round(run_id, round_index, owner, stale_before):
-        return False
+        return None
     try:
         with _renewing(services, run_id, round_index, owner) as lost:
-            _aggregate_claimed_round(services, run_id, round_index, owner, lost)
+            _aggregate_claimed_round(services, run_id, round_index, owner, lost, ahead)
     except ClaimLost:
         log.warning("run %s round %d: aggregation taken over by another worker; stopped", run_id, round_index)
-        return False
+        return None
     except BaseException:
         services.store.unclaim_round(run_id, round_index, owner)
         raise
-    return True
+    return began
 
 
 def fail_aggregation(services: Services, run_id: str, round_index: int, attempts: int, error: str) -> None:
@@ -239,7 +246,7 @@ def _policy_failure(config: RunConfig, round_index: int, tasks: Sequence[Row[Any
 
 
 def _aggregate_claimed_round(
-    services: Services, run_id: str, round_index: int, owner: str, lost: threading.Event
+    services: Services, run_id: str, round_index: int, owner: str, lost: threading.Event, ahead: ReadAhead
 ) -> None:
     from fedqueue.fl.aggregate import SUMMABLE_RULES, fedavg
     from fedqueue.fl.data import load_federated
@@ -267,7 +274,7 @@ def _aggregate_claimed_round(
     )
     alone, packs = _updates_of(results)
     # Each update is read as the rule reaches it (a few ahead): memory stays flat whatever the round's size.
-    with _loaded(services, alone) as updates, _loaded(services, packs) as sums:
+    with _loaded(services, alone, ahead) as updates, _loaded(services, packs, ahead) as sums:
         if sums:
             if config.aggregate not in SUMMABLE_RULES:
                 raise RuntimeError(f"round {round_index}: pre-summed packs, but aggregate = {config.aggregate!r}")
@@ -277,7 +284,7 @@ def _aggregate_claimed_round(
     encoded = encode_state(new_state)
     aggregate_ms = (time.perf_counter() - began) * 1000
 
-    metrics: dict[str, Any] = {"aggregate_ms": aggregate_ms}
+    metrics: dict[str, Any] = {"aggregate_ms": aggregate_ms, "read_ahead": ahead.count}
     weights = [task.samples for task in results]
     losses = [task.loss for task in results]
     if losses and all(loss is not None for loss in losses):
@@ -327,20 +334,25 @@ def _updates_of(results: Sequence[Row[Any]]) -> tuple[list[_Stored], list[_Store
     return alone, summed
 
 
-def _loaded(services: Services, stored: Sequence[_Stored]) -> LoadedOnUse:
-    """Updates read from the blob store as they are used; small ones many per round trip (READ_CHUNK_BYTES)."""
+def _loaded(services: Services, stored: Sequence[_Stored], ahead: ReadAhead) -> LoadedOnUse:
+    """Updates as they are used: those read ahead from memory, the rest from the blob store, many per round trip."""
     from fedqueue.fl.aggregate import LoadedOnUse
 
     refs = [ref for _, _, ref in stored]
-    largest = max((ref.nbytes for ref in refs), default=1)
+
+    def load_many(positions: Sequence[int]) -> list[Mapping[str, torch.Tensor]]:
+        wanted = [refs[position] for position in positions]
+        held = {ref.key: ahead.take(ref.key) for ref in wanted}
+        missing = [ref for ref in wanted if held[ref.key] is None]
+        fetched = dict(zip((ref.key for ref in missing), services.blobs.get_many(missing), strict=True))
+        return [held[ref.key] or decode_state(fetched[ref.key]) for ref in wanted]  # a state is never empty
+
     return LoadedOnUse(
         [(device, samples) for device, samples, _ in stored],
-        lambda position: decode_state(services.blobs.get(refs[position])),
+        lambda position: load_many([position])[0],
         read_ahead=UPDATES_READ_AHEAD,
-        load_many=lambda positions: [
-            decode_state(blob) for blob in services.blobs.get_many([refs[position] for position in positions])
-        ],
-        chunk=max(1, min(READ_CHUNK_MAX, READ_CHUNK_BYTES // max(largest, 1))),
+        load_many=load_many,
+        chunk=blobs_per_read(refs),
     )
 
 

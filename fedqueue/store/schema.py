@@ -62,6 +62,8 @@ class RoundRow(Base):
     accuracy: Mapped[float | None] = mapped_column(Float, nullable=True)
     loss: Mapped[float | None] = mapped_column(Float, nullable=True)
     train_loss: Mapped[float | None] = mapped_column(Float, nullable=True)
+    # Updates the aggregator read while the round's last devices still trained (fedqueue.fl.read_ahead).
+    read_ahead: Mapped[int | None] = mapped_column(Integer, nullable=True)
 
 
 class TaskTimingRow(Base):
