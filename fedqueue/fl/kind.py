@@ -36,7 +36,11 @@ def _aggregate(context: TaskContext, task: AggregateTask) -> None:
     owner = f"{context.worker}#{uuid.uuid4().hex[:8]}"
     # Timed from the round's completion: a wait through the round's tail (reading ahead) is not aggregating.
     started_at = aggregate_round(context.services, task.run_id, task.round_index, owner)
-    if started_at is not None:
+    if started_at is None:
+        # Nothing attempted (the round was taken, or its tail gave the slot back): attempts count
+        # failed and lost aggregations, not requests that found nothing to do.
+        context.services.take_back_attempt(task.attempt_key)
+    else:
         took_ms = (time.time() - started_at) * 1000
         timing = task_timing(
             task, None, "done", context.worker, context.attempt, device_label(), started_at, compute_ms=took_ms

@@ -107,8 +107,6 @@ def read_round_ahead(
             # A last result stored before the request was forgotten found it still set: take the round now.
             if services.store.count_done(run_id, round_index) >= round_size:
                 return ahead
-            # Nothing was attempted: the aggregation's attempts are kept for aggregations that fail.
-            services.take_back_attempt(request)
             log.info("run %s round %d: tail not over after %.1f s; slot given back", run_id, round_index, now - began)
             return None
         time.sleep(POLL_S)
