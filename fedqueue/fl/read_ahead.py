@@ -57,10 +57,9 @@ def tail_started(services: Services, stored: int, round_size: int) -> bool:
     return stored < round_size and services.queue_length(DEVICES_QUEUE) == 0
 
 
-def _waiting_work(services: Services) -> bool:
-    """A task of any kind waits on a queue: the slot this aggregator holds is wanted."""
-    queues = {DEVICES_QUEUE, jobs.CONTROL_QUEUE, *(handler.queue for _, handler in jobs.handlers())}
-    return any(services.queue_length(queue) for queue in sorted(queues))
+def _served_queues() -> list[str]:
+    """Every queue a worker may serve: work waiting on any of them wants the slot this aggregator holds."""
+    return sorted({jobs.CONTROL_QUEUE, *(handler.queue for _, handler in jobs.handlers())})
 
 
 def _tail_limit_s(services: Services, run_id: str, round_index: int) -> float:
@@ -86,6 +85,7 @@ def read_round_ahead(
     limit_s = _tail_limit_s(services, run_id, round_index)
     request = aggregate_key(run_id, round_index)
     renew_every_s = services.settings.heartbeat_ttl_s / 3
+    queues = _served_queues()  # once, not on every poll
     seen, run_checked, renewed = -1, began, began
     while True:
         stored = services.store.count_done(run_id, round_index)
@@ -99,7 +99,7 @@ def read_round_ahead(
             # While this aggregator waits, the round's last result must not request a second one.
             services.renew_request(request, within_s=2 * services.settings.heartbeat_ttl_s)
             renewed = now
-        give_up = now - began > limit_s or _waiting_work(services)
+        give_up = now - began > limit_s or any(services.queue_length(queue) for queue in queues)
         if not give_up and now - run_checked >= RUN_CHECK_S:
             give_up, run_checked = services.store.get_run(run_id).state != "running", now
         if give_up:
