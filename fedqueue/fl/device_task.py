@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import logging
 import threading
 import time
 from collections import OrderedDict
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
 
 from fedqueue.core.codec import BlobRef
@@ -32,13 +35,15 @@ log = logging.getLogger(__name__)
 
 
 class WorkerCache:
-    """Per-process caches: run configs and global models by version, never fetched twice."""
+    """Per-process caches: run configs and global models by version, never fetched twice;
+    the run's model modules, built once per slot."""
 
     def __init__(self, max_models: int = 4) -> None:
         self._lock = threading.Lock()
         self._configs: dict[str, RunConfig] = {}
         self._models: OrderedDict[str, dict[str, torch.Tensor]] = OrderedDict()
         self._max_models = max_models
+        self._idle_modules: OrderedDict[str, list[nn.Module]] = OrderedDict()  # by run, most recent last
 
     def run_config(self, services: Services, run_id: str) -> RunConfig:
         with self._lock:
@@ -63,6 +68,26 @@ class WorkerCache:
             while len(self._models) > self._max_models:
                 self._models.popitem(last=False)
         return state
+
+    @contextlib.contextmanager
+    def module(self, run_id: str, build: Callable[[], nn.Module]) -> Iterator[nn.Module]:
+        """A module of the run's model that no other slot holds: reused, or built when none is idle.
+
+        Building initializes every weight at random (a few ms for the CIFAR CNN), only to have them
+        overwritten: each device loads the global weights, which resets the module completely. One
+        that saw an error is not reused.
+        """
+        with self._lock:
+            idle = self._idle_modules.get(run_id)
+            module = idle.pop() if idle else None
+        if module is None:
+            module = build()
+        yield module
+        with self._lock:
+            self._idle_modules.setdefault(run_id, []).append(module)
+            self._idle_modules.move_to_end(run_id)
+            while len(self._idle_modules) > self._max_models:
+                self._idle_modules.popitem(last=False)
 
 
 def run_device_task(services: Services, cache: WorkerCache, task: DeviceTask, worker: str, attempt: int) -> int:
@@ -97,27 +122,28 @@ def run_device_task(services: Services, cache: WorkerCache, task: DeviceTask, wo
         raise
     spec = data_spec(config)
     federated = load_federated(spec)
-    model = build_model(config.model, federated.input_shape, federated.num_classes, config.plugin)
-    job = _PackJob(
-        services=services,
-        task=task,
-        worker=worker,
-        attempt=attempt,
-        config=config,
-        model=model,
-        global_state=global_state,
-        plugins=resolve_plugins(config),
-        train=train_config(config),
-        device=torch_device(),
-    )
-    if task.mode == "vmap" and len(waiting) > 1:
-        datas = [device_data(spec, device) for device in waiting]
-        return job.train_together(waiting, datas, started_at, _elapsed_ms(clock))
-    stored = 0
-    for device in waiting:
-        stored += job.train_alone(device, device_data(spec, device), started_at, _elapsed_ms(clock))
-        started_at, clock = time.time(), time.perf_counter()
-    return stored
+    build = functools.partial(build_model, config.model, federated.input_shape, federated.num_classes, config.plugin)
+    with cache.module(task.run_id, build) as model:
+        job = _PackJob(
+            services=services,
+            task=task,
+            worker=worker,
+            attempt=attempt,
+            config=config,
+            model=model,
+            global_state=global_state,
+            plugins=resolve_plugins(config),
+            train=train_config(config),
+            device=torch_device(),
+        )
+        if task.mode == "vmap" and len(waiting) > 1:
+            datas = [device_data(spec, device) for device in waiting]
+            return job.train_together(waiting, datas, started_at, _elapsed_ms(clock))
+        stored = 0
+        for device in waiting:
+            stored += job.train_alone(device, device_data(spec, device), started_at, _elapsed_ms(clock))
+            started_at, clock = time.time(), time.perf_counter()
+        return stored
 
 
 class _PackJob:
