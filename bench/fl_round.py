@@ -1,7 +1,7 @@
 """One FL round, four ways, in one run: is fedqueue really parallel, and how close to the floor?
 
     .venv/bin/python bench/fl_round.py [--devices 32] [--iters 20] [--batch 32] [--timed-rounds 3]
-                                       [--ways loop,threads,fedqueue,floor]
+                                       [--ways loop,threads,fedqueue,floor] [--repeat 1]
 
 The workload: the small CIFAR CNN on synthetic CIFAR-shaped data, K devices per round,
 each trained for a number of local iterations, then FedAvg. Every way runs the same
@@ -16,6 +16,8 @@ rounds with the same seeds through the same functions (fedqueue.fl):
 Each way runs 1 warm-up round, the timed rounds, and a last round (fedqueue evaluates
 after its last round; nobody is timed on that). fedqueue's rounds are timed from the
 store: from the first round's enqueue to the last timed round's aggregation.
+`--repeat N` runs the ways N times, every other time in reverse order, and prints the
+ratio to the floor of each run and their median: this machine drifts by up to 20 %.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ import argparse
 import concurrent.futures
 import multiprocessing
 import os
+import statistics
 import sys
 import tempfile
 import time
@@ -208,9 +211,12 @@ def main() -> None:
     parser.add_argument(
         "--ways", default=",".join(WAYS), help="which ways to run (fedqueue and floor: the floor check alone)"
     )
+    parser.add_argument("--repeat", type=int, default=1, help="run the ways this many times, alternating their order")
     args = parser.parse_args()
     ways = [way.strip() for way in args.ways.split(",") if way.strip()]
     unknown = sorted(set(ways) - set(WAYS))
+    if args.repeat < 1:
+        parser.error(f"--repeat: {args.repeat}; at least 1")
     if unknown or not ways:
         parser.error(f"--ways: unknown {', '.join(unknown) or '(none given)'}; choose from {', '.join(WAYS)}")
     config = workload(args.devices, args.iters, args.batch, args.timed_rounds + 2)
@@ -221,22 +227,37 @@ def main() -> None:
         f" (batch {args.batch}) per round, {args.timed_rounds} timed rounds after a warm-up round; {args.procs} processes"
     )
     wait_for_quiet()
-    load = ForeignLoad()
-    results: dict[str, list[float]] = {}
-    weights: dict[str, State] = {}
-    with tempfile.TemporaryDirectory(prefix="fedqueue-bench-") as tmp:
-        folder = Path(tmp)
-        extra: dict[str, Any] = {}
-        if "fedqueue" in ways:
-            results["fedqueue"], weights["fedqueue"], extra = way_fedqueue(config, args.procs, folder)
-        if "floor" in ways:
-            results["floor"], weights["floor"] = way_floor(config, args.procs, folder)
-        if "loop" in ways:
-            results["loop"], weights["loop"] = way_loop(config)
-        if "threads" in ways:
-            results["threads"], weights["threads"] = way_threads(config)
-    foreign = load.report()
-    print_results(args, config, results, weights, extra, foreign)
+    over_floor = []
+    for repeat in range(args.repeat):
+        # Every other repeat runs the ways in reverse, so a machine that drifts favours none of them.
+        order = ways if repeat % 2 == 0 else ways[::-1]
+        load = ForeignLoad()
+        results: dict[str, list[float]] = {}
+        weights: dict[str, State] = {}
+        with tempfile.TemporaryDirectory(prefix="fedqueue-bench-") as tmp:
+            folder = Path(tmp)
+            extra: dict[str, Any] = {}
+            for way in order:
+                if way == "fedqueue":
+                    results[way], weights[way], extra = way_fedqueue(config, args.procs, folder)
+                elif way == "floor":
+                    results[way], weights[way] = way_floor(config, args.procs, folder)
+                elif way == "loop":
+                    results[way], weights[way] = way_loop(config)
+                else:
+                    results[way], weights[way] = way_threads(config)
+        if args.repeat > 1:
+            print(f"\n## Run {repeat + 1} of {args.repeat} (ways in the order {', '.join(order)})")
+        ratio = print_results(args, config, results, weights, extra, load.report())
+        if ratio is not None:
+            over_floor.append(ratio)
+    if len(over_floor) > 1:
+        each = ", ".join(f"{ratio:.3f}x" for ratio in over_floor)
+        median = statistics.median(over_floor)
+        print(
+            f"\n(c) vs (d) floor over {len(over_floor)} runs: {each}; median {median:.3f}x"
+            f" (target <= {TARGETS['floor']}x: {verdict(median <= TARGETS['floor'])})"
+        )
 
 
 def print_results(
@@ -246,7 +267,8 @@ def print_results(
     weights: dict[str, State],
     extra: dict[str, Any],
     foreign: str,
-) -> None:
+) -> float | None:
+    """Print one run's tables; returns fedqueue's ratio to the floor when both ran."""
     timed = slice(1, config.rounds - 1)
     per_round = {name: sum(values[timed]) / len(values[timed]) for name, values in results.items()}
     if "fedqueue" in per_round:
@@ -266,7 +288,7 @@ def print_results(
     print(markdown_table(["way", "s per round", "timed rounds (s)", f"speed-up over {labels[base][:3]}"], rows))
     if "fedqueue" not in per_round:
         print(foreign)
-        return
+        return None
     fq = per_round["fedqueue"]
     checks = []
     if "loop" in per_round:
@@ -317,6 +339,7 @@ def print_results(
         ]
         print("same training: final weights " + "; ".join(differences) + " (torch default threads)")
     print(foreign)
+    return fq / per_round["floor"] if "floor" in per_round else None
 
 
 if __name__ == "__main__":

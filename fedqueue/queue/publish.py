@@ -19,6 +19,9 @@ log = logging.getLogger(__name__)
 
 # Messages sent to Redis in one pipeline (kombu's publish batch) instead of a round trip each.
 PUBLISH_BATCH = 500
+# The first messages go out in a pipeline of their own: Celery builds a message in about 0.4 ms,
+# and idle workers start on these while the rest of a large round is built.
+FIRST_BATCH = 8
 RETRY_DELAYS_S = (0.2, 0.7, 1.5)
 _BROKER_ERRORS = (redis.ConnectionError, redis.TimeoutError, OperationalError)
 
@@ -40,7 +43,7 @@ def enqueue_with(app: Celery, settings: Settings) -> Enqueue:
                     kwargsrepr="{}",
                 )
 
-    def enqueue(messages: Sequence[Any]) -> None:
+    def publish_retrying(messages: Sequence[Any]) -> None:
         # A batch cut short by a dropped connection is sent again whole: a task sent twice is stored once.
         for delay in RETRY_DELAYS_S:
             try:
@@ -49,5 +52,10 @@ def enqueue_with(app: Celery, settings: Settings) -> Enqueue:
                 log.warning("publishing %d tasks failed (%s); retrying in %.1f s", len(messages), err, delay)
                 time.sleep(delay)
         return publish(messages)
+
+    def enqueue(messages: Sequence[Any]) -> None:
+        for part in (messages[:FIRST_BATCH], messages[FIRST_BATCH:]):
+            if part:
+                publish_retrying(part)
 
     return enqueue
