@@ -190,12 +190,13 @@ def _timed_parts() -> list[tuple[Any, str, str]]:
         (RedisBlobStore, "get", "global model blob read (once per worker and version)"),
         (data, "device_data", "device data (cached per worker)"),
         (data, "load_federated", "dataset (cached per worker)"),
-        (models, "build_model", "build model"),
+        (models, "build_model", "build model (once per slot and run)"),
         (experiment, "resolve_plugins", "resolve plugins"),
         (train, "train_local", "local training (1 step)"),
         (device_task, "encode_state", "encode update (safetensors)"),
         (RedisBlobStore, "put", "update blob write (Redis SET)"),
-        (Store, "record_device_result", "result write + round's stored count (SQL INSERT, UPDATE, commit)"),
+        (Store, "record_device_results", "result write + round's stored count (SQL INSERT, UPDATE, commit)"),
+        (device_task, "tail_started", "tail check (Redis LLEN of the device queue)"),
     ]
 
 
