@@ -30,6 +30,8 @@ def toml_of(config: RunConfig) -> str:
     for key, value in config.to_dict().items():
         if key == "plugin":
             plugin = value
+        elif isinstance(value, bool):
+            lines.append(f"{key} = {str(value).lower()}")
         elif value is not None:
             lines.append(f"{key} = {value!r}".replace("'", '"'))
     lines.append("[plugin]")

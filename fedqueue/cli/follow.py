@@ -25,11 +25,13 @@ def follow_run(
     `tick` runs on every poll (the scheduler's lease and repairs); what it reports is printed.
     """
     bars: dict[int, TaskID] = {}
+    # A buffered-async run shows a bar per version: the devices sent off with the version before it.
+    buffered = store.get_run(run_id).config.get("mode") == "fedbuff"
     progress = Progress(
-        TextColumn("[bold]round {task.fields[index]:>3}"),
+        TextColumn("[bold]{task.fields[label]}"),
         BarColumn(),
         MofNCompleteColumn(),
-        TextColumn("devices"),
+        TextColumn("{task.fields[unit]}"),
         TimeElapsedColumn(),
         TextColumn("{task.fields[note]}"),
         console=console,
@@ -39,19 +41,25 @@ def follow_run(
             run = store.get_run(run_id)
             for row in store.list_rounds(run_id):
                 if row.round_index not in bars:
+                    label = f"version {row.round_index:>3}" if buffered else f"round {row.round_index:>3}"
+                    unit = f"trained on v{row.round_index - 1}" if buffered else "devices"
                     bars[row.round_index] = progress.add_task(
-                        "", total=len(row.selected), index=row.round_index, note=""
+                        "", total=len(row.selected), label=label, unit=unit, note=""
                     )
                 bar = bars[row.round_index]
                 if row.state == "done":
                     took = (row.aggregated_at or 0) - row.enqueued_at
                     note = f"{took:5.2f} s"
+                    if row.sim_time is not None and buffered:
+                        note += f"  sim {row.sim_time:8.1f} s"
                     if row.accuracy is not None:
                         note += f"  accuracy {row.accuracy:.3f}"
                     progress.update(bar, completed=len(row.selected), note=note)
                     progress.stop_task(bar)
                 else:
-                    progress.update(bar, completed=store.count_done(run_id, row.round_index))
+                    # A buffered-async version's devices keep being sent off until it is made.
+                    done = store.count_done(run_id, row.round_index)
+                    progress.update(bar, total=len(row.selected), completed=done)
             if run.state != "running":
                 break
             for action in tick() if tick is not None else ():
@@ -61,23 +69,37 @@ def follow_run(
 
 
 def print_summary(console: Console, summary: dict) -> None:
+    buffered = summary.get("buffered")
+    # Simulated time is shown where the run models it: async runs, and sync runs given device speeds.
+    simulated = buffered is not None or summary.get("simulated_speeds", False)
     table = Table(title=f"run {summary['id']} ({summary['state']})")
-    table.add_column("round", justify="right")
+    table.add_column("version" if buffered else "round", justify="right")
     table.add_column("seconds", justify="right")
+    if simulated:
+        table.add_column("sim s", justify="right")
     table.add_column("accuracy", justify="right")
     table.add_column("loss", justify="right")
     for index, seconds in summary["round_seconds"].items():
         accuracy = summary["accuracy"].get(index)
         loss = summary["loss"].get(index)
-        table.add_row(
-            index,
-            f"{seconds:.2f}",
-            "" if accuracy is None else f"{accuracy:.4f}",
-            "" if loss is None else f"{loss:.4f}",
-        )
+        sim = summary["sim_time"].get(index)
+        cells = [index, f"{seconds:.2f}"]
+        if simulated:
+            cells.append("" if sim is None else f"{sim:.1f}")
+        cells += ["" if accuracy is None else f"{accuracy:.4f}", "" if loss is None else f"{loss:.4f}"]
+        table.add_row(*cells)
     console.print(table)
+    if buffered:
+        histogram = ", ".join(f"{s}: {n}" for s, n in buffered["staleness"].items()) or "none"
+        console.print(
+            f"updates: {buffered['folded']} folded, {buffered['stale']} dropped as stale,"
+            f" {buffered['failed']} failed (buffer_size {buffered['buffer_size']}) · staleness {histogram}",
+            highlight=False,
+        )
+    sim_end = max(summary["sim_time"].values(), default=None) if simulated else None
     console.print(
-        f"wall {summary['wall_s']:.2f} s · {summary['tasks_done']} device tasks"
+        ("" if sim_end is None else f"simulated {sim_end:.1f} s · ")
+        + f"wall {summary['wall_s']:.2f} s · {summary['tasks_done']} device tasks"
         f" ({summary['tasks_failed']} failed) · mean train {summary['mean_train_ms']} ms"
         f" · max_concurrency {summary['max_concurrency']} · {len(summary['workers'])} workers"
     )

@@ -165,6 +165,14 @@ class Services:
         """Keep a request marked for `within_s` more seconds (its task is still at work on it)."""
         self.redis.expire(self.key("requested", task_key), max(1, int(within_s)))
 
+    def is_requested(self, task_key: str) -> bool:
+        """A request of this task is marked (made and not yet taken up)."""
+        return bool(self.redis.exists(self.key("requested", task_key)))
+
+    def reset_attempts(self, task_key: str) -> None:
+        """A task run again and again (a run's fold pass) counts only its failures in a row."""
+        self.redis.delete(self.key("attempts", task_key))
+
     def forget_request(self, task_key: str) -> None:
         """The next `request_once` of this task goes through."""
         self.redis.delete(self.key("requested", task_key))

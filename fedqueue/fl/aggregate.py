@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import overload
 
@@ -189,3 +189,36 @@ def fedavg_rule(
 ) -> dict[str, Tensor]:
     """Built-in aggregation rule: `fedavg` behind the plugin signature."""
     return fedavg(global_state, updates, global_lr)
+
+
+# (staleness weight, the version it trained from, its trained weights)
+WeightedUpdate = tuple[float, Mapping[str, Tensor], Mapping[str, Tensor]]
+
+
+def fold_buffer(current: Mapping[str, Tensor], buffer: Iterable[WeightedUpdate], global_lr: float) -> dict[str, Tensor]:
+    """FedBuff's server step: current + global_lr * sum_i w_i * (local_i - base_i) / n.
+
+    Each update's change is taken from the version it trained on (base_i), which may be older than
+    `current`; the sum runs in float64 in the order given (simulated arrival), and is divided by the
+    number of updates n, not by the weights' sum (as FedBuff and NVIDIA FLARE's edge manager do), so
+    stale updates shrink the step. Non-floating tensors (counters) are kept from `current`.
+    """
+    base = {name: t.detach().to(torch.float64) for name, t in current.items() if t.is_floating_point()}
+    delta = {name: torch.zeros_like(value) for name, value in base.items()}
+    scratch = {name: torch.empty_like(value) for name, value in base.items()}
+    count = 0
+    for weight, trained_from, local in buffer:
+        count += 1
+        for name in base:
+            start = _local(count, trained_from, name, current[name]).detach()
+            end = _local(count, local, name, current[name]).detach()
+            difference = scratch[name].copy_(end).sub_(start.to(torch.float64))
+            delta[name].add_(difference.mul_(weight))
+    if count == 0:
+        raise ValueError("fold_buffer needs at least one update")
+    return {
+        name: value.clone()
+        if name not in base
+        else (base[name] + (global_lr / count) * delta[name]).to(value.dtype).contiguous()
+        for name, value in current.items()
+    }

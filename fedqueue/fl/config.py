@@ -7,6 +7,7 @@ is one line that names the field at fault.
 from __future__ import annotations
 
 import json
+import math
 import tomllib
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
@@ -15,11 +16,13 @@ from typing import Any
 from fedqueue.errors import ConfigError, DataError
 from fedqueue.fl.messages import PACK_MAX, PACK_MODES
 from fedqueue.fl.plugins import describe_choices, is_valid_name
+from fedqueue.fl.staleness import STALENESS_WEIGHTS
 from fedqueue.store.schema import NAME_MAX
 
 PARTITIONS = ("iid", "dirichlet")
 FAILURE_POLICIES = ("skip", "abort")
 OPTIMIZERS = ("sgd", "adam")
+MODES = ("fedavg", "fedbuff")
 
 
 @dataclass(frozen=True)
@@ -57,6 +60,23 @@ class RunConfig:
     pack_mode: str = "sequential"  # or "auto": vmap where it pays (see fl/packing.py)
     # Written at submit: how "auto" was resolved, for the config and the report to show.
     pack_choice: str = ""
+    # How updates become versions: "fedavg" (synchronous rounds) or "fedbuff" (buffered asynchronous).
+    mode: str = "fedavg"
+    # Buffered async (fedbuff): devices training at once (default devices_per_round), updates per
+    # new version, the last version (default `rounds`), staleness weighting and cut-off, reuse of
+    # devices that reported, and how many slots must free before new devices are sampled.
+    concurrency: int | None = None
+    buffer_size: int = 10
+    max_model_version: int | None = None
+    staleness_weight: str = "none"
+    staleness_exponent: float = 0.5
+    max_staleness: int | None = None
+    device_reuse: bool = True
+    min_refill: int = 1
+    # Simulated time (both modes): speed classes in seconds per training sample, and the
+    # one-way communication delay, e.g. {mean = [0.01, 0.04], std = [0.001, 0.004], share = [0.7, 0.3]}.
+    device_speed: dict[str, Any] = field(default_factory=dict)
+    communication_delay: dict[str, Any] = field(default_factory=dict)
     # Free-form settings handed to the plugins (the TOML `[plugin]` table).
     plugin: dict[str, Any] = field(default_factory=dict)
 
@@ -90,6 +110,17 @@ class RunConfig:
         if self.pack_mode not in PACK_MODES:
             raise ConfigError('pack_mode: "auto" is resolved when the run is submitted')
         return self.pack_mode
+
+    @property
+    def resolved_concurrency(self) -> int:
+        return self.concurrency if self.concurrency is not None else self.devices_per_round
+
+    @property
+    def last_version(self) -> int:
+        """The version a run ends on: `rounds` synchronous rounds, or fedbuff's `max_model_version`."""
+        if self.mode == "fedbuff" and self.max_model_version is not None:
+            return self.max_model_version
+        return self.rounds
 
     @property
     def effective_local_epochs(self) -> int | None:
@@ -131,6 +162,11 @@ class RunConfig:
                 f"devices_per_round = {self.devices_per_round}"
             )
         _choice("local_optimizer", self.local_optimizer, OPTIMIZERS)
+        _choice("mode", self.mode, MODES)
+        _choice("staleness_weight", self.staleness_weight, STALENESS_WEIGHTS)
+        for key in ("concurrency", "max_model_version", "buffer_size", "min_refill"):
+            if getattr(self, key) is not None:
+                _positive(key, getattr(self, key))
         _choice("pack_mode", self.pack_mode, (*PACK_MODES, "auto"))
         if isinstance(self.pack_size, str) and self.pack_size != "auto":
             raise ConfigError(f'pack_size: a positive integer or "auto", got {self.pack_size!r}')
@@ -143,6 +179,9 @@ class RunConfig:
                 raise ConfigError(f"{key}: must be greater than 0, got {getattr(self, key)}")
         if not 0 <= self.local_momentum < 1:
             raise ConfigError(f"local_momentum: must be in [0, 1), got {self.local_momentum}")
+        _check_clock(self.device_speed, self.communication_delay)
+        if self.mode == "fedbuff":
+            self._check_buffered_rules()
         try:
             json.dumps(self.plugin, allow_nan=False)
         except (TypeError, ValueError):
@@ -154,6 +193,64 @@ class RunConfig:
                 raise ConfigError("data_root: the cifar10 dataset needs data_root (a local folder)")
             if not Path(self.data_root).is_dir():
                 raise DataError(f"data_root: dataset root {self.data_root!r} does not exist")
+
+    def _check_buffered_rules(self) -> None:
+        concurrency = self.resolved_concurrency
+        if concurrency > self.num_devices:
+            raise ConfigError(
+                f"concurrency: {concurrency} devices at once is more than num_devices = {self.num_devices}"
+            )
+        if self.buffer_size > self.num_devices:
+            raise ConfigError(f"buffer_size: {self.buffer_size} is more than num_devices = {self.num_devices}")
+        if self.min_refill > concurrency:
+            raise ConfigError(f"min_refill: {self.min_refill} is more than concurrency = {concurrency}")
+        if self.max_staleness is not None and self.max_staleness < 0:
+            raise ConfigError(f"max_staleness: must be 0 or more, got {self.max_staleness}")
+        if self.staleness_exponent < 0:
+            raise ConfigError(f"staleness_exponent: must be 0 or more, got {self.staleness_exponent}")
+        if not self.device_reuse and self.num_devices < self.buffer_size * self.last_version:
+            raise ConfigError(
+                f"device_reuse: false uses each device once, and {self.last_version} versions of "
+                f"buffer_size = {self.buffer_size} need {self.buffer_size * self.last_version} devices "
+                f"(num_devices = {self.num_devices})"
+            )
+        if self.aggregate != "fedavg":
+            raise ConfigError(
+                f"aggregate: mode = 'fedbuff' folds updates by its own rule; {self.aggregate!r} applies to mode = 'fedavg'"
+            )
+
+
+def _numbers(key: str, value: Any, minimum: float = 0.0) -> list[float]:
+    values = value if isinstance(value, list) else [value]
+    if not values or any(isinstance(v, bool) or not isinstance(v, int | float) for v in values):
+        raise ConfigError(f"{key}: expected a number or a list of numbers, got {value!r}")
+    if any(not math.isfinite(v) or v < minimum for v in values):
+        raise ConfigError(f"{key}: every value must be a finite number of at least {minimum}, got {value!r}")
+    return [float(v) for v in values]
+
+
+def _check_table(key: str, table: dict[str, Any], allowed: tuple[str, ...]) -> None:
+    for name in table:
+        if name not in allowed:
+            raise ConfigError(f"{key}: unknown setting {name!r} (known: {', '.join(allowed)})")
+
+
+def _check_clock(speed: dict[str, Any], delay: dict[str, Any]) -> None:
+    """device_speed = {mean, std, share} (one entry per class) and communication_delay = {mean, std}."""
+    _check_table("device_speed", speed, ("mean", "std", "share"))
+    if speed:
+        if "mean" not in speed:
+            raise ConfigError("device_speed.mean: required (seconds per training sample, one per speed class)")
+        classes = len(_numbers("device_speed.mean", speed["mean"]))
+        for name in ("std", "share"):
+            if name in speed and len(_numbers(f"device_speed.{name}", speed[name])) != classes:
+                raise ConfigError(f"device_speed.{name}: one value per speed class ({classes}), got {speed[name]!r}")
+        if "share" in speed and sum(_numbers("device_speed.share", speed["share"])) <= 0:
+            raise ConfigError("device_speed.share: the shares must add up to more than 0")
+    _check_table("communication_delay", delay, ("mean", "std"))
+    for name in ("mean", "std"):
+        if name in delay and len(_numbers(f"communication_delay.{name}", delay[name])) != 1:
+            raise ConfigError(f"communication_delay.{name}: one number (seconds), got {delay[name]!r}")
 
 
 # The declared type of each field, as (accepted python types, type name for messages, optional).
@@ -171,6 +268,12 @@ _FIELD_TYPES: dict[str, tuple[tuple[type, ...], str, bool]] = {
     "pack_choice": ((str,), "a string", False),
     "pack_size": ((int, str), 'a positive integer or "auto"', False),
     "plugin": ((dict,), "a table", False),
+    "device_speed": ((dict,), "a table", False),
+    "communication_delay": ((dict,), "a table", False),
+    "mode": ((str,), "a string", False),
+    "staleness_weight": ((str,), "a string", False),
+    "staleness_exponent": ((float, int), "a number", False),
+    "device_reuse": ((bool,), "true or false", False),
     "local_lr": ((float, int), "a number", False),
     "local_momentum": ((float, int), "a number", False),
     "global_lr": ((float, int), "a number", False),
@@ -187,7 +290,13 @@ _FIELD_TYPES: dict[str, tuple[tuple[type, ...], str, bool]] = {
             "min_devices_per_round",
         )
     },
-    **{key: ((int,), "an integer", True) for key in ("local_iters", "local_epochs", "samples_per_device")},
+    **{
+        key: ((int,), "an integer", True)
+        for key in ("local_iters", "local_epochs", "samples_per_device", "concurrency", "max_model_version")
+    },
+    "max_staleness": ((int,), "an integer", True),
+    "buffer_size": ((int,), "an integer", False),
+    "min_refill": ((int,), "an integer", False),
 }
 
 
@@ -196,7 +305,7 @@ def _check_type(key: str, value: Any, spec: tuple[tuple[type, ...], str, bool]) 
     if value is None and optional:
         return None
     # bool is an int subclass in Python; `rounds = true` is still a mistake.
-    if isinstance(value, bool) or not isinstance(value, accepted):
+    if (isinstance(value, bool) and bool not in accepted) or not isinstance(value, accepted):
         raise ConfigError(f"{key}: expected {type_name}, got {type(value).__name__} {value!r}")
     if float in accepted:
         value = float(value)  # type: ignore[arg-type]  # an int or a float: checked just above

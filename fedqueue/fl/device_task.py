@@ -16,8 +16,8 @@ from fedqueue.core.services import Services
 from fedqueue.errors import BlobIntegrityError
 from fedqueue.fl.config import RunConfig
 from fedqueue.fl.messages import DeviceTask
-from fedqueue.fl.read_ahead import tail_started
-from fedqueue.fl.rounds import pack_sum_key, request_aggregation, update_key
+from fedqueue.fl.rounds import pack_sum_key, update_key
+from fedqueue.fl.strategy import strategy_for
 from fedqueue.fl.timing import task_timing
 from fedqueue.fl.weights import decode_state, encode_state
 from fedqueue.store.repo import DeviceResult, TaskTiming
@@ -63,11 +63,15 @@ class WorkerCache:
                 self._models.move_to_end(cache_key)
                 return state
         state = decode_state(services.blobs.get(ref))
+        self.keep_global_state(ref, state)
+        return state
+
+    def keep_global_state(self, ref: BlobRef, state: dict[str, torch.Tensor]) -> None:
+        """A version this process made itself: served from memory, never read back."""
         with self._lock:
-            self._models[cache_key] = state
+            self._models[f"{ref.key}@{ref.sha256}"] = state
             while len(self._models) > self._max_models:
                 self._models.popitem(last=False)
-        return state
 
     @contextlib.contextmanager
     def module(self, run_id: str, build: Callable[[], nn.Module]) -> Iterator[nn.Module]:
@@ -118,6 +122,10 @@ def run_device_task(services: Services, cache: WorkerCache, task: DeviceTask, wo
         # Duplicates that still find the model train, and the store keeps the first result.
         if not services.store.unstored_devices(task.run_id, task.round_index, task.devices):
             log.info("%s: already stored; skipped", task.label)
+            return 0
+        # A buffered-async run that ended with devices still queued unpublished its versions.
+        if services.store.get_run(task.run_id).state != "running":
+            log.info("%s: its run has ended; skipped", task.label)
             return 0
         raise
     spec = data_spec(config)
@@ -200,7 +208,7 @@ class _PackJob:
         phases = {"load_ms": load_ms, "compute_ms": _elapsed_ms(clock)}
         task = self.task
         waiting = set(devices)
-        if self.config.aggregate in SUMMABLE_RULES:
+        if self.config.aggregate in SUMMABLE_RULES and strategy_for(self.config).presums_packs:
             stored = self._store_summed(devices, pack, started_at, phases)
             if stored is not None:
                 return stored
@@ -282,7 +290,7 @@ class _PackJob:
             log.info("%s: %d duplicate devices dropped", self.task.label, len(dropped))
         stored = [count for count in counts if count is not None]
         if stored:
-            _close_round_if_last(self.services, self.task, max(stored))
+            strategy_for(self.config).on_stored(self.services, self.task, max(stored))
         return len(stored)
 
 
@@ -319,17 +327,8 @@ def record_failure(
     timing = task_timing(task, device, "failed", worker, attempts, device_used, time.time(), error=result.error)
     stored = services.store.record_device_result(result, timing)
     if stored is not None:
-        _close_round_if_last(services, task, stored)
-
-
-def _close_round_if_last(services: Services, task: DeviceTask, stored: int) -> None:
-    """The worker that stored a round's last result (`stored` counts them) enqueues its aggregation.
-
-    So does one that finds the round in its tail: the aggregator then reads the stored updates
-    on an idle slot while the last devices train (fedqueue.fl.read_ahead).
-    """
-    if stored >= task.round_size or tail_started(services, stored, task.round_size):
-        request_aggregation(services, task.run_id, task.round_index)
+        config = RunConfig.from_dict(services.store.get_run(task.run_id).config)
+        strategy_for(config).on_stored(services, task, stored)
 
 
 def _elapsed_ms(start: float) -> float:

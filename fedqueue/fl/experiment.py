@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 from collections.abc import Callable
@@ -9,6 +10,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from fedqueue.errors import ConfigError, FedqueueError
+from fedqueue.fl.clock import Delay, DeviceClock, DeviceSpeed, samples_processed
 from fedqueue.fl.config import RunConfig
 from fedqueue.fl.data import DataSpec, FederatedData
 from fedqueue.fl.plugins import AggregateRule, LocalStep, check_options, resolve
@@ -37,6 +39,41 @@ def train_config(config: RunConfig) -> LocalTrainConfig:
         lr=config.local_lr,
         momentum=config.local_momentum,
     )
+
+
+def _floats(value: Any) -> tuple[float, ...]:
+    return tuple(float(v) for v in (value if isinstance(value, list) else [value]))
+
+
+def run_clock(config: RunConfig) -> DeviceClock:
+    """The run's device clock, built once per process and config (a fold pass asks on every pass)."""
+    return _clock_of(json.dumps(config.to_dict(), sort_keys=True))
+
+
+@functools.lru_cache(maxsize=8)
+def _clock_of(config_json: str) -> DeviceClock:
+    from fedqueue.fl.data import load_federated
+
+    config = RunConfig.from_dict(json.loads(config_json))
+    return device_clock(config, load_federated(data_spec(config)))
+
+
+def device_clock(config: RunConfig, data: FederatedData) -> DeviceClock:
+    """The run's simulated trip times: its speed classes and delays, and each device's training work."""
+    speed = DeviceSpeed()
+    if config.device_speed:
+        mean = _floats(config.device_speed["mean"])
+        std = _floats(config.device_speed.get("std", [0.0] * len(mean)))
+        share = _floats(config.device_speed["share"]) if "share" in config.device_speed else None
+        speed = DeviceSpeed(mean=mean, std=std, share=share)
+    delay = Delay(
+        mean=float(config.communication_delay.get("mean", 0.0)), std=float(config.communication_delay.get("std", 0.0))
+    )
+    work = [
+        samples_processed(len(part), config.local_batch_size, config.local_iters, config.effective_local_epochs)
+        for part in data.partitions
+    ]
+    return DeviceClock(config.seed, speed, delay, work)
 
 
 @dataclass(frozen=True)

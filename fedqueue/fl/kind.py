@@ -10,13 +10,14 @@ from collections.abc import Iterator
 from fedqueue.config import Settings
 from fedqueue.core.jobs import CONTROL_QUEUE, JobKind, TaskContext, TaskHandler
 from fedqueue.fl.device_task import WorkerCache, give_up_on, run_device_task
-from fedqueue.fl.messages import DEVICES_QUEUE, KIND_NAME, AggregateTask, DeviceTask
+from fedqueue.fl.messages import DEVICES_QUEUE, KIND_NAME, AggregateTask, DeviceTask, FoldTask
 from fedqueue.fl.repair import reconcile
 from fedqueue.fl.rounds import aggregate_round, fail_aggregation
 from fedqueue.fl.timing import task_timing
 
 TRAIN_DEVICE = "fedqueue.train_device"
 AGGREGATE_ROUND = "fedqueue.aggregate_round"
+FOLD_UPDATES = "fedqueue.fold_updates"
 
 
 def _train(context: TaskContext, task: DeviceTask) -> None:
@@ -57,6 +58,20 @@ def _aggregation_failed(context: TaskContext, task: AggregateTask, attempts: int
     context.services.store.record_timing(timing)
 
 
+def _fold(context: TaskContext, task: FoldTask) -> None:
+    from fedqueue.fl.strategy.fedbuff import fold_updates
+
+    fold_updates(context.services, context.cache, task.run_id, context.worker, context.attempt)
+    # A run's fold passes share one attempt key: a pass that went through clears the failures before it.
+    context.services.reset_attempts(task.attempt_key)
+
+
+def _fold_failed(context: TaskContext, task: FoldTask, attempts: int, error: str) -> None:
+    reason = error.strip().splitlines()[-1:] or ["unknown error"]
+    if context.services.store.finish_run(task.run_id, "failed", f"fold pass failed {attempts} times: {reason[0]}"):
+        context.services.reset_attempts(task.attempt_key)
+
+
 @contextlib.contextmanager
 def _deterministic(settings: Settings) -> Iterator[None]:
     """FL tasks run with a fixed thread count and, on a GPU, deterministic kernels; other kinds get theirs back."""
@@ -85,6 +100,7 @@ KIND = JobKind(
     handlers=(
         TaskHandler(TRAIN_DEVICE, DEVICES_QUEUE, DeviceTask, _train, _device_failed),
         TaskHandler(AGGREGATE_ROUND, CONTROL_QUEUE, AggregateTask, _aggregate, _aggregation_failed),
+        TaskHandler(FOLD_UPDATES, CONTROL_QUEUE, FoldTask, _fold, _fold_failed),
     ),
     repair=reconcile,
     new_cache=WorkerCache,

@@ -139,6 +139,37 @@ class AggregateTask:
         return f"round {self.round_index} aggregation"
 
 
+@dataclass(frozen=True)
+class FoldTask:
+    """Buffered async: take the run's stored updates in simulated order, make versions, refill slots."""
+
+    run_id: str
+    enqueued_at: float
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, raw: Any) -> FoldTask:
+        require_fields(raw, {"run_id": str, "enqueued_at": (int, float)}, "fold")
+        if not math.isfinite(raw["enqueued_at"]):
+            raise MessageError("fold.enqueued_at: must be a finite number")
+        return cls(run_id=raw["run_id"], enqueued_at=float(raw["enqueued_at"]))
+
+    @property
+    def attempt_key(self) -> str:
+        return fold_key(self.run_id)
+
+    @property
+    def label(self) -> str:
+        return f"run {self.run_id} fold"
+
+
+def fold_key(run_id: str) -> str:
+    """The key that counts a run's failed fold passes in a row and marks a pass requested."""
+    return f"fold:{run_id}"
+
+
 def aggregate_key(run_id: str, round_index: int) -> str:
     """The key that counts a round's aggregation attempts and marks it requested."""
     return f"aggregate:{run_id}:{round_index}"

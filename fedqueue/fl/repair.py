@@ -21,6 +21,7 @@ from fedqueue.fl.config import RunConfig
 from fedqueue.fl.device_task import give_up_on
 from fedqueue.fl.messages import DEVICES_QUEUE, DeviceTask, aggregate_key
 from fedqueue.fl.rounds import pack_tasks, request_aggregation, round_key, start_next, start_round
+from fedqueue.fl.strategy import strategy_for
 from fedqueue.store.schema import RoundRow
 
 log = logging.getLogger(__name__)
@@ -41,22 +42,22 @@ def reconcile(services: Services, run_id: str) -> list[str]:
     broker_lost = run.broker_id is not None and run.broker_id != broker_id
     if broker_lost:
         actions.append("broker restarted (its run_id changed): checking the current round")
-    actions += _repair_rounds(services, run_id, config, broker_lost)
+    actions += strategy_for(config).repair(services, run_id, config, broker_lost)
     if run.broker_id != broker_id:
         services.store.set_broker_id(run_id, broker_id)
     return actions
 
 
-def _repair_rounds(services: Services, run_id: str, config: RunConfig, broker_lost: bool) -> list[str]:
+def repair_rounds(services: Services, run_id: str, config: RunConfig, broker_lost: bool) -> list[str]:
     rounds = services.store.list_rounds(run_id)
     if not rounds:
-        start_round(services, run_id, config, 1, _checkpoint_bytes(services, run_id, 0))
+        start_round(services, run_id, config, 1, checkpoint_bytes(services, run_id, 0))
         return ["round 1 was never started: started"]
     current = rounds[-1]
     if current.state == "done":
         # Its aggregator died between closing the round and starting the next (or finishing the run).
         if start_next(
-            services, run_id, config, current.round_index, _checkpoint_bytes(services, run_id, current.round_index)
+            services, run_id, config, current.round_index, checkpoint_bytes(services, run_id, current.round_index)
         ):
             if current.round_index < config.rounds:
                 return [f"round {current.round_index + 1} was never started: started"]
@@ -85,7 +86,7 @@ def _repair_training_round(
     actions: list[str] = []
     model = BlobRef(key=current.model_key, sha256=current.model_sha256, nbytes=current.model_nbytes)
     if not services.blobs.exists(model.key):
-        services.blobs.put(model.key, _checkpoint_bytes(services, run_id, current.version))
+        services.blobs.put(model.key, checkpoint_bytes(services, run_id, current.version))
         actions.append(f"round {current.round_index}: global model {current.version} republished")
     # A round recorded but not (fully) enqueued: its starter died in between.
     group = round_key(run_id, current.round_index)
@@ -162,7 +163,7 @@ def _unstored(services: Services, run_id: str, current: RoundRow, check_blobs: b
     return [device for device in current.selected if device not in stored]
 
 
-def _checkpoint_bytes(services: Services, run_id: str, version: int) -> bytes:
+def checkpoint_bytes(services: Services, run_id: str, version: int) -> bytes:
     checkpoint = services.store.load_checkpoint(run_id)
     if checkpoint is None or checkpoint.version != version:
         found = None if checkpoint is None else checkpoint.version

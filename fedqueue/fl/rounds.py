@@ -9,12 +9,13 @@ claim while it works, so it is taken over only once its holder is gone.
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import logging
 import threading
 import time
 import uuid
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -55,7 +56,21 @@ def cut_packs(selected: Sequence[int], pack_size: int) -> list[tuple[int, ...]]:
 def pack_tasks(
     run_id: str, round_index: int, config: RunConfig, selected: Sequence[int], model: BlobRef, enqueued_at: float
 ) -> list[DeviceTask]:
-    """The device tasks of a round, one per pack; a pack of one device always trains as it would alone."""
+    """The device tasks of a round, one per pack."""
+    packs = cut_packs(selected, config.resolved_pack_size)
+    return tasks_of_packs(run_id, round_index, config, packs, model, enqueued_at, len(selected))
+
+
+def tasks_of_packs(
+    run_id: str,
+    round_index: int,
+    config: RunConfig,
+    packs: Sequence[tuple[int, ...]],
+    model: BlobRef,
+    enqueued_at: float,
+    round_size: int,
+) -> list[DeviceTask]:
+    """One device task per pack, all training `model`; a pack of one device always trains as it would alone."""
     return [
         DeviceTask(
             run_id=run_id,
@@ -63,10 +78,10 @@ def pack_tasks(
             devices=pack,
             model=model,
             enqueued_at=enqueued_at,
-            round_size=len(selected),
+            round_size=round_size,
             mode=config.resolved_pack_mode if len(pack) > 1 else "sequential",
         )
-        for pack in cut_packs(selected, config.resolved_pack_size)
+        for pack in packs
     ]
 
 
@@ -97,6 +112,7 @@ def submit_run(services: Services, config: RunConfig, run_id: str | None = None)
     from fedqueue.fl.data import load_federated
     from fedqueue.fl.experiment import call_plugin, check_plugins, data_spec, resolve_packing
     from fedqueue.fl.models import initial_state
+    from fedqueue.fl.strategy import strategy_for
 
     check_plugins(config)
     run_id = run_id or new_run_id()
@@ -114,9 +130,11 @@ def submit_run(services: Services, config: RunConfig, run_id: str | None = None)
     # After the model plugin proved it builds: packing builds it again, and tries a vmapped step.
     config = resolve_packing(config, data, services.worker_slots)
     encoded = encode_state(state)
-    services.store.create_run(run_id, config.name, config.to_dict(), config.rounds, broker_id=services.broker_id())
-    _checkpoint(services, run_id, 0, encoded)
-    start_round(services, run_id, config, 1, encoded)
+    services.store.create_run(
+        run_id, config.name, config.to_dict(), config.last_version, broker_id=services.broker_id()
+    )
+    checkpoint_version(services, run_id, 0, encoded)
+    strategy_for(config).start(services, run_id, config, encoded)
     return run_id
 
 
@@ -164,20 +182,23 @@ class ClaimLost(Exception):
 
 
 @contextlib.contextmanager
-def _renewing(services: Services, run_id: str, round_index: int, owner: str) -> Iterator[threading.Event]:
-    """Renew the claim every third of its lifetime while the block runs; the event is set if it was lost."""
+def renewing(services: Services, renew: Callable[[], bool], what: str) -> Iterator[threading.Event]:
+    """Renew a claim every third of its lifetime while the block runs; the event is set if it was lost.
+
+    `renew()` returns False once another holder took the claim over.
+    """
     stop, lost = threading.Event(), threading.Event()
 
-    def renew() -> None:
+    def keep() -> None:
         while not stop.wait(services.settings.heartbeat_ttl_s / 3):
             try:
-                if not services.store.renew_claim(run_id, round_index, owner):
+                if not renew():
                     lost.set()
                     return
             except Exception as err:  # a blip: the claim lives a full period, the next renewal may pass
-                log.warning("run %s round %d: claim not renewed (%s)", run_id, round_index, err)
+                log.warning("%s: claim not renewed (%s)", what, err)
 
-    thread = threading.Thread(target=renew, name="fedqueue-claim", daemon=True)
+    thread = threading.Thread(target=keep, name="fedqueue-claim", daemon=True)
     thread.start()
     try:
         yield lost
@@ -209,7 +230,8 @@ def aggregate_round(services: Services, run_id: str, round_index: int, owner: st
     if not services.store.claim_round(run_id, round_index, owner, stale_before):
         return None
     try:
-        with _renewing(services, run_id, round_index, owner) as lost:
+        renew = functools.partial(services.store.renew_claim, run_id, round_index, owner)
+        with renewing(services, renew, f"run {run_id} round {round_index}") as lost:
             _aggregate_claimed_round(services, run_id, round_index, owner, lost, ahead)
     except ClaimLost:
         log.warning("run %s round %d: aggregation taken over by another worker; stopped", run_id, round_index)
@@ -249,11 +271,7 @@ def _aggregate_claimed_round(
     services: Services, run_id: str, round_index: int, owner: str, lost: threading.Event, ahead: ReadAhead
 ) -> None:
     from fedqueue.fl.aggregate import SUMMABLE_RULES, fedavg
-    from fedqueue.fl.data import load_federated
-    from fedqueue.fl.devices import torch_device
-    from fedqueue.fl.evaluate import evaluate
-    from fedqueue.fl.experiment import data_spec, resolve_plugins
-    from fedqueue.fl.models import build_model
+    from fedqueue.fl.experiment import resolve_plugins
 
     run = services.store.get_run(run_id)
     if run.state != "running":
@@ -289,24 +307,47 @@ def _aggregate_claimed_round(
     losses = [task.loss for task in results]
     if losses and all(loss is not None for loss in losses):
         metrics["train_loss"] = float(np.average(losses, weights=weights))
-    if round_index % config.eval_every == 0 or round_index == config.rounds:
-        began = time.perf_counter()
-        data = load_federated(data_spec(config))
-        device = torch_device()
-        model = build_model(config.model, data.input_shape, data.num_classes, config.plugin)
-        model.load_state_dict(new_state)
-        accuracy, loss = evaluate(model.to(device), data.test, device)
-        metrics.update(accuracy=accuracy, loss=loss, eval_ms=(time.perf_counter() - began) * 1000)
+    metrics.update(evaluate_version(config, round_index, new_state))
+    metrics["sim_time"] = _round_sim_time(services, config, run_id, row)
 
     if lost.is_set() or not services.store.renew_claim(run_id, round_index, owner):
         raise ClaimLost()
-    _checkpoint(services, run_id, round_index, encoded)
+    checkpoint_version(services, run_id, round_index, encoded)
     if not services.store.complete_round(run_id, round_index, owner, **metrics):
         raise ClaimLost()
     services.blobs.delete(list(dict.fromkeys(task.update_key for task in results if task.update_key)))
     services.blobs.delete([row.model_key])
     start_next(services, run_id, config, round_index, encoded)
     log.info("run %s round %d aggregated from %d devices", run_id, round_index, len(results))
+
+
+def _round_sim_time(services: Services, config: RunConfig, run_id: str, row: RoundRow) -> float:
+    """When the round ends in simulated time: the previous round's end plus its slowest selected device's trip."""
+    from fedqueue.fl.experiment import run_clock
+
+    clock = run_clock(config)
+    previous = services.store.get_round(run_id, row.round_index - 1) if row.round_index > 1 else None
+    began = (previous.sim_time or 0.0) if previous is not None else 0.0
+    return began + max((clock.trip_seconds(row.round_index, device) for device in row.selected), default=0.0)
+
+
+def evaluate_version(config: RunConfig, version: int, state: Mapping[str, torch.Tensor]) -> dict[str, float]:
+    """Held-out accuracy and loss of a version, every `eval_every` versions and at the last; else nothing."""
+    from fedqueue.fl.data import load_federated
+    from fedqueue.fl.devices import torch_device
+    from fedqueue.fl.evaluate import evaluate
+    from fedqueue.fl.experiment import data_spec
+    from fedqueue.fl.models import build_model
+
+    if version % config.eval_every != 0 and version != config.last_version:
+        return {}
+    began = time.perf_counter()
+    data = load_federated(data_spec(config))
+    device = torch_device()
+    model = build_model(config.model, data.input_shape, data.num_classes, config.plugin)
+    model.load_state_dict(state)
+    accuracy, loss = evaluate(model.to(device), data.test, device)
+    return {"accuracy": accuracy, "loss": loss, "eval_ms": (time.perf_counter() - began) * 1000}
 
 
 _Stored = tuple[int, int, BlobRef]  # (device, samples, its update); for a pack: its lowest device, its samples
@@ -364,7 +405,7 @@ def start_next(services: Services, run_id: str, config: RunConfig, done_round: i
     return services.store.finish_run(run_id, "finished")
 
 
-def _checkpoint(services: Services, run_id: str, version: int, encoded: bytes) -> None:
+def checkpoint_version(services: Services, run_id: str, version: int, encoded: bytes) -> None:
     services.store.save_checkpoint(run_id, version, hashlib.sha256(encoded).hexdigest(), encoded)
 
 

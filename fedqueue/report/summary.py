@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Iterable
 from typing import Any
 
 from fedqueue.report.timeline import merge_vmapped_packs, span_of
 from fedqueue.store import Store
-from fedqueue.store.schema import RunRow
+from fedqueue.store.schema import DeviceTaskRow, RunRow
 
 
 def max_concurrency(intervals: Iterable[tuple[float, float]]) -> int:
@@ -70,7 +71,34 @@ def run_summary(store: Store, run_id: str) -> dict[str, Any]:
             if result.state != "done"
         ],
         "mean_train_ms": round(sum(t.compute_ms for t in trained) / len(trained), 2) if trained else None,
+        "simulated_speeds": bool(run.config.get("device_speed") or run.config.get("communication_delay")),
+        "sim_time": {str(row.round_index): round(row.sim_time, 3) for row in rounds if row.sim_time is not None},
         **packing_of(run),
+        **buffered_of(run, results),
+    }
+
+
+def buffered_of(run: RunRow, results: Iterable[DeviceTaskRow]) -> dict[str, Any]:
+    """A buffered-async run's updates: how many were folded, dropped as stale or failed, and their staleness."""
+    if run.config.get("mode") != "fedbuff":
+        return {}
+    fates: Counter[str] = Counter()
+    staleness: Counter[int] = Counter()
+    for result in results:
+        if result.fate is None:
+            continue
+        fates[result.fate] += 1
+        if result.fate != "failed" and result.staleness is not None:
+            staleness[result.staleness] += 1
+    return {
+        "buffered": {
+            "buffer_size": run.config.get("buffer_size"),
+            "folded": fates["folded"],
+            "stale": fates["stale"],
+            "failed": fates["failed"],
+            # Updates that arrived, by staleness (versions made since the one they trained on).
+            "staleness": {str(s): staleness[s] for s in sorted(staleness)},
+        }
     }
 
 

@@ -97,6 +97,19 @@ class DeviceResult:
     error: str | None = None
 
 
+# What aggregating needs of each stored result: light rows, not ORM objects.
+OUTCOME_COLUMNS = (
+    DeviceTaskRow.device,
+    DeviceTaskRow.state,
+    DeviceTaskRow.samples,
+    DeviceTaskRow.loss,
+    DeviceTaskRow.error,
+    DeviceTaskRow.update_key,
+    DeviceTaskRow.update_sha256,
+    DeviceTaskRow.update_nbytes,
+)
+
+
 class Store:
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
@@ -438,18 +451,8 @@ class Store:
     @retry_transient
     def round_outcomes(self, run_id: str, round_index: int) -> list[Row[Any]]:
         """What aggregating a round needs of each result, by device: light rows, not ORM objects."""
-        columns = (
-            DeviceTaskRow.device,
-            DeviceTaskRow.state,
-            DeviceTaskRow.samples,
-            DeviceTaskRow.loss,
-            DeviceTaskRow.error,
-            DeviceTaskRow.update_key,
-            DeviceTaskRow.update_sha256,
-            DeviceTaskRow.update_nbytes,
-        )
         query = (
-            select(*columns)
+            select(*OUTCOME_COLUMNS)
             .where(DeviceTaskRow.run_id == run_id, DeviceTaskRow.round_index == round_index)
             .order_by(DeviceTaskRow.device)
         )

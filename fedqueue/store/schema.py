@@ -64,6 +64,9 @@ class RoundRow(Base):
     train_loss: Mapped[float | None] = mapped_column(Float, nullable=True)
     # Updates the aggregator read while the round's last devices still trained (fedqueue.fl.read_ahead).
     read_ahead: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    # Simulated time when the round's version was made (fedqueue.fl.clock): the round's slowest
+    # device bounds a synchronous round; a buffered-async version is made by its last arrival.
+    sim_time: Mapped[float | None] = mapped_column(Float, nullable=True)
 
 
 class TaskTimingRow(Base):
@@ -119,6 +122,27 @@ class DeviceTaskRow(Base):
     update_sha256: Mapped[str | None] = mapped_column(String(64), nullable=True)
     update_nbytes: Mapped[int | None] = mapped_column(ByteSize, nullable=True)
     error: Mapped[str | None] = mapped_column(Text, nullable=True)
+    # Buffered async: when the device left and arrived in simulated time, and what became of its
+    # update (folded, stale, failed), with its staleness, weight and the version it went into.
+    sim_dispatched: Mapped[float | None] = mapped_column(Float, nullable=True)
+    sim_arrived: Mapped[float | None] = mapped_column(Float, nullable=True)
+    fate: Mapped[str | None] = mapped_column(String(16), nullable=True)
+    staleness: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    weight: Mapped[float | None] = mapped_column(Float, nullable=True)
+    folded_into: Mapped[int | None] = mapped_column(Integer, nullable=True)
+
+
+class ScheduleRow(Base):
+    """A buffered-async run's place on its virtual clock, and the fold pass that holds it."""
+
+    __tablename__ = "schedules"
+
+    run_id: Mapped[str] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"), primary_key=True)
+    state: Mapped[dict[str, Any]] = mapped_column(JSON)
+    version: Mapped[int] = mapped_column(Integer)
+    claim_owner: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    claimed_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+    updated_at: Mapped[float] = mapped_column(Float)
 
 
 class LlmPromptRow(Base):

@@ -1,0 +1,31 @@
+"""The aggregation-strategy seam: what a run dispatches first, what a stored result triggers, how it is repaired.
+
+How updates are folded into versions is each strategy's own: synchronous FedAvg aggregates a
+round once all its devices are stored (fedqueue.fl.rounds); FedBuff folds updates in simulated
+arrival order as they come (fedqueue.fl.strategy.fedbuff). The arithmetic of both is pure
+(fedqueue.fl.aggregate), as is FedBuff's schedule (fedqueue.fl.strategy.schedule).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Protocol
+
+if TYPE_CHECKING:
+    from fedqueue.core.services import Services
+    from fedqueue.fl.config import RunConfig
+    from fedqueue.fl.messages import DeviceTask
+
+
+class Strategy(Protocol):
+    # Whether a vmapped pack may store one pre-summed update for its devices (their updates must
+    # then be folded together, into the same version).
+    presums_packs: bool
+
+    def start(self, services: Services, run_id: str, config: RunConfig, model: bytes) -> None:
+        """Dispatch a new run's first work from version 0 (`model`, encoded). Idempotent."""
+
+    def on_stored(self, services: Services, task: DeviceTask, stored: int) -> None:
+        """A worker stored results of `task` (`stored` counts its round's stored results): what follows."""
+
+    def repair(self, services: Services, run_id: str, config: RunConfig, broker_lost: bool) -> list[str]:
+        """One repair pass over a running run; returns what it did, a line per action."""

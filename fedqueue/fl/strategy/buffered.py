@@ -1,0 +1,115 @@
+"""Buffered asynchronous FL behind the strategy seam: start, what a stored result asks for, the repair pass."""
+
+from __future__ import annotations
+
+import time
+
+from fedqueue.core.codec import BlobRef
+from fedqueue.core.lost import find_lost
+from fedqueue.core.services import Services
+from fedqueue.fl.config import RunConfig
+from fedqueue.fl.messages import DEVICES_QUEUE, DeviceTask, fold_key
+from fedqueue.fl.strategy.fedbuff import dispatch_tasks, request_fold, start_buffered
+from fedqueue.fl.strategy.schedule import ScheduleState, Trip
+from fedqueue.store import schedules
+
+
+class BufferedAsync:
+    """FedBuff: every stored result asks for a fold pass; the pass makes versions and refills slots."""
+
+    # A pack's devices may land in different versions: each stores its own update.
+    presums_packs = False
+
+    def start(self, services: Services, run_id: str, config: RunConfig, model: bytes) -> None:
+        start_buffered(services, run_id, config, model)
+
+    def on_stored(self, services: Services, task: DeviceTask, stored: int) -> None:
+        request_fold(services, task.run_id)
+
+    def repair(self, services: Services, run_id: str, config: RunConfig, broker_lost: bool) -> list[str]:
+        return repair_buffered(services, run_id, config, broker_lost)
+
+
+FEDBUFF = BufferedAsync()
+
+
+def repair_buffered(services: Services, run_id: str, config: RunConfig, broker_lost: bool) -> list[str]:
+    """Start a schedule a crash never started, revive a fold pass that died or was never asked for,
+    republish the current version after a Redis restart, and send lost device tasks again."""
+    from fedqueue.fl.repair import checkpoint_bytes
+
+    row = schedules.get_schedule(services.store, run_id)
+    if row is None:
+        start_buffered(services, run_id, config, checkpoint_bytes(services, run_id, 0))
+        return ["the schedule was never started: started"]
+    state = ScheduleState.from_dict(row.state)
+    actions: list[str] = []
+    key = fold_key(run_id)
+    if broker_lost:
+        services.forget_request(key)
+        current = services.store.get_round(run_id, state.version + 1)
+        if current is not None and not services.blobs.exists(current.model_key):
+            services.blobs.put(current.model_key, checkpoint_bytes(services, run_id, state.version))
+            actions.append(f"global model {state.version} republished")
+    claimed = row.claim_owner is not None
+    stale = claimed and (row.claimed_at or 0) < time.time() - services.settings.heartbeat_ttl_s
+    head_stored = bool(state.in_flight) and not _unstored(services, run_id, state.in_flight[:1])
+    if (stale or (head_stored and not claimed and not services.is_requested(key))) and request_fold(services, run_id):
+        actions.append("fold pass " + ("no longer renewed; taken over" if stale else "was not asked for: asked"))
+    actions += _resend_lost(services, run_id, config, state)
+    return actions
+
+
+def _unstored(services: Services, run_id: str, trips: list[Trip]) -> set[tuple[int, int]]:
+    rows = schedules.stored_results(
+        services.store, run_id, {trip.round_index for trip in trips}, {trip.device for trip in trips}
+    )
+    stored = {(row.round_index, row.device) for row in rows}
+    return {(trip.round_index, trip.device) for trip in trips} - stored
+
+
+def _resend_lost(services: Services, run_id: str, config: RunConfig, state: ScheduleState) -> list[str]:
+    from fedqueue.fl.device_task import give_up_on
+
+    waiting = _unstored(services, run_id, state.in_flight)
+    if not waiting:
+        return []
+    now = time.time()
+    tasks: list[DeviceTask] = []
+    packs = sorted({(trip.round_index, trip.pack) for trip in state.in_flight})
+    for round_index, pack in packs:
+        row = services.store.get_round(run_id, round_index)
+        if row is None or not any((round_index, device) in waiting for device in pack):
+            continue
+        model = BlobRef(key=row.model_key, sha256=row.model_sha256, nbytes=row.model_nbytes)
+        (task,) = dispatch_tasks(run_id, config, round_index, [pack], model, now)
+        tasks += _split_if_exhausted(services, task, waiting, now)
+
+    def unstored_now() -> set[str]:
+        still = _unstored(services, run_id, state.in_flight)
+        return {t.attempt_key for t in tasks if any((t.round_index, d) in still for d in t.devices)}
+
+    found = find_lost(services, tasks, DEVICES_QUEUE, unstored_now)
+    actions = []
+    for task, tries, reason in found.exhausted:
+        give_up_on(services, task, "scheduler", tries, reason)
+        actions.append(
+            f"round {task.round_index}: {task.pack or f'device {task.devices[0]}'} failed after {tries} attempts"
+        )
+    if found.requeue:
+        services.enqueue(found.requeue)
+        devices = [f"{t.round_index}/{d}" for t in found.requeue for d in t.devices]
+        actions.append(f"enqueued again {len(devices)} devices (round/device): {', '.join(devices[:20])}")
+    return actions
+
+
+def _split_if_exhausted(
+    services: Services, task: DeviceTask, waiting: set[tuple[int, int]], now: float
+) -> list[DeviceTask]:
+    """A pack whose attempts are used up (and that no worker runs) was split: its devices go alone."""
+    if len(task.devices) == 1:
+        return [task]
+    key = task.attempt_key
+    if services.attempts(key) >= services.settings.max_attempts and not services.running_of([key])[key]:
+        return [task.alone(device, now) for device in task.devices if (task.round_index, device) in waiting]
+    return [task]

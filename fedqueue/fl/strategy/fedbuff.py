@@ -1,0 +1,329 @@
+"""Buffered asynchronous FL (FedBuff) on the queue: the fold pass that runs the schedule.
+
+Workers train whatever device tasks are queued, as in synchronous rounds; each stored result
+asks for a fold pass (one control task per run at a time, deduplicated). The pass holds the
+run's schedule row, takes arrivals in simulated order as far as results are stored
+(fedqueue.fl.strategy.schedule), makes each version that fills its buffer, sends refilled
+devices off with the version current at that simulated instant, and saves the schedule.
+
+A round row stands for a version: round r lists the devices sent off with version r - 1 and
+closes when version r is made, so progress bars, status and the report read async runs as
+they read rounds. A pass that dies is replayed from the last saved schedule: the same events,
+the same weights; a task sent twice is stored once.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import time
+import uuid
+from collections.abc import Iterator, Mapping
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from fedqueue.core.codec import BlobRef
+from fedqueue.core.services import Services
+from fedqueue.fl.config import RunConfig
+from fedqueue.fl.messages import AggregateTask, DeviceTask, FoldTask, fold_key
+from fedqueue.fl.rounds import ClaimLost, checkpoint_version, evaluate_version, global_key, renewing, tasks_of_packs
+from fedqueue.fl.strategy import schedule
+from fedqueue.fl.strategy.schedule import Arrival, Dispatch, NewVersion, Outcome, Rules, ScheduleState, Trip
+from fedqueue.fl.weights import decode_state, encode_state
+from fedqueue.store import schedules
+from fedqueue.store.schema import RoundRow
+
+if TYPE_CHECKING:
+    import torch
+    from sqlalchemy.engine import Row
+
+    from fedqueue.fl.device_task import WorkerCache
+
+log = logging.getLogger(__name__)
+
+
+def rules_of(config: RunConfig) -> Rules:
+    return Rules(
+        num_devices=config.num_devices,
+        concurrency=config.resolved_concurrency,
+        buffer_size=config.buffer_size,
+        max_model_version=config.last_version,
+        max_staleness=config.max_staleness,
+        min_refill=config.min_refill,
+        device_reuse=config.device_reuse,
+        seed=config.seed,
+        staleness_weight=config.staleness_weight,
+        staleness_exponent=config.staleness_exponent,
+        pack_size=config.resolved_pack_size,
+    )
+
+
+def _trip_seconds(config: RunConfig) -> schedule.TripTime:
+    from fedqueue.fl.experiment import run_clock
+
+    return run_clock(config).trip_seconds
+
+
+def start_buffered(services: Services, run_id: str, config: RunConfig, model: bytes) -> None:
+    """Publish version 0 and fill every slot at simulated time 0. Safe to call again (a repair pass)."""
+    ref = _open_version(services, run_id, 0, model)
+    state, dispatch = schedule.start(rules_of(config), _trip_seconds(config))
+    if dispatch is not None:
+        _send(services, run_id, config, dispatch, ref)
+    # Written after the tasks are sent: a start that dies between is started again, and a task sent twice is stored once.
+    schedules.create_schedule(services.store, run_id, state.to_dict(), state.version)
+
+
+def _open_version(services: Services, run_id: str, version: int, model: bytes) -> BlobRef:
+    """Publish a version and record the round whose devices train on it."""
+    ref = services.blobs.put(global_key(run_id, version), model)
+    services.store.add_round(
+        RoundRow(
+            run_id=run_id,
+            round_index=version + 1,
+            version=version,
+            state="training",
+            selected=[],
+            model_key=ref.key,
+            model_sha256=ref.sha256,
+            model_nbytes=ref.nbytes,
+            enqueued_at=time.time(),
+        )
+    )
+    return ref
+
+
+def _send(services: Services, run_id: str, config: RunConfig, dispatch: Dispatch, model: BlobRef) -> None:
+    schedules.extend_selected(services.store, run_id, dispatch.round_index, [trip.device for trip in dispatch.trips])
+    services.enqueue(dispatch_tasks(run_id, config, dispatch.round_index, dispatch.packs(), model, time.time()))
+
+
+def dispatch_tasks(
+    run_id: str, config: RunConfig, round_index: int, packs: list[tuple[int, ...]], model: BlobRef, now: float
+) -> list[DeviceTask]:
+    # round_size is a synchronous round's: no fold pass reads it.
+    return tasks_of_packs(run_id, round_index, config, packs, model, now, sum(len(pack) for pack in packs))
+
+
+def request_fold(services: Services, run_id: str) -> bool:
+    """Ask for a fold pass, unless one is asked for and not yet begun (it will see this result)."""
+    task = FoldTask(run_id=run_id, enqueued_at=time.time())
+    if not services.request_once(task.attempt_key, within_s=2 * services.settings.heartbeat_ttl_s):
+        return False
+    services.enqueue([task])
+    return True
+
+
+def fold_updates(services: Services, cache: WorkerCache, run_id: str, worker: str, attempt: int) -> int:
+    """Run fold passes while results keep asking for them; returns the versions made.
+
+    A pass that finds the schedule held by another returns at once: the holder looks for
+    requests made while it worked once it lets go, and goes again if there is one.
+    """
+    key = fold_key(run_id)
+    made = 0
+    while True:
+        owner = f"{worker}#{uuid.uuid4().hex[:8]}"
+        stale_before = time.time() - services.settings.heartbeat_ttl_s
+        if not schedules.claim_schedule(services.store, run_id, owner, stale_before):
+            return made
+        services.forget_request(key)  # results stored from here on ask again
+        try:
+            renew = functools.partial(schedules.renew_schedule, services.store, run_id, owner)
+            with renewing(services, renew, f"run {run_id} fold") as lost:
+                made += _FoldPass(services, cache, run_id, owner, worker, attempt, lost.is_set).run()
+        except ClaimLost:
+            log.warning("run %s: fold pass taken over by another worker; stopped", run_id)
+            return made
+        finally:
+            schedules.release_schedule(services.store, run_id, owner)
+        if not services.is_requested(key):
+            return made
+
+
+class _FoldPass:
+    """One hold of a run's schedule: arrivals taken, versions made, devices sent, state saved."""
+
+    def __init__(
+        self,
+        services: Services,
+        cache: WorkerCache,
+        run_id: str,
+        owner: str,
+        worker: str,
+        attempt: int,
+        claim_lost: Any,
+    ) -> None:
+        self.services, self.cache, self.run_id, self.owner = services, cache, run_id, owner
+        self.worker, self.attempt, self.claim_lost = worker, attempt, claim_lost
+        self.config = RunConfig.from_dict(services.store.get_run(run_id).config)
+        self.rules = rules_of(self.config)
+        self.trip_seconds = _trip_seconds(self.config)
+
+    def run(self) -> int:
+        store = self.services.store
+        if store.get_run(self.run_id).state != "running":
+            self._retire()  # a result stored after the end: its update is never folded
+            return 0
+        row = schedules.get_schedule(store, self.run_id)
+        if row is None:
+            return 0
+        state = ScheduleState.from_dict(row.state)
+        made = 0
+        while not state.done and state.stuck is None:
+            results = self._results(state)
+            oldest = _oldest_needed(state)
+
+            def outcome_of(trip: Trip) -> Outcome | None:
+                stored = results.get((trip.round_index, trip.device))
+                if stored is None:
+                    return None
+                return Outcome(ok=stored.state == "done", samples=stored.samples)
+
+            events = schedule.advance(state, self.rules, self.trip_seconds, outcome_of)
+            if not events:
+                break
+            made += self._carry_out(state, events, results)
+            self.services.blobs.delete(
+                [global_key(self.run_id, version) for version in range(oldest, _oldest_needed(state))]
+            )
+            if not any(isinstance(event, NewVersion) for event in events):
+                break  # every stored arrival is taken: the next one has no result yet
+        if state.stuck is not None and store.finish_run(self.run_id, "failed", state.stuck):
+            log.warning("run %s: %s", self.run_id, state.stuck)
+        if state.done or state.stuck is not None:
+            self._retire()
+        return made
+
+    def _retire(self) -> None:
+        """The run has ended: unpublish its versions, so devices still queued skip their training, and drop
+        the updates no pass will take."""
+        versions = [global_key(self.run_id, version) for version in range(self.config.last_version)]
+        self.services.blobs.delete(versions + schedules.untaken_update_keys(self.services.store, self.run_id))
+
+    def _results(self, state: ScheduleState) -> dict[tuple[int, int], Row[Any]]:
+        """Stored results of the trips in flight and of those in the buffer (their versions are still to make)."""
+        trips = state.in_flight + [arrival.trip for arrival in state.buffer]
+        rounds = {trip.round_index for trip in trips}
+        devices = {trip.device for trip in trips}
+        rows = schedules.stored_results(self.services.store, self.run_id, rounds, devices)
+        return {(row.round_index, row.device): row for row in rows}
+
+    def _carry_out(self, state: ScheduleState, events: list[schedule.Event], results: Mapping[Any, Any]) -> int:
+        """Make the versions and send the devices the events say, then save the schedule."""
+        store = self.services.store
+        fates: list[dict[str, Any]] = []
+        taken: list[str] = []
+        abort = None
+        made = 0
+        for event in events:
+            if self.claim_lost():
+                raise ClaimLost()
+            if isinstance(event, Arrival):
+                stored = results[(event.trip.round_index, event.trip.device)]
+                fates.append(_fate_row(event))
+                if event.fate != "folded" and stored.update_key:
+                    taken.append(stored.update_key)
+                if event.fate == "failed" and self.config.on_failure == "abort":
+                    reason = (stored.error or "").strip().splitlines()[-1:] or ["unknown error"]
+                    abort = f"device {event.trip.device} failed ({reason[0]}) and on_failure = 'abort'"
+            elif isinstance(event, NewVersion):
+                taken += self._make_version(event, results)
+                made += 1
+            else:
+                self._send_on_version(event)
+        schedules.record_fates(store, self.run_id, fates)
+        if not schedules.save_schedule(store, self.run_id, self.owner, state.to_dict(), state.version):
+            raise ClaimLost()
+        self.services.blobs.delete(list(dict.fromkeys(taken)))
+        if abort is not None:
+            store.finish_run(self.run_id, "failed", abort)
+            state.done = True
+        elif state.done:
+            store.finish_run(self.run_id, "finished")
+        return made
+
+    def _model_ref(self, version: int) -> BlobRef:
+        row = self.services.store.get_round(self.run_id, version + 1)
+        if row is None:
+            raise RuntimeError(f"run {self.run_id}: version {version} was never published")
+        return BlobRef(key=row.model_key, sha256=row.model_sha256, nbytes=row.model_nbytes)
+
+    def _version_state(self, version: int) -> dict[str, torch.Tensor]:
+        return self.cache.global_state(self.services, self._model_ref(version))
+
+    def _send_on_version(self, dispatch: Dispatch) -> None:
+        _send(self.services, self.run_id, self.config, dispatch, self._model_ref(dispatch.round_index - 1))
+
+    def _make_version(self, event: NewVersion, results: Mapping[Any, Any]) -> list[str]:
+        """Fold the buffer into the next version, evaluate, checkpoint and publish it; returns the updates used."""
+        from fedqueue.fl.aggregate import fold_buffer
+        from fedqueue.fl.devices import device_label
+        from fedqueue.fl.timing import task_timing
+
+        started_at, clock = time.time(), time.perf_counter()
+        stored = [results[(a.trip.round_index, a.trip.device)] for a in event.folded]
+
+        def buffer() -> Iterator[tuple[float, Mapping[str, torch.Tensor], Mapping[str, torch.Tensor]]]:
+            for arrival, row in zip(event.folded, stored, strict=True):
+                ref = BlobRef(key=row.update_key, sha256=row.update_sha256, nbytes=row.update_nbytes)
+                yield (
+                    arrival.weight,
+                    self._version_state(arrival.trip.base_version),
+                    decode_state(self.services.blobs.get(ref)),
+                )
+
+        new_state = fold_buffer(self._version_state(event.version - 1), buffer(), self.config.global_lr)
+        encoded = encode_state(new_state)
+        metrics: dict[str, Any] = {"aggregate_ms": (time.perf_counter() - clock) * 1000, "sim_time": event.at}
+        losses = [row.loss for row in stored if row.loss is not None]
+        if losses:
+            metrics["train_loss"] = float(np.mean(losses))
+        metrics.update(evaluate_version(self.config, event.version, new_state))
+        checkpoint_version(self.services, self.run_id, event.version, encoded)
+        if event.version < self.config.last_version:
+            self._remember(_open_version(self.services, self.run_id, event.version, encoded), new_state)
+        else:
+            self.services.blobs.put(global_key(self.run_id, event.version), encoded)
+        schedules.close_version(self.services.store, self.run_id, event.version, **metrics)
+        marker = AggregateTask(run_id=self.run_id, round_index=event.version, enqueued_at=started_at)
+        timing = task_timing(
+            marker,
+            None,
+            "done",
+            self.worker,
+            self.attempt,
+            device_label(),
+            started_at,
+            compute_ms=(time.perf_counter() - clock) * 1000,
+        )
+        self.services.store.record_timing(timing)
+        log.info("run %s: version %d made from %d updates", self.run_id, event.version, len(stored))
+        return [row.update_key for row in stored if row.update_key]
+
+    def _remember(self, ref: BlobRef, state: dict[str, torch.Tensor]) -> None:
+        """The new version is in hand: the worker's model cache serves it without reading it back."""
+        self.cache.keep_global_state(ref, state)
+
+
+def _oldest_needed(state: ScheduleState) -> int:
+    """The oldest version a device in flight trains on or a buffered update came from (or the current one).
+
+    Published versions older than this are never read again.
+    """
+    needed = [trip.base_version for trip in state.in_flight] + [a.trip.base_version for a in state.buffer]
+    return min(needed, default=state.version)
+
+
+def _fate_row(arrival: Arrival) -> dict[str, Any]:
+    return {
+        "round_index": arrival.trip.round_index,
+        "device": arrival.trip.device,
+        "sim_dispatched": arrival.trip.dispatched,
+        "sim_arrived": arrival.trip.arrives,
+        "fate": arrival.fate,
+        "staleness": arrival.staleness,
+        "weight": arrival.weight,
+        "folded_into": arrival.version if arrival.fate == "folded" else None,
+    }

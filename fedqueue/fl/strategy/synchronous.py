@@ -1,0 +1,35 @@
+"""Synchronous FedAvg rounds behind the strategy seam: the round machinery of fedqueue.fl.rounds, unchanged."""
+
+from __future__ import annotations
+
+from fedqueue.core.services import Services
+from fedqueue.fl.config import RunConfig
+from fedqueue.fl.messages import DeviceTask
+from fedqueue.fl.read_ahead import tail_started
+from fedqueue.fl.rounds import request_aggregation, start_round
+
+
+class SynchronousRounds:
+    """Round r trains version r - 1 on its selected devices; the round's last result asks for its aggregation."""
+
+    presums_packs = True
+
+    def start(self, services: Services, run_id: str, config: RunConfig, model: bytes) -> None:
+        start_round(services, run_id, config, 1, model)
+
+    def on_stored(self, services: Services, task: DeviceTask, stored: int) -> None:
+        """The worker that stored a round's last result (`stored` counts them) enqueues its aggregation.
+
+        So does one that finds the round in its tail: the aggregator then reads the stored updates
+        on an idle slot while the last devices train (fedqueue.fl.read_ahead).
+        """
+        if stored >= task.round_size or tail_started(services, stored, task.round_size):
+            request_aggregation(services, task.run_id, task.round_index)
+
+    def repair(self, services: Services, run_id: str, config: RunConfig, broker_lost: bool) -> list[str]:
+        from fedqueue.fl.repair import repair_rounds
+
+        return repair_rounds(services, run_id, config, broker_lost)
+
+
+SYNCHRONOUS = SynchronousRounds()

@@ -1,0 +1,145 @@
+"""A buffered-async run's schedule in the store: its state, the one fold pass that holds it, its updates' fates.
+
+The schedule row is claimed like a round: one conditional UPDATE, exactly one holder, renewed
+while it works and taken over only once its holder stops renewing it (its worker died).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from sqlalchemy import Row, and_, bindparam, or_, select, update
+from sqlalchemy.exc import IntegrityError
+
+from fedqueue.store.repo import OUTCOME_COLUMNS, Store, _changed_one, retry_transient
+from fedqueue.store.schema import DeviceTaskRow, RoundRow, ScheduleRow
+
+# What a fold pass writes on an update's row once it is taken in simulated order.
+FATE_FIELDS = ("sim_dispatched", "sim_arrived", "fate", "staleness", "weight", "folded_into")
+
+
+@retry_transient
+def create_schedule(store: Store, run_id: str, state: dict[str, Any], version: int) -> bool:
+    """Record a run's first schedule; False when it is already there (a second starter)."""
+    try:
+        with store.session() as session, session.begin():
+            session.add(ScheduleRow(run_id=run_id, state=state, version=version, updated_at=time.time()))
+    except IntegrityError:
+        return False
+    return True
+
+
+@retry_transient
+def get_schedule(store: Store, run_id: str) -> ScheduleRow | None:
+    with store.session() as session:
+        return session.get(ScheduleRow, run_id)
+
+
+@retry_transient
+def claim_schedule(store: Store, run_id: str, owner: str, stale_before: float) -> bool:
+    """Hold the run's schedule for one fold pass; False while another live pass holds it."""
+    free = or_(ScheduleRow.claim_owner.is_(None), ScheduleRow.claimed_at < stale_before)
+    with store.session() as session, session.begin():
+        result = session.execute(
+            update(ScheduleRow)
+            .where(ScheduleRow.run_id == run_id, free)
+            .values(claim_owner=owner, claimed_at=time.time())
+        )
+    return _changed_one(result)
+
+
+def _held(run_id: str, owner: str) -> Any:
+    return and_(ScheduleRow.run_id == run_id, ScheduleRow.claim_owner == owner)
+
+
+@retry_transient
+def renew_schedule(store: Store, run_id: str, owner: str) -> bool:
+    with store.session() as session, session.begin():
+        result = session.execute(update(ScheduleRow).where(_held(run_id, owner)).values(claimed_at=time.time()))
+    return _changed_one(result)
+
+
+@retry_transient
+def release_schedule(store: Store, run_id: str, owner: str) -> None:
+    with store.session() as session, session.begin():
+        session.execute(update(ScheduleRow).where(_held(run_id, owner)).values(claim_owner=None, claimed_at=None))
+
+
+@retry_transient
+def save_schedule(store: Store, run_id: str, owner: str, state: dict[str, Any], version: int) -> bool:
+    """Write the state the pass reached; False when its claim was taken over (the write is dropped)."""
+    with store.session() as session, session.begin():
+        result = session.execute(
+            update(ScheduleRow)
+            .where(_held(run_id, owner))
+            .values(state=state, version=version, updated_at=time.time(), claimed_at=time.time())
+        )
+    return _changed_one(result)
+
+
+@retry_transient
+def stored_results(store: Store, run_id: str, rounds: Iterable[int], devices: Iterable[int]) -> list[Row[Any]]:
+    """Stored results of these rounds and devices (a superset of the trips asked about): light rows."""
+    wanted, among = sorted(set(rounds)), sorted(set(devices))
+    if not wanted or not among:
+        return []
+    query = select(DeviceTaskRow.round_index, *OUTCOME_COLUMNS).where(
+        DeviceTaskRow.run_id == run_id, DeviceTaskRow.round_index.in_(wanted), DeviceTaskRow.device.in_(among)
+    )
+    with store.engine.connect() as connection:
+        return list(connection.execute(query))
+
+
+@retry_transient
+def untaken_update_keys(store: Store, run_id: str) -> list[str]:
+    """Update blobs of results no fold pass took (stored after the run's last version, or as it ended)."""
+    query = select(DeviceTaskRow.update_key).where(
+        DeviceTaskRow.run_id == run_id, DeviceTaskRow.fate.is_(None), DeviceTaskRow.update_key.is_not(None)
+    )
+    with store.engine.connect() as connection:
+        return [key for (key,) in connection.execute(query) if key is not None]
+
+
+@retry_transient
+def record_fates(store: Store, run_id: str, fates: Sequence[dict[str, Any]]) -> None:
+    """Write each taken update's fate on its row: `round_index`, `device` and the FATE_FIELDS."""
+    if not fates:
+        return
+    statement = (
+        update(DeviceTaskRow)
+        .where(
+            DeviceTaskRow.run_id == bindparam("run"),
+            DeviceTaskRow.round_index == bindparam("round"),
+            DeviceTaskRow.device == bindparam("dev"),
+        )
+        .values({name: bindparam(name) for name in FATE_FIELDS})
+    )
+    rows = [
+        {"run": run_id, "round": fate["round_index"], "dev": fate["device"], **{n: fate[n] for n in FATE_FIELDS}}
+        for fate in fates
+    ]
+    with store.engine.begin() as connection:
+        connection.execute(statement, rows)
+
+
+@retry_transient
+def extend_selected(store: Store, run_id: str, round_index: int, devices: Sequence[int]) -> None:
+    """Add devices sent out on the round's version to its `selected` list (kept sorted, each once)."""
+    with store.session() as session, session.begin():
+        row = session.scalars(
+            select(RoundRow).where(RoundRow.run_id == run_id, RoundRow.round_index == round_index)
+        ).one()
+        row.selected = sorted(set(row.selected) | set(devices))
+
+
+@retry_transient
+def close_version(store: Store, run_id: str, round_index: int, **metrics: Any) -> None:
+    """Mark a round done: its version was made (idempotent: a replayed pass writes the same values)."""
+    with store.session() as session, session.begin():
+        session.execute(
+            update(RoundRow)
+            .where(RoundRow.run_id == run_id, RoundRow.round_index == round_index)
+            .values(state="done", aggregated_at=time.time(), **metrics)
+        )

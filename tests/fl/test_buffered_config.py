@@ -1,0 +1,68 @@
+"""The fedbuff knobs in a run config: defaults, and bad values refused naming the field."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from fedqueue.errors import ConfigError
+from fedqueue.fl.config import RunConfig
+
+BASE: dict[str, Any] = {"dataset": "digits", "num_devices": 20, "devices_per_round": 5, "rounds": 3}
+
+
+def config(**overrides: Any) -> RunConfig:
+    return RunConfig.from_dict({**BASE, "mode": "fedbuff", **overrides})
+
+
+def test_defaults_follow_the_sync_knobs() -> None:
+    chosen = config()
+    assert chosen.resolved_concurrency == 5  # devices_per_round
+    assert chosen.last_version == 3  # rounds
+    assert (chosen.buffer_size, chosen.staleness_weight, chosen.device_reuse, chosen.min_refill) == (
+        10,
+        "none",
+        True,
+        1,
+    )
+    assert config(concurrency=8, max_model_version=7).last_version == 7
+    assert RunConfig.from_dict({**BASE, "max_model_version": 9}).last_version == 3  # fedavg counts rounds
+
+
+@pytest.mark.parametrize(
+    ("overrides", "field"),
+    [
+        ({"mode": "fedasync"}, "mode"),
+        ({"concurrency": 0}, "concurrency"),
+        ({"concurrency": 21}, "concurrency"),
+        ({"buffer_size": 21}, "buffer_size"),
+        ({"buffer_size": 0}, "buffer_size"),
+        ({"min_refill": 6}, "min_refill"),
+        ({"max_staleness": -1}, "max_staleness"),
+        ({"staleness_weight": "linear"}, "staleness_weight"),
+        ({"staleness_exponent": -0.5}, "staleness_exponent"),
+        ({"device_reuse": "yes"}, "device_reuse"),
+        ({"device_reuse": False, "buffer_size": 10}, "device_reuse"),
+        ({"aggregate": "median"}, "aggregate"),
+        ({"device_speed": {"mean": [0.1, 0.2], "std": [0.1]}}, "device_speed.std"),
+        ({"device_speed": {"std": [0.1]}}, "device_speed.mean"),
+        ({"device_speed": {"mean": [-1.0]}}, "device_speed.mean"),
+        ({"device_speed": {"mean": [1.0], "share": [0]}}, "device_speed.share"),
+        ({"device_speed": {"mean": [1.0], "speed": 2}}, "device_speed"),
+        ({"communication_delay": {"mean": [1.0, 2.0]}}, "communication_delay.mean"),
+        ({"communication_delay": {"mean": "fast"}}, "communication_delay.mean"),
+        ({"communication_delay": {"jitter": 1}}, "communication_delay"),
+    ],
+)
+def test_bad_knobs_name_their_field(overrides: dict[str, Any], field: str) -> None:
+    with pytest.raises(ConfigError, match=rf"^{field.replace('.', '[.]')}:"):
+        config(**overrides)
+
+
+def test_clock_tables_apply_to_sync_runs_too() -> None:
+    speeds = {"mean": [0.01, 0.04], "std": [0.001, 0.004], "share": [0.7, 0.3]}
+    chosen = RunConfig.from_dict({**BASE, "device_speed": speeds, "communication_delay": {"mean": 1, "std": 0.2}})
+    assert chosen.device_speed == speeds
+    with pytest.raises(ConfigError, match="^device_speed.share:"):
+        RunConfig.from_dict({**BASE, "device_speed": {"mean": [1.0], "share": [1, 2]}})

@@ -1,0 +1,186 @@
+"""Buffered async (FedBuff) on real Redis and real worker processes.
+
+The fold pass takes updates in simulated-arrival order, so the versions a run makes, and from
+which updates, depend on the config alone: one worker or two, a worker SIGKILLed mid-run or a
+task delivered twice, the run must make the same versions as the same experiment computed in
+this process with no queue at all, down to the last bit of the weights.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from fedqueue import api
+from fedqueue.config import Settings
+from fedqueue.core.codec import BlobRef
+from fedqueue.fl.config import RunConfig
+from fedqueue.fl.messages import DeviceTask
+from fedqueue.queue.client import open_client
+from fedqueue.store import Store
+from tests.conftest import running_workers, with_database
+from tests.helpers import assert_same_weights, small_config
+from tests.reliability_support import (
+    kill_tree,
+    launcher,
+    reliable_settings,
+    slow_config,
+    wait_until,
+)
+
+BUFFERED: dict[str, Any] = {
+    "mode": "fedbuff",
+    "num_devices": 24,
+    "concurrency": 6,
+    "buffer_size": 3,
+    "max_model_version": 5,
+    "staleness_weight": "polynomial",
+    "global_lr": 0.8,
+    # Two speed classes far apart: slow devices arrive versions late.
+    "device_speed": {"mean": [0.01, 0.05], "std": [0.002, 0.01], "share": [0.6, 0.4]},
+    "communication_delay": {"mean": 0.2, "std": 0.05},
+}
+
+
+def buffered_config(**overrides: Any) -> RunConfig:
+    return small_config(**{**BUFFERED, **overrides})
+
+
+Made = list[tuple[int, list[tuple[int, int, float]]]]
+
+
+def reference(config: RunConfig) -> tuple[Made, dict[str, torch.Tensor]]:
+    """The versions (each from its (round, device, weight) updates) and final weights, made with no queue."""
+    return _reference(json.dumps(config.to_dict(), sort_keys=True))
+
+
+@functools.cache
+def _reference(config_json: str) -> tuple[Made, dict[str, torch.Tensor]]:
+    from fedqueue.fl.aggregate import fold_buffer
+    from fedqueue.fl.data import device_data, load_federated
+    from fedqueue.fl.experiment import data_spec, device_clock, train_config
+    from fedqueue.fl.models import build_model, initial_state
+    from fedqueue.fl.seeding import task_seed
+    from fedqueue.fl.strategy import schedule
+    from fedqueue.fl.strategy.fedbuff import rules_of
+    from fedqueue.fl.train import train_local
+
+    config = RunConfig.from_dict(json.loads(config_json))
+    torch.set_num_threads(1)  # the workers' threads_per_task
+    spec = data_spec(config)
+    data = load_federated(spec)
+    trip = device_clock(config, data).trip_seconds
+    rules = rules_of(config)
+    state, _ = schedule.start(rules, trip)
+    events = schedule.advance(state, rules, trip, lambda _: schedule.Outcome(ok=True), stop_after_version=False)
+    versions = {0: initial_state(config.model, data.input_shape, data.num_classes, config.seed)}
+    made = []
+
+    def local(arrival: schedule.Arrival) -> dict[str, torch.Tensor]:
+        model = build_model(config.model, data.input_shape, data.num_classes)
+        model.load_state_dict(versions[arrival.trip.base_version])
+        seed = task_seed(config.seed, arrival.trip.round_index, arrival.trip.device)
+        return train_local(
+            model, device_data(spec, arrival.trip.device), train_config(config), seed, torch.device("cpu")
+        ).state
+
+    for event in events:
+        if isinstance(event, schedule.NewVersion):
+            buffer = [(a.weight, versions[a.trip.base_version], local(a)) for a in event.folded]
+            versions[event.version] = fold_buffer(versions[event.version - 1], buffer, config.global_lr)
+            made.append((event.version, [(a.trip.round_index, a.trip.device, a.weight) for a in event.folded]))
+    assert len(made) == config.last_version
+    return made, versions[config.last_version]
+
+
+def versions_made(store: Store, run_id: str) -> Made:
+    """Each version a run made, from the fates its fold passes wrote."""
+    folded: dict[int, list[tuple[int, int, float]]] = {}
+    for row in store.device_tasks(run_id):
+        if row.fate == "folded":
+            assert row.folded_into is not None and row.weight is not None
+            folded.setdefault(row.folded_into, []).append((row.round_index, row.device, row.weight))
+    return [(version, sorted(folded[version])) for version in sorted(folded)]
+
+
+def sorted_reference(config: RunConfig) -> Made:
+    return [(version, sorted(updates)) for version, updates in reference(config)[0]]
+
+
+def assert_like_reference(handle: api.RunHandle, config: RunConfig) -> None:
+    status = handle.status()
+    assert status["state"] == "finished", status["error"]
+    assert versions_made(handle.store, handle.id) == sorted_reference(config)
+    assert_same_weights(handle.final_weights(), reference(config)[1])
+    rounds = handle.store.list_rounds(handle.id)
+    assert [row.round_index for row in rounds if row.state == "done"] == list(range(1, config.last_version + 1))
+    sim = [row.sim_time for row in rounds if row.state == "done"]
+    assert all(s is not None for s in sim) and sim == sorted(sim)
+
+
+def test_schedule_is_stale_enough_to_test_something() -> None:
+    """The config above makes stale updates fold in (with weight < 1): the tests below cover them."""
+    made = reference(buffered_config())[0]
+    weights = [weight for _, updates in made for _, _, weight in updates]
+    assert min(weights) < 1.0 and max(weights) == 1.0
+
+
+@pytest.mark.parametrize("procs", [1, 2])
+def test_same_versions_and_weights_with_one_or_two_workers(settings: Settings, procs: int) -> None:
+    config = buffered_config()
+    with running_workers(settings, procs=procs):
+        handle = api.submit(config, settings=settings)
+        handle.wait(180)
+    assert_like_reference(handle, config)
+    if procs == 2:  # both processes trained: the result is not one worker's order
+        workers = {row.worker for row in handle.store.device_tasks(handle.id)}
+        assert len(workers) == 2
+
+
+def test_duplicate_deliveries_are_folded_once_on_postgres(settings: Settings, postgres_url: str) -> None:
+    """Every task of the first dispatch is sent a second time: each update is stored and folded once."""
+    settings = with_database(settings, postgres_url)
+    config = buffered_config()
+    with running_workers(settings, procs=2):
+        handle = api.submit(config, settings=settings)
+        services = open_client(settings)
+        try:
+            first = services.store.get_round(handle.id, 1)
+            assert first is not None
+            model = BlobRef(key=first.model_key, sha256=first.model_sha256, nbytes=first.model_nbytes)
+            services.enqueue(
+                [
+                    DeviceTask(
+                        run_id=handle.id, round_index=1, devices=(device,), model=model, enqueued_at=0.0, round_size=1
+                    )
+                    for device in first.selected
+                ]
+            )
+        finally:
+            services.close()
+        handle.wait(180)
+    assert_like_reference(handle, config)
+    rows = handle.store.device_tasks(handle.id)
+    assert len({(row.round_index, row.device) for row in rows}) == len(rows)
+
+
+def test_sigkilled_workers_lose_nothing(settings: Settings, tmp_path: Path) -> None:
+    """SIGKILL every worker process at once mid-run; fresh ones (and the scheduler's repairs) finish it the same."""
+    settings = reliable_settings(settings)
+    config = slow_config(0.05, **BUFFERED)
+    first = launcher(settings, procs=2, cwd=tmp_path)
+    workers = first.__enter__()
+    handle = api.submit(config, settings=settings)
+    with api.scheduling(handle) as scheduler:
+        wait_until(lambda: handle.store.count_done(handle.id, 2) >= 1, 120, scheduler.tick)
+        kill_tree(workers.pid)
+        workers.wait()
+        first.__exit__(None, None, None)
+        with launcher(settings, procs=2, cwd=tmp_path):
+            handle.wait(180, tick=scheduler.tick)
+    assert_like_reference(handle, config)
