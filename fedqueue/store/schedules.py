@@ -12,6 +12,7 @@ from typing import Any
 
 from sqlalchemy import Row, and_, bindparam, or_, select, update
 from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session
 
 from fedqueue.store.repo import OUTCOME_COLUMNS, Store, _changed_one, retry_transient
 from fedqueue.store.schema import DeviceTaskRow, RoundRow, ScheduleRow
@@ -67,16 +68,39 @@ def release_schedule(store: Store, run_id: str, owner: str) -> None:
         session.execute(update(ScheduleRow).where(_held(run_id, owner)).values(claim_owner=None, claimed_at=None))
 
 
+class _ClaimTaken(Exception):
+    """The schedule's claim went to another pass: nothing of this one's save is kept."""
+
+
 @retry_transient
-def save_schedule(store: Store, run_id: str, owner: str, state: dict[str, Any], version: int) -> bool:
-    """Write the state the pass reached; False when its claim was taken over (the write is dropped)."""
-    with store.session() as session, session.begin():
-        result = session.execute(
-            update(ScheduleRow)
-            .where(_held(run_id, owner))
-            .values(state=state, version=version, updated_at=time.time(), claimed_at=time.time())
-        )
-    return _changed_one(result)
+def save_pass(
+    store: Store,
+    run_id: str,
+    owner: str,
+    state: dict[str, Any],
+    version: int,
+    fates: Sequence[dict[str, Any]],
+    selected: dict[int, list[int]],
+) -> bool:
+    """Write what a fold pass reached, in one transaction: the schedule, the fates of the updates it took
+    and the devices it sent off, by round. False when its claim was taken over (nothing is written)."""
+    try:
+        with store.session() as session, session.begin():
+            result = session.execute(
+                update(ScheduleRow)
+                .where(_held(run_id, owner))
+                .values(state=state, version=version, updated_at=time.time(), claimed_at=time.time())
+            )
+            if not _changed_one(result):
+                raise _ClaimTaken()
+            if fates:
+                # Core executemany (the ORM would read a list of values as a bulk update by primary key).
+                session.connection().execute(_FATE_UPDATE, [_fate_params(run_id, fate) for fate in fates])
+            for round_index, devices in selected.items():
+                _extend(session, run_id, round_index, devices)
+    except _ClaimTaken:
+        return False
+    return True
 
 
 @retry_transient
@@ -102,36 +126,32 @@ def untaken_update_keys(store: Store, run_id: str) -> list[str]:
         return [key for (key,) in connection.execute(query) if key is not None]
 
 
-@retry_transient
-def record_fates(store: Store, run_id: str, fates: Sequence[dict[str, Any]]) -> None:
-    """Write each taken update's fate on its row: `round_index`, `device` and the FATE_FIELDS."""
-    if not fates:
-        return
-    statement = (
-        update(DeviceTaskRow)
-        .where(
-            DeviceTaskRow.run_id == bindparam("run"),
-            DeviceTaskRow.round_index == bindparam("round"),
-            DeviceTaskRow.device == bindparam("dev"),
-        )
-        .values({name: bindparam(name) for name in FATE_FIELDS})
+_FATE_UPDATE = (
+    update(DeviceTaskRow)
+    .where(
+        DeviceTaskRow.run_id == bindparam("run"),
+        DeviceTaskRow.round_index == bindparam("round"),
+        DeviceTaskRow.device == bindparam("dev"),
     )
-    rows = [
-        {"run": run_id, "round": fate["round_index"], "dev": fate["device"], **{n: fate[n] for n in FATE_FIELDS}}
-        for fate in fates
-    ]
-    with store.engine.begin() as connection:
-        connection.execute(statement, rows)
+    .values({name: bindparam(name) for name in FATE_FIELDS})
+)
+
+
+def _fate_params(run_id: str, fate: dict[str, Any]) -> dict[str, Any]:
+    """An update's fate (`round_index`, `device` and the FATE_FIELDS) as the bound values of _FATE_UPDATE."""
+    return {"run": run_id, "round": fate["round_index"], "dev": fate["device"], **{n: fate[n] for n in FATE_FIELDS}}
+
+
+def _extend(session: Session, run_id: str, round_index: int, devices: Sequence[int]) -> None:
+    row = session.scalars(select(RoundRow).where(RoundRow.run_id == run_id, RoundRow.round_index == round_index)).one()
+    row.selected = sorted(set(row.selected) | set(devices))
 
 
 @retry_transient
 def extend_selected(store: Store, run_id: str, round_index: int, devices: Sequence[int]) -> None:
     """Add devices sent out on the round's version to its `selected` list (kept sorted, each once)."""
     with store.session() as session, session.begin():
-        row = session.scalars(
-            select(RoundRow).where(RoundRow.run_id == run_id, RoundRow.round_index == round_index)
-        ).one()
-        row.selected = sorted(set(row.selected) | set(devices))
+        _extend(session, run_id, round_index, devices)
 
 
 @retry_transient

@@ -9,7 +9,7 @@ from fedqueue.core.lost import find_lost
 from fedqueue.core.services import Services
 from fedqueue.fl.config import RunConfig
 from fedqueue.fl.messages import DEVICES_QUEUE, DeviceTask, fold_key
-from fedqueue.fl.strategy.fedbuff import dispatch_tasks, request_fold, start_buffered
+from fedqueue.fl.strategy.fedbuff import dispatch_tasks, on_result_stored, request_fold, start_buffered
 from fedqueue.fl.strategy.schedule import ScheduleState, Trip
 from fedqueue.store import schedules
 
@@ -24,7 +24,7 @@ class BufferedAsync:
         start_buffered(services, run_id, config, model)
 
     def on_stored(self, services: Services, task: DeviceTask, stored: int) -> None:
-        request_fold(services, task.run_id)
+        on_result_stored(services, task)
 
     def repair(self, services: Services, run_id: str, config: RunConfig, broker_lost: bool) -> list[str]:
         return repair_buffered(services, run_id, config, broker_lost)

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from fedqueue.core.blobs import blobs_per_read
 from fedqueue.core.codec import BlobRef
 from fedqueue.core.services import Services
 from fedqueue.fl.config import RunConfig
@@ -73,6 +74,7 @@ def start_buffered(services: Services, run_id: str, config: RunConfig, model: by
         _send(services, run_id, config, dispatch, ref)
     # Written after the tasks are sent: a start that dies between is started again, and a task sent twice is stored once.
     schedules.create_schedule(services.store, run_id, state.to_dict(), state.version)
+    publish_head(services, run_id, state)
 
 
 def _open_version(services: Services, run_id: str, version: int, model: bytes) -> BlobRef:
@@ -104,6 +106,36 @@ def dispatch_tasks(
 ) -> list[DeviceTask]:
     # round_size is a synchronous round's: no fold pass reads it.
     return tasks_of_packs(run_id, round_index, config, packs, model, now, sum(len(pack) for pack in packs))
+
+
+def _head_key(services: Services, run_id: str) -> str:
+    return services.key("fold-head", run_id)
+
+
+def _trip_name(round_index: int, device: int) -> str:
+    return f"{round_index}:{device}"
+
+
+def publish_head(services: Services, run_id: str, state: ScheduleState) -> None:
+    """Name the first trip in simulated order: only its result lets a fold pass go on."""
+    key = _head_key(services, run_id)
+    if state.in_flight and not state.done:
+        head = state.in_flight[0]
+        services.redis.set(key, _trip_name(head.round_index, head.device), ex=services.settings.blob_ttl_s)
+    else:
+        services.redis.delete(key)
+
+
+def on_result_stored(services: Services, task: DeviceTask) -> None:
+    """Ask for a fold pass if the task holds the head trip, or if no head is known.
+
+    A result behind the head waits: the pass that the head's result starts takes it too. A head
+    stored while a pass runs is seen by that pass (it looks once it has named the new head).
+    """
+    head = services.redis.get(_head_key(services, task.run_id))
+    named = head.decode() if isinstance(head, bytes) else head
+    if named is None or named in {_trip_name(task.round_index, device) for device in task.devices}:
+        request_fold(services, task.run_id)
 
 
 def request_fold(services: Services, run_id: str) -> bool:
@@ -157,9 +189,10 @@ class _FoldPass:
     ) -> None:
         self.services, self.cache, self.run_id, self.owner = services, cache, run_id, owner
         self.worker, self.attempt, self.claim_lost = worker, attempt, claim_lost
-        self.config = RunConfig.from_dict(services.store.get_run(run_id).config)
+        self.config = cache.run_config(services, run_id)
         self.rules = rules_of(self.config)
         self.trip_seconds = _trip_seconds(self.config)
+        self._refs: dict[int, BlobRef] = {}  # published versions, by number, as this pass has read or made them
 
     def run(self) -> int:
         store = self.services.store
@@ -181,15 +214,16 @@ class _FoldPass:
                     return None
                 return Outcome(ok=stored.state == "done", samples=stored.samples)
 
-            events = schedule.advance(state, self.rules, self.trip_seconds, outcome_of)
-            if not events:
+            events = schedule.advance(state, self.rules, self.trip_seconds, outcome_of, stop_after_version=False)
+            if events:
+                made += self._carry_out(state, events, results)
+                self.services.blobs.delete(
+                    [global_key(self.run_id, version) for version in range(oldest, _oldest_needed(state))]
+                )
+            publish_head(self.services, self.run_id, state)
+            # A head stored before it was named asked for no pass: this one takes it.
+            if state.done or not self._head_stored(state):
                 break
-            made += self._carry_out(state, events, results)
-            self.services.blobs.delete(
-                [global_key(self.run_id, version) for version in range(oldest, _oldest_needed(state))]
-            )
-            if not any(isinstance(event, NewVersion) for event in events):
-                break  # every stored arrival is taken: the next one has no result yet
         if state.stuck is not None and store.finish_run(self.run_id, "failed", state.stuck):
             log.warning("run %s: %s", self.run_id, state.stuck)
         if state.done or state.stuck is not None:
@@ -201,6 +235,12 @@ class _FoldPass:
         the updates no pass will take."""
         versions = [global_key(self.run_id, version) for version in range(self.config.last_version)]
         self.services.blobs.delete(versions + schedules.untaken_update_keys(self.services.store, self.run_id))
+
+    def _head_stored(self, state: ScheduleState) -> bool:
+        if not state.in_flight:
+            return False
+        head = state.in_flight[0]
+        return bool(schedules.stored_results(self.services.store, self.run_id, [head.round_index], [head.device]))
 
     def _results(self, state: ScheduleState) -> dict[tuple[int, int], Row[Any]]:
         """Stored results of the trips in flight and of those in the buffer (their versions are still to make)."""
@@ -217,6 +257,7 @@ class _FoldPass:
         taken: list[str] = []
         abort = None
         made = 0
+        sends: list[Dispatch] = []
         for event in events:
             if self.claim_lost():
                 raise ClaimLost()
@@ -232,9 +273,26 @@ class _FoldPass:
                 taken += self._make_version(event, results)
                 made += 1
             else:
-                self._send_on_version(event)
-        schedules.record_fates(store, self.run_id, fates)
-        if not schedules.save_schedule(store, self.run_id, self.owner, state.to_dict(), state.version):
+                sends.append(event)
+        # Sent once every version they train on is published; before the save, so a pass that dies sends again.
+        tasks = [
+            task
+            for dispatch in sends
+            for task in dispatch_tasks(
+                self.run_id,
+                self.config,
+                dispatch.round_index,
+                dispatch.packs(),
+                self._model_ref(dispatch.round_index - 1),
+                time.time(),
+            )
+        ]
+        if tasks:
+            self.services.enqueue(tasks)
+        selected: dict[int, list[int]] = {}
+        for dispatch in sends:
+            selected.setdefault(dispatch.round_index, []).extend(trip.device for trip in dispatch.trips)
+        if not schedules.save_pass(store, self.run_id, self.owner, state.to_dict(), state.version, fates, selected):
             raise ClaimLost()
         self.services.blobs.delete(list(dict.fromkeys(taken)))
         if abort is not None:
@@ -245,16 +303,15 @@ class _FoldPass:
         return made
 
     def _model_ref(self, version: int) -> BlobRef:
-        row = self.services.store.get_round(self.run_id, version + 1)
-        if row is None:
-            raise RuntimeError(f"run {self.run_id}: version {version} was never published")
-        return BlobRef(key=row.model_key, sha256=row.model_sha256, nbytes=row.model_nbytes)
+        if version not in self._refs:
+            row = self.services.store.get_round(self.run_id, version + 1)
+            if row is None:
+                raise RuntimeError(f"run {self.run_id}: version {version} was never published")
+            self._refs[version] = BlobRef(key=row.model_key, sha256=row.model_sha256, nbytes=row.model_nbytes)
+        return self._refs[version]
 
     def _version_state(self, version: int) -> dict[str, torch.Tensor]:
         return self.cache.global_state(self.services, self._model_ref(version))
-
-    def _send_on_version(self, dispatch: Dispatch) -> None:
-        _send(self.services, self.run_id, self.config, dispatch, self._model_ref(dispatch.round_index - 1))
 
     def _make_version(self, event: NewVersion, results: Mapping[Any, Any]) -> list[str]:
         """Fold the buffer into the next version, evaluate, checkpoint and publish it; returns the updates used."""
@@ -265,14 +322,15 @@ class _FoldPass:
         started_at, clock = time.time(), time.perf_counter()
         stored = [results[(a.trip.round_index, a.trip.device)] for a in event.folded]
 
+        refs = [BlobRef(key=row.update_key, sha256=row.update_sha256, nbytes=row.update_nbytes) for row in stored]
+        chunk = blobs_per_read(refs)
+
         def buffer() -> Iterator[tuple[float, Mapping[str, torch.Tensor], Mapping[str, torch.Tensor]]]:
-            for arrival, row in zip(event.folded, stored, strict=True):
-                ref = BlobRef(key=row.update_key, sha256=row.update_sha256, nbytes=row.update_nbytes)
-                yield (
-                    arrival.weight,
-                    self._version_state(arrival.trip.base_version),
-                    decode_state(self.services.blobs.get(ref)),
-                )
+            # Read in round trips of a few updates (many small ones, few big ones): memory stays flat.
+            for start in range(0, len(refs), chunk):
+                read = self.services.blobs.get_many(refs[start : start + chunk])
+                for arrival, data in zip(event.folded[start : start + chunk], read, strict=True):
+                    yield arrival.weight, self._version_state(arrival.trip.base_version), decode_state(data)
 
         new_state = fold_buffer(self._version_state(event.version - 1), buffer(), self.config.global_lr)
         encoded = encode_state(new_state)
@@ -283,7 +341,9 @@ class _FoldPass:
         metrics.update(evaluate_version(self.config, event.version, new_state))
         checkpoint_version(self.services, self.run_id, event.version, encoded)
         if event.version < self.config.last_version:
-            self._remember(_open_version(self.services, self.run_id, event.version, encoded), new_state)
+            ref = _open_version(self.services, self.run_id, event.version, encoded)
+            self._refs[event.version] = ref
+            self.cache.keep_global_state(ref, new_state)  # this process serves it from memory, never reads it back
         else:
             self.services.blobs.put(global_key(self.run_id, event.version), encoded)
         schedules.close_version(self.services.store, self.run_id, event.version, **metrics)
@@ -301,10 +361,6 @@ class _FoldPass:
         self.services.store.record_timing(timing)
         log.info("run %s: version %d made from %d updates", self.run_id, event.version, len(stored))
         return [row.update_key for row in stored if row.update_key]
-
-    def _remember(self, ref: BlobRef, state: dict[str, torch.Tensor]) -> None:
-        """The new version is in hand: the worker's model cache serves it without reading it back."""
-        self.cache.keep_global_state(ref, state)
 
 
 def _oldest_needed(state: ScheduleState) -> int:
