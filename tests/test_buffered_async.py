@@ -131,7 +131,7 @@ def test_schedule_is_stale_enough_to_test_something() -> None:
 
 
 @pytest.mark.parametrize("procs", [1, 2])
-def test_same_versions_and_weights_with_one_or_two_workers(settings: Settings, procs: int) -> None:
+def test_same_versions_and_weights_with_one_or_two_workers(settings: Settings, procs: int, tmp_path: Path) -> None:
     config = buffered_config()
     with running_workers(settings, procs=procs):
         handle = api.submit(config, settings=settings)
@@ -140,6 +140,24 @@ def test_same_versions_and_weights_with_one_or_two_workers(settings: Settings, p
     if procs == 2:  # both processes trained: the result is not one worker's order
         workers = {row.worker for row in handle.store.device_tasks(handle.id)}
         assert len(workers) == 2
+    else:
+        assert_reported(handle, config, tmp_path)
+
+
+def assert_reported(handle: api.RunHandle, config: RunConfig, folder: Path) -> None:
+    """The report counts what the fold passes did, and draws accuracy against simulated time."""
+    from fedqueue.report import write_report
+
+    numbers = write_report(handle.store, handle.id, folder)
+    simulated = numbers["simulated"]
+    buffered = simulated["buffered"]
+    made = reference(config)[0]
+    assert buffered["folded"] == sum(len(updates) for _, updates in made) == config.buffer_size * config.last_version
+    assert sum(buffered["staleness"].values()) == buffered["folded"] + buffered["stale"]
+    last = handle.store.list_rounds(handle.id)[config.last_version - 1]
+    assert simulated["sim_s"] == pytest.approx(last.sim_time, abs=1e-3)
+    assert (folder / "simulated.png").stat().st_size > 0
+    assert "Simulated time" in (folder / "report.html").read_text()
 
 
 def test_duplicate_deliveries_are_folded_once_on_postgres(settings: Settings, postgres_url: str) -> None:

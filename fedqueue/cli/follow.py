@@ -54,7 +54,9 @@ def follow_run(
                         note += f"  sim {row.sim_time:8.1f} s"
                     if row.accuracy is not None:
                         note += f"  accuracy {row.accuracy:.3f}"
-                    progress.update(bar, completed=len(row.selected), note=note)
+                    # A version is made while some devices sent off with the one before still train.
+                    completed = store.count_done(run_id, row.round_index) if buffered else len(row.selected)
+                    progress.update(bar, total=len(row.selected), completed=completed, note=note)
                     progress.stop_task(bar)
                 else:
                     # A buffered-async version's devices keep being sent off until it is made.

@@ -188,6 +188,30 @@ def _rounds_section(report: dict[str, Any]) -> str:
 """
 
 
+def _simulated(report: dict[str, Any]) -> str:
+    simulated = report.get("simulated")
+    if not simulated:
+        return ""
+    rows = [
+        ("simulated seconds", _fmt(simulated["sim_s"], 1)),
+        ("wall seconds", _fmt(simulated["wall_s"], 2)),
+        ("simulated seconds per wall second", _fmt(simulated["sim_per_wall_s"], 1)),
+    ]
+    buffered = simulated.get("buffered")
+    if buffered:
+        rows += [
+            ("updates folded", buffered["folded"]),
+            ("updates dropped as stale", buffered["stale"]),
+            ("updates failed", buffered["failed"]),
+        ]
+    return f"""<h2>Simulated time</h2>
+{_table(["", "value"], rows, (0,))}
+<p class="note">Device speeds and delays are modelled from the seed, never slept: workers train back to back
+while the run's clock advances by the modelled times.</p>
+<img src="simulated.png" alt="accuracy against simulated time">
+"""
+
+
 def _job(report: dict[str, Any]) -> str:
     """The job kind's own numbers: scalars as one table, its per-worker rows as another."""
     job = report.get("job")
@@ -264,7 +288,7 @@ def render_html(report: dict[str, Any]) -> str:
 <img src="concurrency.png" alt="tasks running at once against the number of slots">
 <h2>Where the time went</h2>
 {_breakdown(report)}
-{_job(report)}{_rounds_section(report)}
+{_job(report)}{_rounds_section(report)}{_simulated(report)}
 <h2>Slowest tasks</h2>
 {_slowest(report)}
 <h2>Device utilization</h2>

@@ -9,12 +9,12 @@ from __future__ import annotations
 import time
 from collections import defaultdict
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from fedqueue.errors import ConfigError
-from fedqueue.report.summary import packing_of
+from fedqueue.report.summary import buffered_of, packing_of
 from fedqueue.report.timeline import (
     Lane,
     Span,
@@ -47,6 +47,7 @@ class RunData:
     spans: list[Span]
     samples: list[Sample]
     now: float
+    buffered: dict[str, Any] = field(default_factory=dict)  # a buffered-async run's updates (summary.buffered_of)
 
     @property
     def end(self) -> float:
@@ -62,7 +63,8 @@ def load_run_data(store: Store, run_id: str, now: float | None = None) -> RunDat
     end = run_end(run, spans, now)
     # Samples of the workers that ran this run's tasks, while it ran.
     samples = samples_between(store, run.created_at, end, {span.worker_key for span in spans})
-    return RunData(run=run, rounds=rounds, spans=spans, samples=samples, now=now)
+    buffered = buffered_of(run, store.device_tasks(run_id)) if run.config.get("mode") == "fedbuff" else {}
+    return RunData(run=run, rounds=rounds, spans=spans, samples=samples, now=now, buffered=buffered)
 
 
 def build_report(store: Store, run_id: str, now: float | None = None) -> dict[str, Any]:
@@ -141,6 +143,24 @@ def compute_report(data: RunData) -> dict[str, Any]:
             for lane in lanes
         ],
         "utilization": utilization_summary(data.samples),
+        "simulated": simulated_numbers(data, wall_s),
+    }
+
+
+def simulated_numbers(data: RunData, wall_s: float) -> dict[str, Any] | None:
+    """Simulated against wall time, where the run models device speeds; a buffered-async run's updates."""
+    config = data.run.config
+    if not (data.buffered or config.get("device_speed") or config.get("communication_delay")):
+        return None
+    clock = [(row.round_index, row.sim_time) for row in data.rounds if row.sim_time is not None]
+    sim_s = clock[-1][1] if clock else None
+    return {
+        "sim_s": _round(sim_s),
+        "wall_s": _round(wall_s),
+        # How much simulated time one second of wall time covered.
+        "sim_per_wall_s": _round(sim_s / wall_s if sim_s is not None and wall_s > 0 else None),
+        "sim_time": {str(index): _round(at) for index, at in clock},
+        **data.buffered,
     }
 
 
@@ -215,6 +235,7 @@ def round_numbers(
         "loss": row.loss,
         "train_loss": row.train_loss,
         "aggregated_at": row.aggregated_at,
+        "sim_time": row.sim_time,
     }
 
 
@@ -306,6 +327,9 @@ def write_report(store: Store, run_id: str, out_dir: Path, now: float | None = N
             title=f"{name}: tasks running at once",
         )
         plots.accuracy(out_dir / "accuracy.png", data.rounds, title=f"{name}: accuracy and loss per round")
+        if report["simulated"] is not None:
+            staleness = report["simulated"].get("buffered", {}).get("staleness")
+            plots.simulated(out_dir / "simulated.png", data.rounds, staleness, title=f"{name}: simulated time")
         (out_dir / "report.html").write_text(render_html(report), encoding="utf-8")
     except OSError as err:
         raise ConfigError(f"--out: cannot write the report into {str(out_dir)!r}: {err.strerror or err}") from None
