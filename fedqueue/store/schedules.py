@@ -10,12 +10,12 @@ import time
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from sqlalchemy import Row, and_, bindparam, or_, select, update
+from sqlalchemy import Row, and_, bindparam, delete, or_, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from fedqueue.store.repo import OUTCOME_COLUMNS, Store, _changed_one, retry_transient
-from fedqueue.store.schema import DeviceTaskRow, RoundRow, ScheduleRow
+from fedqueue.store.schema import DeviceTaskRow, ModelVersionRow, RoundRow, ScheduleRow
 
 # What a fold pass writes on an update's row once it is taken in simulated order.
 FATE_FIELDS = ("sim_dispatched", "sim_arrived", "fate", "staleness", "weight", "folded_into")
@@ -162,4 +162,26 @@ def close_version(store: Store, run_id: str, round_index: int, **metrics: Any) -
             update(RoundRow)
             .where(RoundRow.run_id == run_id, RoundRow.round_index == round_index)
             .values(state="done", aggregated_at=time.time(), **metrics)
+        )
+
+
+@retry_transient
+def keep_version(store: Store, run_id: str, version: int, sha256: str, data: bytes) -> None:
+    """Keep a version while it is needed (idempotent: a replayed pass writes the same bytes)."""
+    with store.session() as session, session.begin():
+        session.merge(ModelVersionRow(run_id=run_id, version=version, sha256=sha256, data=data))
+
+
+@retry_transient
+def kept_version(store: Store, run_id: str, version: int) -> ModelVersionRow | None:
+    with store.session() as session:
+        return session.get(ModelVersionRow, (run_id, version))
+
+
+@retry_transient
+def forget_versions_before(store: Store, run_id: str, version: int) -> None:
+    """Versions older than `version` are never read again: no device trains on them, no buffered update came from them."""
+    with store.session() as session, session.begin():
+        session.execute(
+            delete(ModelVersionRow).where(ModelVersionRow.run_id == run_id, ModelVersionRow.version < version)
         )

@@ -145,6 +145,19 @@ class ScheduleRow(Base):
     updated_at: Mapped[float] = mapped_column(Float)
 
 
+class ModelVersionRow(Base):
+    """A buffered-async run's versions that devices still train on or buffered updates came from.
+
+    Kept in the store beside the published blobs, so a Redis that lost them has them put back."""
+
+    __tablename__ = "model_versions"
+
+    run_id: Mapped[str] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"), primary_key=True)
+    version: Mapped[int] = mapped_column(Integer, primary_key=True)
+    sha256: Mapped[str] = mapped_column(String(64))
+    data: Mapped[bytes] = mapped_column(LargeBinary)
+
+
 class LlmPromptRow(Base):
     """One prompt of an LLM batch job (a run of kind "llm") and, once generated, its output."""
 

@@ -9,7 +9,7 @@ from fedqueue.core.lost import find_lost
 from fedqueue.core.services import Services
 from fedqueue.fl.config import RunConfig
 from fedqueue.fl.messages import DEVICES_QUEUE, DeviceTask, fold_key
-from fedqueue.fl.strategy.fedbuff import dispatch_tasks, on_result_stored, request_fold, start_buffered
+from fedqueue.fl.strategy.fedbuff import dispatch_tasks, oldest_needed, on_result_stored, request_fold, start_buffered
 from fedqueue.fl.strategy.schedule import ScheduleState, Trip
 from fedqueue.store import schedules
 
@@ -35,7 +35,8 @@ FEDBUFF = BufferedAsync()
 
 def repair_buffered(services: Services, run_id: str, config: RunConfig, broker_lost: bool) -> list[str]:
     """Start a schedule a crash never started, revive a fold pass that died or was never asked for,
-    republish the current version after a Redis restart, and send lost device tasks again."""
+    put back what a Redis restart lost (versions still needed, updates not yet in a version), and send
+    lost device tasks again."""
     from fedqueue.fl.repair import checkpoint_bytes
 
     row = schedules.get_schedule(services.store, run_id)
@@ -47,17 +48,57 @@ def repair_buffered(services: Services, run_id: str, config: RunConfig, broker_l
     key = fold_key(run_id)
     if broker_lost:
         services.forget_request(key)
-        current = services.store.get_round(run_id, state.version + 1)
-        if current is not None and not services.blobs.exists(current.model_key):
-            services.blobs.put(current.model_key, checkpoint_bytes(services, run_id, state.version))
-            actions.append(f"global model {state.version} republished")
+        actions += _republish(services, run_id, state)
+        actions += _forget_lost_updates(services, run_id, _waiting_trips(state))
     claimed = row.claim_owner is not None
     stale = claimed and (row.claimed_at or 0) < time.time() - services.settings.heartbeat_ttl_s
     head_stored = bool(state.in_flight) and not _unstored(services, run_id, state.in_flight[:1])
     if (stale or (head_stored and not claimed and not services.is_requested(key))) and request_fold(services, run_id):
         actions.append("fold pass " + ("no longer renewed; taken over" if stale else "was not asked for: asked"))
-    actions += _resend_lost(services, run_id, config, state)
+    actions += _resend_lost(services, run_id, config, state, broker_lost)
     return actions
+
+
+def _waiting_trips(state: ScheduleState) -> list[Trip]:
+    """Trips whose results a version still needs: in flight, or taken into the buffer of the next version."""
+    return state.in_flight + [arrival.trip for arrival in state.buffer]
+
+
+def _forget_lost_updates(services: Services, run_id: str, trips: list[Trip]) -> list[str]:
+    """Results whose update blobs went with Redis: forgotten, so their devices train again (same seed, same update)."""
+    rows = schedules.stored_results(
+        services.store, run_id, {trip.round_index for trip in trips}, {trip.device for trip in trips}
+    )
+    wanted = {(trip.round_index, trip.device) for trip in trips}
+    lost = [
+        row
+        for row in rows
+        if (row.round_index, row.device) in wanted
+        and row.state == "done"
+        and row.update_key
+        and not services.blobs.exists(row.update_key)
+    ]
+    for row in lost:
+        services.store.delete_result(run_id, row.round_index, row.device)
+    names = [f"{row.round_index}/{row.device}" for row in lost]
+    return [f"updates lost with the broker, to train again (round/device): {', '.join(names[:20])}"] if lost else []
+
+
+def _republish(services: Services, run_id: str, state: ScheduleState) -> list[str]:
+    """Put back the versions a Redis restart lost that devices still train on or buffered updates came from."""
+    from fedqueue.fl.repair import checkpoint_bytes
+
+    republished = []
+    for version in range(oldest_needed(state), state.version + 1):
+        row = services.store.get_round(run_id, version + 1)
+        if row is None or services.blobs.exists(row.model_key):
+            continue
+        kept = schedules.kept_version(services.store, run_id, version)
+        services.blobs.put(
+            row.model_key, kept.data if kept is not None else checkpoint_bytes(services, run_id, version)
+        )
+        republished.append(str(version))
+    return [f"global models {', '.join(republished)} republished"] if republished else []
 
 
 def _unstored(services: Services, run_id: str, trips: list[Trip]) -> set[tuple[int, int]]:
@@ -68,15 +109,18 @@ def _unstored(services: Services, run_id: str, trips: list[Trip]) -> set[tuple[i
     return {(trip.round_index, trip.device) for trip in trips} - stored
 
 
-def _resend_lost(services: Services, run_id: str, config: RunConfig, state: ScheduleState) -> list[str]:
+def _resend_lost(
+    services: Services, run_id: str, config: RunConfig, state: ScheduleState, broker_lost: bool
+) -> list[str]:
     from fedqueue.fl.device_task import give_up_on
 
-    waiting = _unstored(services, run_id, state.in_flight)
+    trips = _waiting_trips(state)
+    waiting = _unstored(services, run_id, trips)
     if not waiting:
         return []
     now = time.time()
     tasks: list[DeviceTask] = []
-    packs = sorted({(trip.round_index, trip.pack) for trip in state.in_flight})
+    packs = sorted({(trip.round_index, trip.pack) for trip in trips})
     for round_index, pack in packs:
         row = services.store.get_round(run_id, round_index)
         if row is None or not any((round_index, device) in waiting for device in pack):
@@ -86,10 +130,10 @@ def _resend_lost(services: Services, run_id: str, config: RunConfig, state: Sche
         tasks += _split_if_exhausted(services, task, waiting, now)
 
     def unstored_now() -> set[str]:
-        still = _unstored(services, run_id, state.in_flight)
+        still = _unstored(services, run_id, trips)
         return {t.attempt_key for t in tasks if any((t.round_index, d) in still for d in t.devices)}
 
-    found = find_lost(services, tasks, DEVICES_QUEUE, unstored_now)
+    found = find_lost(services, tasks, DEVICES_QUEUE, unstored_now, requeue_unstarted=broker_lost)
     actions = []
     for task, tries, reason in found.exhausted:
         give_up_on(services, task, "scheduler", tries, reason)

@@ -74,12 +74,13 @@ def start_buffered(services: Services, run_id: str, config: RunConfig, model: by
         _send(services, run_id, config, dispatch, ref)
     # Written after the tasks are sent: a start that dies between is started again, and a task sent twice is stored once.
     schedules.create_schedule(services.store, run_id, state.to_dict(), state.version)
-    publish_head(services, run_id, state)
+    publish_head(services, run_id, _head_of(state))
 
 
 def _open_version(services: Services, run_id: str, version: int, model: bytes) -> BlobRef:
-    """Publish a version and record the round whose devices train on it."""
+    """Publish a version (kept in the store too, while it is needed) and record the round whose devices train on it."""
     ref = services.blobs.put(global_key(run_id, version), model)
+    schedules.keep_version(services.store, run_id, version, ref.sha256, model)
     services.store.add_round(
         RoundRow(
             run_id=run_id,
@@ -116,11 +117,14 @@ def _trip_name(round_index: int, device: int) -> str:
     return f"{round_index}:{device}"
 
 
-def publish_head(services: Services, run_id: str, state: ScheduleState) -> None:
-    """Name the first trip in simulated order: only its result lets a fold pass go on."""
+def _head_of(state: ScheduleState) -> Trip | None:
+    return state.in_flight[0] if state.in_flight and not state.done else None
+
+
+def publish_head(services: Services, run_id: str, head: Trip | None) -> None:
+    """Name the first trip in simulated order: only its result lets a fold pass go on (None: any result may)."""
     key = _head_key(services, run_id)
-    if state.in_flight and not state.done:
-        head = state.in_flight[0]
+    if head is not None:
         services.redis.set(key, _trip_name(head.round_index, head.device), ex=services.settings.blob_ttl_s)
     else:
         services.redis.delete(key)
@@ -206,23 +210,26 @@ class _FoldPass:
         made = 0
         while not state.done and state.stuck is None:
             results = self._results(state)
-            oldest = _oldest_needed(state)
+            oldest = oldest_needed(state)
+
+            # A buffered update lost with Redis trains again: nothing moves until it is stored.
+            complete = all((a.trip.round_index, a.trip.device) in results for a in state.buffer)
 
             def outcome_of(trip: Trip) -> Outcome | None:
                 stored = results.get((trip.round_index, trip.device))
-                if stored is None:
+                if stored is None or not complete:
                     return None
                 return Outcome(ok=stored.state == "done", samples=stored.samples)
 
             events = schedule.advance(state, self.rules, self.trip_seconds, outcome_of, stop_after_version=False)
             if events:
                 made += self._carry_out(state, events, results)
-                self.services.blobs.delete(
-                    [global_key(self.run_id, version) for version in range(oldest, _oldest_needed(state))]
-                )
-            publish_head(self.services, self.run_id, state)
+                if oldest_needed(state) > oldest:
+                    self._forget_versions(oldest, oldest_needed(state))
+            # Until the buffer is whole again, every stored result asks for a pass (no head is named).
+            publish_head(self.services, self.run_id, _head_of(state) if complete else None)
             # A head stored before it was named asked for no pass: this one takes it.
-            if state.done or not self._head_stored(state):
+            if not events or state.done or not self._head_stored(state):
                 break
         if state.stuck is not None and store.finish_run(self.run_id, "failed", state.stuck):
             log.warning("run %s: %s", self.run_id, state.stuck)
@@ -233,8 +240,13 @@ class _FoldPass:
     def _retire(self) -> None:
         """The run has ended: unpublish its versions, so devices still queued skip their training, and drop
         the updates no pass will take."""
-        versions = [global_key(self.run_id, version) for version in range(self.config.last_version)]
-        self.services.blobs.delete(versions + schedules.untaken_update_keys(self.services.store, self.run_id))
+        self._forget_versions(0, self.config.last_version)
+        self.services.blobs.delete(schedules.untaken_update_keys(self.services.store, self.run_id))
+
+    def _forget_versions(self, first: int, end: int) -> None:
+        """Versions first..end-1 are never read again: unpublished, and no longer kept in the store."""
+        self.services.blobs.delete([global_key(self.run_id, version) for version in range(first, end)])
+        schedules.forget_versions_before(self.services.store, self.run_id, end)
 
     def _head_stored(self, state: ScheduleState) -> bool:
         if not state.in_flight:
@@ -263,7 +275,8 @@ class _FoldPass:
                 raise ClaimLost()
             if isinstance(event, Arrival):
                 stored = results[(event.trip.round_index, event.trip.device)]
-                fates.append(_fate_row(event))
+                if event.fate != "folded":  # a folded update's fate is written with the version it goes into
+                    fates.append(_fate_row(event))
                 if event.fate != "folded" and stored.update_key:
                     taken.append(stored.update_key)
                 if event.fate == "failed" and self.config.on_failure == "abort":
@@ -271,6 +284,7 @@ class _FoldPass:
                     abort = f"device {event.trip.device} failed ({reason[0]}) and on_failure = 'abort'"
             elif isinstance(event, NewVersion):
                 taken += self._make_version(event, results)
+                fates += [_fate_row(arrival) for arrival in event.folded]
                 made += 1
             else:
                 sends.append(event)
@@ -363,7 +377,7 @@ class _FoldPass:
         return [row.update_key for row in stored if row.update_key]
 
 
-def _oldest_needed(state: ScheduleState) -> int:
+def oldest_needed(state: ScheduleState) -> int:
     """The oldest version a device in flight trains on or a buffered update came from (or the current one).
 
     Published versions older than this are never read again.

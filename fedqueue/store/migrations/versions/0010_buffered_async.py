@@ -1,4 +1,5 @@
-"""Buffered asynchronous FL: each run's schedule on its virtual clock, simulated times and fates of updates.
+"""Buffered asynchronous FL: each run's schedule on its virtual clock, the versions it still needs, simulated
+times and fates of updates.
 
 Revision ID: 0010
 Revises: 0009
@@ -35,6 +36,13 @@ def upgrade() -> None:
         sa.Column("claimed_at", sa.Float(), nullable=True),
         sa.Column("updated_at", sa.Float(), nullable=False),
     )
+    op.create_table(
+        "model_versions",
+        sa.Column("run_id", sa.String(32), sa.ForeignKey("runs.id", ondelete="CASCADE"), primary_key=True),
+        sa.Column("version", sa.Integer(), primary_key=True),
+        sa.Column("sha256", sa.String(64), nullable=False),
+        sa.Column("data", sa.LargeBinary(), nullable=False),
+    )
     with op.batch_alter_table("rounds") as batch:
         batch.add_column(sa.Column("sim_time", sa.Float(), nullable=True))
     with op.batch_alter_table("device_tasks") as batch:
@@ -48,4 +56,5 @@ def downgrade() -> None:
             batch.drop_column(column.name)
     with op.batch_alter_table("rounds") as batch:
         batch.drop_column("sim_time")
+    op.drop_table("model_versions")
     op.drop_table("schedules")
