@@ -35,6 +35,8 @@ bench: $(STAMP)
 	$(BIN)/python bench/scaling.py
 	$(BIN)/python bench/llm_batch.py
 	$(BIN)/python bench/packing.py
+	$(BIN)/python bench/async_overhead.py
+	$(BIN)/python bench/sync_vs_async.py
 
 clean:
 	rm -rf $(VENV) fedqueue.db fedqueue.db-wal fedqueue.db-shm

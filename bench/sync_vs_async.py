@@ -39,11 +39,29 @@ def reached(points: list[tuple[float, float]], target: float) -> float | None:
     return next((sim for sim, accuracy in points if accuracy >= target - 1e-9), None)
 
 
+def draw(path: Path, curves: dict[str, list[tuple[float, float]]], target: float, seed: int) -> None:
+    from matplotlib.figure import Figure
+
+    figure = Figure(figsize=(8, 3.6), dpi=110, layout="constrained")
+    ax = figure.subplots()
+    labels = {"fedavg": "sync FedAvg (a round waits for its slowest device)", "fedbuff": "FedBuff (buffer of 10)"}
+    for mode, points in curves.items():
+        ax.plot([p[0] for p in points], [p[1] for p in points], marker="o", markersize=3, label=labels[mode])
+    ax.axhline(target, color="0.6", linestyle=":", label=f"target: sync's final accuracy {target:.4f}")
+    ax.set_xlabel("simulated time (s)")
+    ax.set_ylabel("accuracy (held out)")
+    ax.set_title(f"digits, 100 devices of three speeds, seed {seed}", loc="left", fontsize=10)
+    ax.grid(color="0.9")
+    ax.legend(fontsize=8, frameon=False, loc="lower right")
+    figure.savefig(path)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--config", default=str(REPO / "examples" / "digits_fedbuff.toml"))
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--procs", type=int, default=os.cpu_count() or 1)
+    parser.add_argument("--plot", type=Path, help="draw the first seed's accuracy against simulated time here (PNG)")
     args = parser.parse_args()
     import fedqueue
 
@@ -81,6 +99,8 @@ def main() -> None:
                             status["tasks_done"],
                         ]
                     )
+                if args.plot is not None and seed == args.seeds[0]:
+                    draw(args.plot, {mode: result["points"] for mode, result in found.items()}, target, seed)
                 sync_at, async_at = found["fedavg"]["at"], found["fedbuff"]["at"]
                 if sync_at is not None and async_at is not None:
                     gains.append(sync_at / async_at)

@@ -44,6 +44,8 @@ class DataSpec:
     partition: str = "iid"  # "iid" | "dirichlet"
     alpha: float = 0.5
     samples_per_device: int | None = None
+    # Share of the training set the server holds out before the devices are partitioned (FedRevive's kd_split).
+    server_fraction: float = 0.0
     # The run's [plugin] table as canonical JSON: hashable, so the spec still keys the caches.
     options_json: str = "{}"
 
@@ -77,6 +79,7 @@ class FederatedData:
     partitions: tuple[np.ndarray, ...]
     num_classes: int
     input_shape: tuple[int, ...]
+    server: np.ndarray | None = None  # indices into train the server holds out (no device has them)
 
 
 def _check_partition_args(num_devices: int, scheme: str, alpha: float, cap: int | None) -> None:
@@ -270,15 +273,19 @@ def _build(spec: DataSpec) -> FederatedData:
     if not isinstance(loaded, LoadedDataset):
         raise DataError(f"dataset: {spec.dataset!r} returned {type(loaded).__name__}, not a LoadedDataset")
     train = loaded.train
+    server, pool = _server_split(spec, len(train))
     if loaded.partitions is None:
         parts = partition_indices(
-            train.y.numpy(),
+            train.y.numpy()[pool],
             spec.num_devices,
             spec.partition,
             spec.alpha,
             spec.seed,
             spec.samples_per_device,
         )
+        parts = tuple(np.ascontiguousarray(pool[part]) for part in parts)
+    elif server is not None:
+        raise ConfigError(f"kd_split: the dataset {spec.dataset!r} brings its own partitions; hold nothing out of it")
     else:
         parts = _given_partitions(spec, loaded.partitions, len(train))
     for part in parts:
@@ -289,7 +296,25 @@ def _build(spec: DataSpec) -> FederatedData:
         partitions=parts,
         num_classes=loaded.num_classes,
         input_shape=tuple(train.x.shape[1:]),
+        server=server,
     )
+
+
+SERVER_SPLIT_STREAM = 0x5E4D  # keeps the held-out draw apart from the partition's
+
+
+def _server_split(spec: DataSpec, size: int) -> tuple[np.ndarray | None, np.ndarray]:
+    """The server's held-out indices (None when it holds none) and the rest, which the devices share."""
+    everything = np.arange(size, dtype=np.int64)
+    if spec.server_fraction <= 0:
+        return None, everything
+    count = int(round(spec.server_fraction * size))
+    if not 0 < count < size:
+        raise ConfigError(f"kd_split: {spec.server_fraction} of {size} training samples holds out {count}")
+    rng = np.random.default_rng([spec.seed, SERVER_SPLIT_STREAM])
+    held = np.sort(rng.choice(size, size=count, replace=False))
+    held.setflags(write=False)
+    return held, np.setdiff1d(everything, held, assume_unique=True)
 
 
 def _given_partitions(spec: DataSpec, partitions: Sequence[Sequence[int]], train_size: int) -> tuple[np.ndarray, ...]:

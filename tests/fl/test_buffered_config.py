@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -66,3 +67,20 @@ def test_clock_tables_apply_to_sync_runs_too() -> None:
     assert chosen.device_speed == speeds
     with pytest.raises(ConfigError, match="^device_speed.share:"):
         RunConfig.from_dict({**BASE, "device_speed": {"mean": [1.0], "share": [1, 2]}})
+
+
+def test_the_examples_load(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Both async examples validate and build their clocks (CIFAR-10 read from ./data/cifar10, as in compose)."""
+    from fedqueue.fl.cifar_fixture import write_cifar_batches
+    from fedqueue.fl.config import load_run_config
+    from fedqueue.fl.data import load_federated
+    from fedqueue.fl.experiment import data_spec, device_clock
+
+    examples = Path(__file__).resolve().parents[2] / "examples"
+    write_cifar_batches(tmp_path / "data" / "cifar10", train_samples=2000, test_samples=100)
+    monkeypatch.chdir(tmp_path)
+    for name in ("digits_fedbuff.toml", "cifar10_fedbuff.toml"):
+        config = load_run_config(examples / name)
+        assert config.mode == "fedbuff"
+        clock = device_clock(config, load_federated(data_spec(config)))
+        assert all(clock.trip_seconds(1, device) > 0 for device in range(config.num_devices))
