@@ -113,3 +113,20 @@ def test_partition_matches_partition_indices() -> None:
     fed = load_federated(spec)
     expected = partition_indices(fed.train.y.numpy(), 6, "dirichlet", 0.5, 4, None)
     assert all(np.array_equal(a, b) for a, b in zip(fed.partitions, expected))
+
+
+def test_server_split_is_held_out_of_every_partition() -> None:
+    """A kd_split holds a seeded share of the training set for the server; the devices share the rest."""
+    from fedqueue.fl.data import DataSpec, load_federated
+
+    plain = load_federated(DataSpec(dataset="digits", num_devices=20, seed=3))
+    spec = DataSpec(dataset="digits", num_devices=20, seed=3, server_fraction=0.1)
+    held = load_federated(spec)
+    assert plain.server is None and held.server is not None
+    assert len(held.server) == round(0.1 * len(held.train))
+    given = np.concatenate(held.partitions)
+    assert not set(given.tolist()) & set(held.server.tolist())
+    assert len(given) + len(held.server) == len(held.train)
+    assert np.array_equal(
+        load_federated(DataSpec(dataset="digits", num_devices=20, seed=3, server_fraction=0.1)).server, held.server
+    )
