@@ -65,13 +65,14 @@ def reference(config: RunConfig) -> tuple[Made, dict[str, torch.Tensor]]:
 
 @functools.cache
 def _reference(config_json: str) -> tuple[Made, dict[str, torch.Tensor]]:
-    from fedqueue.fl.aggregate import fold_buffer
+    from fedqueue.fl.aggregate import fold_buffer, fold_deltas
     from fedqueue.fl.data import device_data, load_federated
     from fedqueue.fl.experiment import data_spec, device_clock, train_config
     from fedqueue.fl.models import build_model, initial_state
     from fedqueue.fl.seeding import task_seed
     from fedqueue.fl.strategy import schedule
     from fedqueue.fl.strategy.fedbuff import rules_of
+    from fedqueue.fl.strategy.revived import Reviver
     from fedqueue.fl.train import train_local
 
     config = RunConfig.from_dict(json.loads(config_json))
@@ -85,18 +86,28 @@ def _reference(config_json: str) -> tuple[Made, dict[str, torch.Tensor]]:
     versions = {0: initial_state(config.model, data.input_shape, data.num_classes, config.seed)}
     made = []
 
-    def local(arrival: schedule.Arrival) -> dict[str, torch.Tensor]:
-        model = build_model(config.model, data.input_shape, data.num_classes)
-        model.load_state_dict(versions[arrival.trip.base_version])
-        seed = task_seed(config.seed, arrival.trip.round_index, arrival.trip.device)
-        return train_local(
-            model, device_data(spec, arrival.trip.device), train_config(config), seed, torch.device("cpu")
-        ).state
+    trained: dict[schedule.Trip, dict[str, torch.Tensor]] = {}
+
+    def local(trip: schedule.Trip) -> dict[str, torch.Tensor]:
+        if trip not in trained:
+            model = build_model(config.model, data.input_shape, data.num_classes)
+            model.load_state_dict(versions[trip.base_version])
+            seed = task_seed(config.seed, trip.round_index, trip.device)
+            outcome = train_local(
+                model, device_data(spec, trip.device), train_config(config), seed, torch.device("cpu")
+            )
+            trained[trip] = outcome.state
+        return trained[trip]
 
     for event in events:
         if isinstance(event, schedule.NewVersion):
-            buffer = [(a.weight, versions[a.trip.base_version], local(a)) for a in event.folded]
-            versions[event.version] = fold_buffer(versions[event.version - 1], buffer, config.global_lr)
+            current = versions[event.version - 1]
+            if config.mode == "fedrevive":
+                deltas = Reviver(config).deltas(event, versions.__getitem__, local)
+                versions[event.version] = fold_deltas(current, deltas, config.global_lr)
+            else:
+                buffer = [(a.weight, versions[a.trip.base_version], local(a.trip)) for a in event.folded]
+                versions[event.version] = fold_buffer(current, buffer, config.global_lr)
             made.append((event.version, [(a.trip.round_index, a.trip.device, a.weight) for a in event.folded]))
     assert len(made) == config.last_version
     return made, versions[config.last_version]
@@ -162,6 +173,21 @@ def assert_reported(handle: api.RunHandle, config: RunConfig, folder: Path) -> N
     assert simulated["sim_s"] == pytest.approx(last.sim_time, abs=1e-3)
     assert (folder / "simulated.png").stat().st_size > 0
     assert "Simulated time" in (folder / "report.html").read_text()
+
+
+def test_fedrevive_distils_stale_updates_the_same_way_on_two_workers(settings: Settings) -> None:
+    """mode = "fedrevive": each stale update mixed with one distilled from recent local models on the
+    server's held-out data; the versions and weights equal the same experiment with no queue."""
+    config = buffered_config(
+        mode="fedrevive", kd_beta="cosine", kd_beta_factor=2.0, kd_buffer_size=3, kd_iters=3, kd_batch_size=16
+    )
+    with running_workers(settings, procs=2):
+        handle = api.submit(config, settings=settings)
+        handle.wait(180)
+    assert_like_reference(handle, config)
+    # The distillation changed the outcome: with beta = 0 (plain FedBuff on the same devices) it ends elsewhere.
+    plain = reference(buffered_config(mode="fedrevive", kd_beta=0.0, kd_buffer_size=3))[1]
+    assert any(not torch.equal(plain[name], value) for name, value in handle.final_weights().items())
 
 
 def test_duplicate_deliveries_are_folded_once_on_postgres(settings: Settings, postgres_url: str) -> None:

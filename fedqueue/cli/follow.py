@@ -9,7 +9,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from fedqueue.report.summary import run_summary
+from fedqueue.report.summary import is_buffered, run_summary
 from fedqueue.store import Store
 
 
@@ -26,7 +26,7 @@ def follow_run(
     """
     bars: dict[int, TaskID] = {}
     # A buffered-async run shows a bar per version: the devices sent off with the version before it.
-    buffered = store.get_run(run_id).config.get("mode") == "fedbuff"
+    buffered = is_buffered(store.get_run(run_id))
     progress = Progress(
         TextColumn("[bold]{task.fields[label]}"),
         BarColumn(),

@@ -193,6 +193,8 @@ def fedavg_rule(
 
 # (staleness weight, the version it trained from, its trained weights)
 WeightedUpdate = tuple[float, Mapping[str, Tensor], Mapping[str, Tensor]]
+# (staleness weight, the update's change in float64, by tensor name)
+WeightedDelta = tuple[float, Mapping[str, Tensor]]
 
 
 def fold_buffer(current: Mapping[str, Tensor], buffer: Iterable[WeightedUpdate], global_lr: float) -> dict[str, Tensor]:
@@ -203,22 +205,35 @@ def fold_buffer(current: Mapping[str, Tensor], buffer: Iterable[WeightedUpdate],
     number of updates n, not by the weights' sum (as FedBuff and NVIDIA FLARE's edge manager do), so
     stale updates shrink the step. Non-floating tensors (counters) are kept from `current`.
     """
+
+    def deltas() -> Iterable[WeightedDelta]:
+        for weight, trained_from, local in buffer:
+            yield (
+                weight,
+                {
+                    name: local[name].detach().to(torch.float64) - trained_from[name].detach().to(torch.float64)
+                    for name, value in current.items()
+                    if value.is_floating_point()
+                },
+            )
+
+    return fold_deltas(current, deltas(), global_lr)
+
+
+def fold_deltas(current: Mapping[str, Tensor], buffer: Iterable[WeightedDelta], global_lr: float) -> dict[str, Tensor]:
+    """current + global_lr * sum_i w_i * delta_i / n, summed in float64 in the order given."""
     base = {name: t.detach().to(torch.float64) for name, t in current.items() if t.is_floating_point()}
-    delta = {name: torch.zeros_like(value) for name, value in base.items()}
-    scratch = {name: torch.empty_like(value) for name, value in base.items()}
+    total = {name: torch.zeros_like(value) for name, value in base.items()}
     count = 0
-    for weight, trained_from, local in buffer:
+    for weight, delta in buffer:
         count += 1
         for name in base:
-            start = _local(count, trained_from, name, current[name]).detach()
-            end = _local(count, local, name, current[name]).detach()
-            difference = scratch[name].copy_(end).sub_(start.to(torch.float64))
-            delta[name].add_(difference.mul_(weight))
+            total[name].add_(delta[name].to(torch.float64), alpha=weight)
     if count == 0:
         raise ValueError("fold_buffer needs at least one update")
     return {
         name: value.clone()
         if name not in base
-        else (base[name] + (global_lr / count) * delta[name]).to(value.dtype).contiguous()
+        else (base[name] + (global_lr / count) * total[name]).to(value.dtype).contiguous()
         for name, value in current.items()
     }

@@ -22,7 +22,8 @@ from fedqueue.store.schema import NAME_MAX
 PARTITIONS = ("iid", "dirichlet")
 FAILURE_POLICIES = ("skip", "abort")
 OPTIMIZERS = ("sgd", "adam")
-MODES = ("fedavg", "fedbuff")
+MODES = ("fedavg", "fedbuff", "fedrevive")
+BUFFERED_MODES = ("fedbuff", "fedrevive")  # run by the buffered-async strategy
 
 
 @dataclass(frozen=True)
@@ -60,7 +61,8 @@ class RunConfig:
     pack_mode: str = "sequential"  # or "auto": vmap where it pays (see fl/packing.py)
     # Written at submit: how "auto" was resolved, for the config and the report to show.
     pack_choice: str = ""
-    # How updates become versions: "fedavg" (synchronous rounds) or "fedbuff" (buffered asynchronous).
+    # How updates become versions: "fedavg" (synchronous rounds), "fedbuff" (buffered asynchronous),
+    # or "fedrevive" (FedBuff whose stale updates are mixed with a distilled one, fl/revive.py).
     mode: str = "fedavg"
     # Buffered async (fedbuff): devices training at once (default devices_per_round), updates per
     # new version, the last version (default `rounds`), staleness weighting and cut-off, reuse of
@@ -73,6 +75,18 @@ class RunConfig:
     max_staleness: int | None = None
     device_reuse: bool = True
     min_refill: int = 1
+    # FedRevive (mode = "fedrevive"), named as in its code: the share of the training set the server
+    # holds out, the teachers (last updates), Adam steps, learning rate, batch, temperature and
+    # batches of the distillation, and beta: a number, or a schedule of staleness with its factor.
+    kd_split: float = 0.1
+    kd_buffer_size: int = 8
+    kd_iters: int = 10
+    kd_lr: float = 0.0003
+    kd_batch_size: int = 32
+    kd_temperature: float = 2.0
+    kd_version: str = "distribution_match_batch"
+    kd_beta: float | str = 0.5
+    kd_beta_factor: float = 75.0
     # Simulated time (both modes): speed classes in seconds per training sample, and the
     # one-way communication delay, e.g. {mean = [0.01, 0.04], std = [0.001, 0.004], share = [0.7, 0.3]}.
     device_speed: dict[str, Any] = field(default_factory=dict)
@@ -118,7 +132,7 @@ class RunConfig:
     @property
     def last_version(self) -> int:
         """The version a run ends on: `rounds` synchronous rounds, or fedbuff's `max_model_version`."""
-        if self.mode == "fedbuff" and self.max_model_version is not None:
+        if self.mode in BUFFERED_MODES and self.max_model_version is not None:
             return self.max_model_version
         return self.rounds
 
@@ -180,8 +194,10 @@ class RunConfig:
         if not 0 <= self.local_momentum < 1:
             raise ConfigError(f"local_momentum: must be in [0, 1), got {self.local_momentum}")
         _check_clock(self.device_speed, self.communication_delay)
-        if self.mode == "fedbuff":
+        if self.mode in BUFFERED_MODES:
             self._check_buffered_rules()
+        if self.mode == "fedrevive":
+            self._check_revive_rules()
         try:
             json.dumps(self.plugin, allow_nan=False)
         except (TypeError, ValueError):
@@ -216,8 +232,34 @@ class RunConfig:
             )
         if self.aggregate != "fedavg":
             raise ConfigError(
-                f"aggregate: mode = 'fedbuff' folds updates by its own rule; {self.aggregate!r} applies to mode = 'fedavg'"
+                f"aggregate: mode = {self.mode!r} folds updates by its own rule; {self.aggregate!r} applies to"
+                " mode = 'fedavg'"
             )
+
+    @property
+    def is_buffered(self) -> bool:
+        return self.mode in BUFFERED_MODES
+
+    @property
+    def held_out(self) -> float:
+        """The share of the training set no device gets (FedRevive's kd_split), else 0."""
+        return self.kd_split if self.mode == "fedrevive" else 0.0
+
+    def _check_revive_rules(self) -> None:
+        from fedqueue.fl.revive import BETA_SCHEDULES, KD_VERSIONS
+
+        if not 0 < self.kd_split < 1:
+            raise ConfigError(f"kd_split: a share of the training set in (0, 1), got {self.kd_split}")
+        for key in ("kd_buffer_size", "kd_iters", "kd_batch_size"):
+            _positive(key, getattr(self, key))
+        for key in ("kd_lr", "kd_temperature", "kd_beta_factor"):
+            if not (math.isfinite(getattr(self, key)) and getattr(self, key) > 0):
+                raise ConfigError(f"{key}: must be greater than 0, got {getattr(self, key)}")
+        _choice("kd_version", self.kd_version, KD_VERSIONS)
+        if isinstance(self.kd_beta, str):
+            _choice("kd_beta", self.kd_beta, BETA_SCHEDULES)
+        elif not 0 <= self.kd_beta <= 1:
+            raise ConfigError(f"kd_beta: a number in [0, 1] or one of {', '.join(BETA_SCHEDULES)}, got {self.kd_beta}")
 
 
 def _numbers(key: str, value: Any, minimum: float = 0.0) -> list[float]:
@@ -274,6 +316,15 @@ _FIELD_TYPES: dict[str, tuple[tuple[type, ...], str, bool]] = {
     "staleness_weight": ((str,), "a string", False),
     "staleness_exponent": ((float, int), "a number", False),
     "device_reuse": ((bool,), "true or false", False),
+    "kd_split": ((float, int), "a number", False),
+    "kd_lr": ((float, int), "a number", False),
+    "kd_temperature": ((float, int), "a number", False),
+    "kd_beta_factor": ((float, int), "a number", False),
+    "kd_beta": ((float, int, str), "a number or a schedule name", False),
+    "kd_version": ((str,), "a string", False),
+    "kd_buffer_size": ((int,), "an integer", False),
+    "kd_iters": ((int,), "an integer", False),
+    "kd_batch_size": ((int,), "an integer", False),
     "local_lr": ((float, int), "a number", False),
     "local_momentum": ((float, int), "a number", False),
     "global_lr": ((float, int), "a number", False),
@@ -307,7 +358,7 @@ def _check_type(key: str, value: Any, spec: tuple[tuple[type, ...], str, bool]) 
     # bool is an int subclass in Python; `rounds = true` is still a mistake.
     if (isinstance(value, bool) and bool not in accepted) or not isinstance(value, accepted):
         raise ConfigError(f"{key}: expected {type_name}, got {type(value).__name__} {value!r}")
-    if float in accepted:
+    if float in accepted and not isinstance(value, str):
         value = float(value)  # type: ignore[arg-type]  # an int or a float: checked just above
         if value != value or value in (float("inf"), float("-inf")):
             raise ConfigError(f"{key}: expected a finite number, got {value!r}")

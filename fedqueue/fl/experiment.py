@@ -26,6 +26,7 @@ def data_spec(config: RunConfig) -> DataSpec:
         partition=config.partition,
         alpha=config.alpha,
         samples_per_device=config.samples_per_device,
+        server_fraction=config.held_out,
         options_json=json.dumps(config.plugin, sort_keys=True),
     )
 

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from fedqueue.errors import ConfigError
-from fedqueue.report.summary import buffered_of, packing_of
+from fedqueue.report.summary import buffered_of, is_buffered, packing_of
 from fedqueue.report.timeline import (
     Lane,
     Span,
@@ -63,7 +63,7 @@ def load_run_data(store: Store, run_id: str, now: float | None = None) -> RunDat
     end = run_end(run, spans, now)
     # Samples of the workers that ran this run's tasks, while it ran.
     samples = samples_between(store, run.created_at, end, {span.worker_key for span in spans})
-    buffered = buffered_of(run, store.device_tasks(run_id)) if run.config.get("mode") == "fedbuff" else {}
+    buffered = buffered_of(run, store.device_tasks(run_id)) if is_buffered(run) else {}
     return RunData(run=run, rounds=rounds, spans=spans, samples=samples, now=now, buffered=buffered)
 
 

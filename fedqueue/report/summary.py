@@ -78,9 +78,14 @@ def run_summary(store: Store, run_id: str) -> dict[str, Any]:
     }
 
 
+def is_buffered(run: RunRow) -> bool:
+    """A buffered-async FL run (FedBuff or FedRevive), as its stored config says."""
+    return run.config.get("mode") in ("fedbuff", "fedrevive")
+
+
 def buffered_of(run: RunRow, results: Iterable[DeviceTaskRow]) -> dict[str, Any]:
     """A buffered-async run's updates: how many were folded, dropped as stale or failed, and their staleness."""
-    if run.config.get("mode") != "fedbuff":
+    if not is_buffered(run):
         return {}
     fates: Counter[str] = Counter()
     staleness: Counter[int] = Counter()

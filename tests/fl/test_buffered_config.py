@@ -70,17 +70,42 @@ def test_clock_tables_apply_to_sync_runs_too() -> None:
 
 
 def test_the_examples_load(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Both async examples validate and build their clocks (CIFAR-10 read from ./data/cifar10, as in compose)."""
+    """The async examples validate and build their clocks (CIFAR-10 read from ./data/cifar10, as in compose)."""
     from fedqueue.fl.cifar_fixture import write_cifar_batches
     from fedqueue.fl.config import load_run_config
     from fedqueue.fl.data import load_federated
     from fedqueue.fl.experiment import data_spec, device_clock
 
     examples = Path(__file__).resolve().parents[2] / "examples"
-    write_cifar_batches(tmp_path / "data" / "cifar10", train_samples=2000, test_samples=100)
+    write_cifar_batches(tmp_path / "data" / "cifar10", train_samples=20000, test_samples=100)
     monkeypatch.chdir(tmp_path)
-    for name in ("digits_fedbuff.toml", "cifar10_fedbuff.toml"):
+    for name in ("digits_fedbuff.toml", "cifar10_fedbuff.toml", "cifar10_fedrevive.toml"):
         config = load_run_config(examples / name)
-        assert config.mode == "fedbuff"
+        assert config.is_buffered
         clock = device_clock(config, load_federated(data_spec(config)))
         assert all(clock.trip_seconds(1, device) > 0 for device in range(config.num_devices))
+
+
+@pytest.mark.parametrize(
+    ("overrides", "field"),
+    [
+        ({"kd_split": 0}, "kd_split"),
+        ({"kd_split": 1.5}, "kd_split"),
+        ({"kd_beta": "sigmoid"}, "kd_beta"),
+        ({"kd_beta": 1.5}, "kd_beta"),
+        ({"kd_beta": True}, "kd_beta"),
+        ({"kd_version": "avg"}, "kd_version"),
+        ({"kd_iters": 0}, "kd_iters"),
+        ({"kd_temperature": 0}, "kd_temperature"),
+        ({"kd_buffer_size": -1}, "kd_buffer_size"),
+    ],
+)
+def test_bad_fedrevive_knobs_name_their_field(overrides: dict[str, Any], field: str) -> None:
+    with pytest.raises(ConfigError, match=rf"^{field}:"):
+        config(mode="fedrevive", **overrides)
+
+
+def test_fedrevive_holds_out_its_kd_split() -> None:
+    revive = config(mode="fedrevive", kd_beta="cosine", kd_beta_factor=75)
+    assert revive.held_out == 0.1 and revive.is_buffered and revive.kd_beta == "cosine"
+    assert config().held_out == 0.0  # fedbuff's devices share the whole training set

@@ -11,7 +11,7 @@ if TYPE_CHECKING:
 
 def strategy_for(config: RunConfig) -> Strategy:
     """The strategy that runs a config's `mode` (imported when asked: each pulls in its own orchestration)."""
-    if config.mode == "fedbuff":
+    if config.is_buffered:
         from fedqueue.fl.strategy.buffered import FEDBUFF
 
         return FEDBUFF

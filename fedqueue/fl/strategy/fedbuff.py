@@ -40,6 +40,7 @@ if TYPE_CHECKING:
     from sqlalchemy.engine import Row
 
     from fedqueue.fl.device_task import WorkerCache
+    from fedqueue.fl.strategy.revived import Reviver
 
 log = logging.getLogger(__name__)
 
@@ -57,6 +58,7 @@ def rules_of(config: RunConfig) -> Rules:
         staleness_weight=config.staleness_weight,
         staleness_exponent=config.staleness_exponent,
         pack_size=config.resolved_pack_size,
+        keep_recent=config.kd_buffer_size if config.mode == "fedrevive" else 0,
     )
 
 
@@ -197,6 +199,8 @@ class _FoldPass:
         self.rules = rules_of(self.config)
         self.trip_seconds = _trip_seconds(self.config)
         self._refs: dict[int, BlobRef] = {}  # published versions, by number, as this pass has read or made them
+        self._revive: Reviver | None = None
+        self._locals: dict[tuple[int, int], Mapping[str, torch.Tensor]] = {}
 
     def run(self) -> int:
         store = self.services.store
@@ -211,6 +215,7 @@ class _FoldPass:
         while not state.done and state.stuck is None:
             results = self._results(state)
             oldest = oldest_needed(state)
+            teachers = teachers_needed(state)
 
             # A buffered update lost with Redis trains again: nothing moves until it is stored.
             complete = all((a.trip.round_index, a.trip.device) in results for a in state.buffer)
@@ -223,7 +228,7 @@ class _FoldPass:
 
             events = schedule.advance(state, self.rules, self.trip_seconds, outcome_of, stop_after_version=False)
             if events:
-                made += self._carry_out(state, events, results)
+                made += self._carry_out(state, events, results, teachers)
                 if oldest_needed(state) > oldest:
                     self._forget_versions(oldest, oldest_needed(state))
             # Until the buffer is whole again, every stored result asks for a pass (no head is named).
@@ -255,14 +260,21 @@ class _FoldPass:
         return bool(schedules.stored_results(self.services.store, self.run_id, [head.round_index], [head.device]))
 
     def _results(self, state: ScheduleState) -> dict[tuple[int, int], Row[Any]]:
-        """Stored results of the trips in flight and of those in the buffer (their versions are still to make)."""
-        trips = state.in_flight + [arrival.trip for arrival in state.buffer]
+        """Stored results of the trips in flight, of those in the buffer (their versions are still to make),
+        and of the teachers a FedRevive version may distil from."""
+        trips = state.in_flight + [arrival.trip for arrival in state.buffer] + list(teachers_needed(state))
         rounds = {trip.round_index for trip in trips}
         devices = {trip.device for trip in trips}
         rows = schedules.stored_results(self.services.store, self.run_id, rounds, devices)
         return {(row.round_index, row.device): row for row in rows}
 
-    def _carry_out(self, state: ScheduleState, events: list[schedule.Event], results: Mapping[Any, Any]) -> int:
+    def _carry_out(
+        self,
+        state: ScheduleState,
+        events: list[schedule.Event],
+        results: Mapping[Any, Any],
+        teachers_before: frozenset[Trip],
+    ) -> int:
         """Make the versions and send the devices the events say, then save the schedule."""
         store = self.services.store
         fates: list[dict[str, Any]] = []
@@ -308,6 +320,14 @@ class _FoldPass:
             selected.setdefault(dispatch.round_index, []).extend(trip.device for trip in dispatch.trips)
         if not schedules.save_pass(store, self.run_id, self.owner, state.to_dict(), state.version, fates, selected):
             raise ClaimLost()
+        if self.rules.keep_recent:  # a FedRevive teacher's model is kept while a version may still distil from it
+            still = {(t.round_index, t.device) for t in teachers_needed(state)}
+            kept = {results[key].update_key for key in still if key in results}
+            gone = [t for t in teachers_before if (t.round_index, t.device) not in still]
+            taken = [key for key in taken if key not in kept]
+            taken += [
+                results[(t.round_index, t.device)].update_key for t in gone if (t.round_index, t.device) in results
+            ]
         self.services.blobs.delete(list(dict.fromkeys(taken)))
         if abort is not None:
             store.finish_run(self.run_id, "failed", abort)
@@ -315,6 +335,22 @@ class _FoldPass:
         elif state.done:
             store.finish_run(self.run_id, "finished")
         return made
+
+    def _reviver(self) -> Reviver:
+        from fedqueue.fl.strategy.revived import Reviver
+
+        if self._revive is None:
+            self._revive = Reviver(self.config)
+        return self._revive
+
+    def _local(self, results: Mapping[Any, Any], trip: Trip) -> Mapping[str, torch.Tensor]:
+        """A folded update's trained weights (its update blob), read once per pass."""
+        key = (trip.round_index, trip.device)
+        if key not in self._locals:
+            row = results[key]
+            ref = BlobRef(key=row.update_key, sha256=row.update_sha256, nbytes=row.update_nbytes)
+            self._locals[key] = decode_state(self.services.blobs.get(ref))
+        return self._locals[key]
 
     def _model_ref(self, version: int) -> BlobRef:
         if version not in self._refs:
@@ -329,7 +365,7 @@ class _FoldPass:
 
     def _make_version(self, event: NewVersion, results: Mapping[Any, Any]) -> list[str]:
         """Fold the buffer into the next version, evaluate, checkpoint and publish it; returns the updates used."""
-        from fedqueue.fl.aggregate import fold_buffer
+        from fedqueue.fl.aggregate import fold_buffer, fold_deltas
         from fedqueue.fl.devices import device_label
         from fedqueue.fl.timing import task_timing
 
@@ -346,7 +382,12 @@ class _FoldPass:
                 for arrival, data in zip(event.folded[start : start + chunk], read, strict=True):
                     yield arrival.weight, self._version_state(arrival.trip.base_version), decode_state(data)
 
-        new_state = fold_buffer(self._version_state(event.version - 1), buffer(), self.config.global_lr)
+        current = self._version_state(event.version - 1)
+        if self.config.mode == "fedrevive":
+            deltas = self._reviver().deltas(event, self._version_state, functools.partial(self._local, results))
+            new_state = fold_deltas(current, deltas, self.config.global_lr)
+        else:
+            new_state = fold_buffer(current, buffer(), self.config.global_lr)
         encoded = encode_state(new_state)
         metrics: dict[str, Any] = {"aggregate_ms": (time.perf_counter() - clock) * 1000, "sim_time": event.at}
         losses = [row.loss for row in stored if row.loss is not None]
@@ -375,6 +416,11 @@ class _FoldPass:
         self.services.store.record_timing(timing)
         log.info("run %s: version %d made from %d updates", self.run_id, event.version, len(stored))
         return [row.update_key for row in stored if row.update_key]
+
+
+def teachers_needed(state: ScheduleState) -> frozenset[Trip]:
+    """FedRevive: the folded trips whose models a version may still distil from (none in FedBuff)."""
+    return frozenset(state.recent).union(*(arrival.recent for arrival in state.buffer))
 
 
 def oldest_needed(state: ScheduleState) -> int:

@@ -40,6 +40,7 @@ class Rules:
     staleness_weight: str
     staleness_exponent: float
     pack_size: int = 1
+    keep_recent: int = 0  # folded updates each arrival remembers, newest last (FedRevive's teachers)
 
 
 @dataclass(frozen=True, order=True)
@@ -82,6 +83,7 @@ class Arrival:
     staleness: int  # versions made since its base version, when it arrived
     weight: float  # its staleness weight (0 unless folded)
     version: int  # folded: the version it goes into; otherwise the version current when it arrived
+    recent: tuple[Trip, ...] = ()  # folded: the last `keep_recent` folded trips, itself the newest
 
 
 @dataclass(frozen=True)
@@ -123,6 +125,7 @@ class ScheduleState:
     refills: int = 0  # refills drawn so far: each draws from its own seeded stream
     used: set[int] = field(default_factory=set)  # devices ever dispatched (kept when device_reuse is off)
     on_version: set[int] = field(default_factory=set)  # devices dispatched with the current version
+    recent: list[Trip] = field(default_factory=list)  # the last `keep_recent` folded trips, newest last
     folded: int = 0
     stale: int = 0
     failed: int = 0
@@ -134,7 +137,11 @@ class ScheduleState:
             "version": self.version,
             "now": self.now,
             "in_flight": [trip.to_list() for trip in self.in_flight],
-            "buffer": [[a.trip.to_list(), a.fate, a.staleness, a.weight, a.version] for a in self.buffer],
+            "buffer": [
+                [a.trip.to_list(), a.fate, a.staleness, a.weight, a.version, [t.to_list() for t in a.recent]]
+                for a in self.buffer
+            ],
+            "recent": [trip.to_list() for trip in self.recent],
             "free": self.free,
             "refills": self.refills,
             "used": sorted(self.used),
@@ -153,9 +160,17 @@ class ScheduleState:
             now=float(raw["now"]),
             in_flight=[Trip.from_list(item) for item in raw["in_flight"]],
             buffer=[
-                Arrival(Trip.from_list(trip), fate, int(staleness), float(weight), int(version))
-                for trip, fate, staleness, weight, version in raw["buffer"]
+                Arrival(
+                    Trip.from_list(trip),
+                    fate,
+                    int(staleness),
+                    float(weight),
+                    int(version),
+                    tuple(Trip.from_list(t) for t in recent),
+                )
+                for trip, fate, staleness, weight, version, recent in raw["buffer"]
             ],
+            recent=[Trip.from_list(trip) for trip in raw.get("recent", [])],
             free=int(raw["free"]),
             refills=int(raw["refills"]),
             used=set(raw["used"]),
@@ -233,7 +248,9 @@ def _arrive(state: ScheduleState, rules: Rules, trip: Trip, outcome: Outcome) ->
         state.stale += 1
         return Arrival(trip, "stale", staleness, 0.0, state.version)
     weight = staleness_weight(rules.staleness_weight, staleness, rules.staleness_exponent)
-    arrival = Arrival(trip, "folded", staleness, weight, state.version + 1)
+    if rules.keep_recent:
+        state.recent = [*state.recent, trip][-rules.keep_recent :]
+    arrival = Arrival(trip, "folded", staleness, weight, state.version + 1, tuple(state.recent))
     state.buffer.append(arrival)
     state.folded += 1
     return arrival
