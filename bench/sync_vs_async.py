@@ -44,7 +44,11 @@ def draw(path: Path, curves: dict[str, list[tuple[float, float]]], target: float
 
     figure = Figure(figsize=(8, 3.6), dpi=110, layout="constrained")
     ax = figure.subplots()
-    labels = {"fedavg": "sync FedAvg (a round waits for its slowest device)", "fedbuff": "FedBuff (buffer of 10)"}
+    labels = {
+        "fedavg": "sync FedAvg (a round waits for its slowest device)",
+        "fedbuff": "FedBuff (buffer of 10)",
+        "fedrevive": "FedRevive (FedBuff + distillation, 10 % held out)",
+    }
     for mode, points in curves.items():
         ax.plot([p[0] for p in points], [p[1] for p in points], marker="o", markersize=3, label=labels[mode])
     ax.axhline(target, color="0.6", linestyle=":", label=f"target: sync's final accuracy {target:.4f}")
@@ -61,6 +65,9 @@ def main() -> None:
     parser.add_argument("--config", default=str(REPO / "examples" / "digits_fedbuff.toml"))
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--procs", type=int, default=os.cpu_count() or 1)
+    parser.add_argument(
+        "--modes", nargs="+", default=["fedavg", "fedbuff"], help="fedavg first (its accuracy is the target)"
+    )
     parser.add_argument("--plot", type=Path, help="draw the first seed's accuracy against simulated time here (PNG)")
     args = parser.parse_args()
     import fedqueue
@@ -75,7 +82,7 @@ def main() -> None:
         with fedqueue.local_cluster(procs=args.procs, settings=settings) as cluster:
             for seed in args.seeds:
                 found: dict[str, dict[str, Any]] = {}
-                for mode in ("fedavg", "fedbuff"):
+                for mode in args.modes:
                     config = load_run_config(args.config, {"mode": mode, "seed": seed})
                     handle = fedqueue.submit(config, settings=cluster.settings)
                     status = wait_run(handle, cluster)
@@ -83,7 +90,7 @@ def main() -> None:
                         raise RuntimeError(f"{mode} seed {seed} ended {status['state']}: {status['error']}")
                     points = curve(handle)
                     found[mode] = {"status": status, "points": points, "end": points[-1][0]}
-                target = found["fedavg"]["status"]["final_accuracy"]
+                target = found[args.modes[0]]["status"]["final_accuracy"]
                 for mode, result in found.items():
                     status, points = result["status"], result["points"]
                     at = reached(points, target)
@@ -101,7 +108,7 @@ def main() -> None:
                     )
                 if args.plot is not None and seed == args.seeds[0]:
                     draw(args.plot, {mode: result["points"] for mode, result in found.items()}, target, seed)
-                sync_at, async_at = found["fedavg"]["at"], found["fedbuff"]["at"]
+                sync_at, async_at = found[args.modes[0]]["at"], found[args.modes[1]]["at"]
                 if sync_at is not None and async_at is not None:
                     gains.append(sync_at / async_at)
     shown = Path(args.config).resolve()

@@ -7,12 +7,14 @@ they are recent), and a seeded stream per update so every pass distils the same 
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Iterator, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 
+from fedqueue.errors import BlobIntegrityError
 from fedqueue.fl.config import RunConfig
 from fedqueue.fl.strategy.schedule import NewVersion, Trip
 
@@ -20,6 +22,8 @@ if TYPE_CHECKING:
     from torch import nn
 
     from fedqueue.fl.aggregate import WeightedDelta
+
+log = logging.getLogger(__name__)
 
 LocalOf = Callable[[Trip], Mapping[str, torch.Tensor]]
 VersionOf = Callable[[int], Mapping[str, torch.Tensor]]
@@ -52,10 +56,15 @@ class Reviver:
         model.load_state_dict(state)
         return model
 
-    def _teacher(self, trip: Trip, local_of: LocalOf) -> nn.Module:
+    def _teacher(self, trip: Trip, local_of: LocalOf) -> nn.Module | None:
+        """A teacher's model; None when its update went with a Redis that lost its data."""
         key = (trip.round_index, trip.device)
         if key not in self._modules:
-            self._modules[key] = self._module(local_of(trip))
+            try:
+                self._modules[key] = self._module(local_of(trip))
+            except BlobIntegrityError:
+                log.warning("teacher %d/%d lost with the broker: distilling without it", *key)
+                return None
         return self._modules[key]
 
     def deltas(self, event: NewVersion, version_of: VersionOf, local_of: LocalOf) -> Iterator[WeightedDelta]:
@@ -75,15 +84,17 @@ class Reviver:
             )
             kd_delta = None
             if beta > 0:
-                teachers = list(reversed(arrival.recent))  # newest first, this update's own model leading
+                recent = list(reversed(arrival.recent))  # newest first, this update's own model leading
+                found = [(trip, self._teacher(trip, local_of)) for trip in recent]
+                teachers = [(trip, model) for trip, model in found if model is not None]
                 student = self._module(current)
                 rng = np.random.default_rng([config.seed, 0xFD4E, trip.round_index, trip.device])
                 with torch.random.fork_rng(devices=[]):
                     torch.manual_seed(int(rng.integers(2**31)))
                     distil(
                         student,
-                        [self._teacher(teacher, local_of) for teacher in teachers],
-                        [self._proportions[teacher.device] for teacher in teachers],
+                        [model for _, model in teachers],
+                        [self._proportions[teacher.device] for teacher, _ in teachers],
                         self.kd_data,
                         rng,
                         iters=config.kd_iters,
@@ -99,6 +110,3 @@ class Reviver:
                     if value.is_floating_point()
                 }
             yield arrival.weight, mixed_delta(version_of(trip.base_version), local_of(trip), kd_delta, beta)
-
-    def stats(self) -> dict[str, Any]:
-        return {"teachers_loaded": len(self._modules)}
