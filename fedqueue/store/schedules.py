@@ -15,7 +15,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from fedqueue.store.repo import OUTCOME_COLUMNS, Store, _changed_one, retry_transient
-from fedqueue.store.schema import DeviceTaskRow, ModelVersionRow, RoundRow, ScheduleRow
+from fedqueue.store.schema import CheckpointRow, DeviceTaskRow, ModelVersionRow, RoundRow, RunRow, ScheduleRow
 
 # What a fold pass writes on an update's row once it is taken in simulated order.
 FATE_FIELDS = ("sim_dispatched", "sim_arrived", "fate", "staleness", "weight", "folded_into")
@@ -39,16 +39,19 @@ def get_schedule(store: Store, run_id: str) -> ScheduleRow | None:
 
 
 @retry_transient
-def claim_schedule(store: Store, run_id: str, owner: str, stale_before: float) -> bool:
-    """Hold the run's schedule for one fold pass; False while another live pass holds it."""
+def claim_schedule(store: Store, run_id: str, owner: str, stale_before: float) -> dict[str, Any] | None:
+    """Hold a running run's schedule for one fold pass and return its state; None while another live pass
+    holds it, or once the run has ended."""
     free = or_(ScheduleRow.claim_owner.is_(None), ScheduleRow.claimed_at < stale_before)
+    running = select(RunRow.id).where(RunRow.id == run_id, RunRow.state == "running").exists()
     with store.session() as session, session.begin():
-        result = session.execute(
+        found = session.execute(
             update(ScheduleRow)
-            .where(ScheduleRow.run_id == run_id, free)
+            .where(ScheduleRow.run_id == run_id, free, running)
             .values(claim_owner=owner, claimed_at=time.time())
-        )
-    return _changed_one(result)
+            .returning(ScheduleRow.state)
+        ).first()
+    return None if found is None else dict(found[0])
 
 
 def _held(run_id: str, owner: str) -> Any:
@@ -81,9 +84,11 @@ def save_pass(
     version: int,
     fates: Sequence[dict[str, Any]],
     selected: dict[int, list[int]],
+    needed_from: int = 0,
 ) -> bool:
-    """Write what a fold pass reached, in one transaction: the schedule, the fates of the updates it took
-    and the devices it sent off, by round. False when its claim was taken over (nothing is written)."""
+    """Write what a fold pass reached, in one transaction: the schedule, the fates of the updates it took,
+    the devices it sent off, by round, and which kept versions go (those before `needed_from`).
+    False when its claim was taken over (nothing is written)."""
     try:
         with store.session() as session, session.begin():
             result = session.execute(
@@ -98,6 +103,9 @@ def save_pass(
                 session.connection().execute(_FATE_UPDATE, [_fate_params(run_id, fate) for fate in fates])
             for round_index, devices in selected.items():
                 _extend(session, run_id, round_index, devices)
+            session.execute(
+                delete(ModelVersionRow).where(ModelVersionRow.run_id == run_id, ModelVersionRow.version < needed_from)
+            )
     except _ClaimTaken:
         return False
     return True
@@ -155,17 +163,6 @@ def extend_selected(store: Store, run_id: str, round_index: int, devices: Sequen
 
 
 @retry_transient
-def close_version(store: Store, run_id: str, round_index: int, **metrics: Any) -> None:
-    """Mark a round done: its version was made (idempotent: a replayed pass writes the same values)."""
-    with store.session() as session, session.begin():
-        session.execute(
-            update(RoundRow)
-            .where(RoundRow.run_id == run_id, RoundRow.round_index == round_index)
-            .values(state="done", aggregated_at=time.time(), **metrics)
-        )
-
-
-@retry_transient
 def keep_version(store: Store, run_id: str, version: int, sha256: str, data: bytes) -> None:
     """Keep a version while it is needed (idempotent: a replayed pass writes the same bytes)."""
     with store.session() as session, session.begin():
@@ -185,3 +182,37 @@ def forget_versions_before(store: Store, run_id: str, version: int) -> None:
         session.execute(
             delete(ModelVersionRow).where(ModelVersionRow.run_id == run_id, ModelVersionRow.version < version)
         )
+
+
+@retry_transient
+def record_version(
+    store: Store,
+    run_id: str,
+    version: int,
+    sha256: str,
+    data: bytes,
+    metrics: dict[str, Any],
+    next_round: RoundRow | None,
+) -> None:
+    """A fold pass made `version`, in one transaction: its round closed with its metrics, the run's
+    checkpoint, and (unless it is the last) the version kept while needed and the round that trains on it.
+    Idempotent: a replayed pass writes the same rows."""
+    with store.session() as session, session.begin():
+        session.execute(
+            update(RoundRow)
+            .where(RoundRow.run_id == run_id, RoundRow.round_index == version)
+            .values(state="done", aggregated_at=time.time(), **metrics)
+        )
+        session.execute(delete(CheckpointRow).where(CheckpointRow.run_id == run_id))
+        session.add(CheckpointRow(run_id=run_id, version=version, sha256=sha256, data=data))
+        if next_round is None:
+            return
+        session.execute(
+            delete(ModelVersionRow).where(ModelVersionRow.run_id == run_id, ModelVersionRow.version == version)
+        )
+        session.add(ModelVersionRow(run_id=run_id, version=version, sha256=sha256, data=data))
+        there = session.scalar(
+            select(RoundRow.id).where(RoundRow.run_id == run_id, RoundRow.round_index == next_round.round_index)
+        )
+        if there is None:
+            session.add(next_round)

@@ -28,7 +28,7 @@ from fedqueue.core.codec import BlobRef
 from fedqueue.core.services import Services
 from fedqueue.fl.config import RunConfig
 from fedqueue.fl.messages import AggregateTask, DeviceTask, FoldTask, fold_key
-from fedqueue.fl.rounds import ClaimLost, checkpoint_version, evaluate_version, global_key, renewing, tasks_of_packs
+from fedqueue.fl.rounds import ClaimLost, evaluate_version, global_key, renewing, tasks_of_packs
 from fedqueue.fl.strategy import schedule
 from fedqueue.fl.strategy.schedule import Arrival, Dispatch, NewVersion, Outcome, Rules, ScheduleState, Trip
 from fedqueue.fl.weights import decode_state, encode_state
@@ -77,26 +77,35 @@ def start_buffered(services: Services, run_id: str, config: RunConfig, model: by
     # Written after the tasks are sent: a start that dies between is started again, and a task sent twice is stored once.
     schedules.create_schedule(services.store, run_id, state.to_dict(), state.version)
     publish_head(services, run_id, _head_of(state))
+    head = _head_of(state)
+    if head is not None and schedules.stored_results(services.store, run_id, [head.round_index], [head.device]):
+        # Its result came before the schedule it folds into: the pass it asked for found none, and its
+        # request may still be marked. Ask again.
+        services.forget_request(fold_key(run_id))
+        request_fold(services, run_id)
 
 
 def _open_version(services: Services, run_id: str, version: int, model: bytes) -> BlobRef:
-    """Publish a version (kept in the store too, while it is needed) and record the round whose devices train on it."""
+    """Publish the first version (kept in the store too, while it is needed) and record the round that trains on it."""
     ref = services.blobs.put(global_key(run_id, version), model)
     schedules.keep_version(services.store, run_id, version, ref.sha256, model)
-    services.store.add_round(
-        RoundRow(
-            run_id=run_id,
-            round_index=version + 1,
-            version=version,
-            state="training",
-            selected=[],
-            model_key=ref.key,
-            model_sha256=ref.sha256,
-            model_nbytes=ref.nbytes,
-            enqueued_at=time.time(),
-        )
-    )
+    services.store.add_round(_round_on(run_id, version, ref))
     return ref
+
+
+def _round_on(run_id: str, version: int, ref: BlobRef) -> RoundRow:
+    """The round whose devices train on `version` (published as `ref`)."""
+    return RoundRow(
+        run_id=run_id,
+        round_index=version + 1,
+        version=version,
+        state="training",
+        selected=[],
+        model_key=ref.key,
+        model_sha256=ref.sha256,
+        model_nbytes=ref.nbytes,
+        enqueued_at=time.time(),
+    )
 
 
 def _send(services: Services, run_id: str, config: RunConfig, dispatch: Dispatch, model: BlobRef) -> None:
@@ -164,13 +173,17 @@ def fold_updates(services: Services, cache: WorkerCache, run_id: str, worker: st
     while True:
         owner = f"{worker}#{uuid.uuid4().hex[:8]}"
         stale_before = time.time() - services.settings.heartbeat_ttl_s
-        if not schedules.claim_schedule(services.store, run_id, owner, stale_before):
+        held = schedules.claim_schedule(services.store, run_id, owner, stale_before)
+        if held is None:
+            if services.store.get_run(run_id).state != "running":
+                retire(services, cache.run_config(services, run_id), run_id)  # a result stored after the end
             return made
         services.forget_request(key)  # results stored from here on ask again
         try:
             renew = functools.partial(schedules.renew_schedule, services.store, run_id, owner)
             with renewing(services, renew, f"run {run_id} fold") as lost:
-                made += _FoldPass(services, cache, run_id, owner, worker, attempt, lost.is_set).run()
+                pass_ = _FoldPass(services, cache, run_id, owner, worker, attempt, lost.is_set)
+                made += pass_.run(ScheduleState.from_dict(held))
         except ClaimLost:
             log.warning("run %s: fold pass taken over by another worker; stopped", run_id)
             return made
@@ -202,15 +215,8 @@ class _FoldPass:
         self._revive: Reviver | None = None
         self._locals: dict[tuple[int, int], Mapping[str, torch.Tensor]] = {}
 
-    def run(self) -> int:
+    def run(self, state: ScheduleState) -> int:
         store = self.services.store
-        if store.get_run(self.run_id).state != "running":
-            self._retire()  # a result stored after the end: its update is never folded
-            return 0
-        row = schedules.get_schedule(store, self.run_id)
-        if row is None:
-            return 0
-        state = ScheduleState.from_dict(row.state)
         made = 0
         while not state.done and state.stuck is None:
             results = self._results(state)
@@ -239,19 +245,12 @@ class _FoldPass:
         if state.stuck is not None and store.finish_run(self.run_id, "failed", state.stuck):
             log.warning("run %s: %s", self.run_id, state.stuck)
         if state.done or state.stuck is not None:
-            self._retire()
+            retire(self.services, self.config, self.run_id)
         return made
 
-    def _retire(self) -> None:
-        """The run has ended: unpublish its versions, so devices still queued skip their training, and drop
-        the updates no pass will take."""
-        self._forget_versions(0, self.config.last_version)
-        self.services.blobs.delete(schedules.untaken_update_keys(self.services.store, self.run_id))
-
     def _forget_versions(self, first: int, end: int) -> None:
-        """Versions first..end-1 are never read again: unpublished, and no longer kept in the store."""
+        """Versions first..end-1 are never read again: unpublished (the pass's save dropped their kept copies)."""
         self.services.blobs.delete([global_key(self.run_id, version) for version in range(first, end)])
-        schedules.forget_versions_before(self.services.store, self.run_id, end)
 
     def _head_stored(self, state: ScheduleState) -> bool:
         if not state.in_flight:
@@ -318,7 +317,10 @@ class _FoldPass:
         selected: dict[int, list[int]] = {}
         for dispatch in sends:
             selected.setdefault(dispatch.round_index, []).extend(trip.device for trip in dispatch.trips)
-        if not schedules.save_pass(store, self.run_id, self.owner, state.to_dict(), state.version, fates, selected):
+        saved = schedules.save_pass(
+            store, self.run_id, self.owner, state.to_dict(), state.version, fates, selected, oldest_needed(state)
+        )
+        if not saved:
             raise ClaimLost()
         if self.rules.keep_recent:  # a FedRevive teacher's model is kept while a version may still distil from it
             still = {(t.round_index, t.device) for t in teachers_needed(state)}
@@ -394,14 +396,16 @@ class _FoldPass:
         if losses:
             metrics["train_loss"] = float(np.mean(losses))
         metrics.update(evaluate_version(self.config, event.version, new_state))
-        checkpoint_version(self.services, self.run_id, event.version, encoded)
-        if event.version < self.config.last_version:
-            ref = _open_version(self.services, self.run_id, event.version, encoded)
+        # Published first, recorded after: a pass that dies in between publishes the same bytes again.
+        ref = self.services.blobs.put(global_key(self.run_id, event.version), encoded)
+        last = event.version >= self.config.last_version
+        next_round = None if last else _round_on(self.run_id, event.version, ref)
+        schedules.record_version(
+            self.services.store, self.run_id, event.version, ref.sha256, encoded, metrics, next_round
+        )
+        if not last:
             self._refs[event.version] = ref
             self.cache.keep_global_state(ref, new_state)  # this process serves it from memory, never reads it back
-        else:
-            self.services.blobs.put(global_key(self.run_id, event.version), encoded)
-        schedules.close_version(self.services.store, self.run_id, event.version, **metrics)
         marker = AggregateTask(run_id=self.run_id, round_index=event.version, enqueued_at=started_at)
         timing = task_timing(
             marker,
@@ -416,6 +420,14 @@ class _FoldPass:
         self.services.store.record_timing(timing)
         log.info("run %s: version %d made from %d updates", self.run_id, event.version, len(stored))
         return [row.update_key for row in stored if row.update_key]
+
+
+def retire(services: Services, config: RunConfig, run_id: str) -> None:
+    """The run has ended: unpublish its versions, so devices still queued skip their training, and drop
+    the updates no pass will take."""
+    services.blobs.delete([global_key(run_id, version) for version in range(config.last_version)])
+    schedules.forget_versions_before(services.store, run_id, config.last_version + 1)
+    services.blobs.delete(schedules.untaken_update_keys(services.store, run_id))
 
 
 def teachers_needed(state: ScheduleState) -> frozenset[Trip]:
