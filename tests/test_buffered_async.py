@@ -10,10 +10,6 @@ from __future__ import annotations
 
 import functools
 import json
-import signal
-import subprocess
-import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -237,8 +233,7 @@ def test_sigkilled_workers_lose_nothing(settings: Settings, tmp_path: Path) -> N
 def test_killed_scheduler_is_resumed_to_the_same_versions(tmp_path: Path) -> None:
     """SIGKILL `fedqueue run` mid-run (its embedded Redis and workers go down with it); `fedqueue resume`
     republishes what Redis lost, sends the lost devices again and makes the same versions."""
-    from tests.test_cli import our_processes
-    from tests.test_scheduler_recovery import embedded_env, submitted_store
+    from tests.test_scheduler_recovery import embedded_env, killed_then_resumed
 
     config = slow_config(0.05, **BUFFERED)
     speed = BUFFERED["device_speed"]
@@ -254,35 +249,10 @@ def test_killed_scheduler_is_resumed_to_the_same_versions(tmp_path: Path) -> Non
         f"step_sleep = {config.plugin['step_sleep']}",
     ]
     (tmp_path / "run.toml").write_text("\n".join(lines).replace("'", '"') + "\n")
-    env = embedded_env(tmp_path)
-    before = our_processes()
-    scheduler = subprocess.Popen(
-        [sys.executable, "-m", "fedqueue.cli", "run", "run.toml", "--procs", "2"],
-        cwd=tmp_path,
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
+    store, run_id, resumed = killed_then_resumed(
+        tmp_path, lambda store, run_id: any(row.state == "done" for row in store.list_rounds(run_id))
     )
-    database = env["FEDQUEUE_DATABASE_URL"]
-    wait_until(lambda: submitted_store(database) is not None, 60)
-    store = submitted_store(database)
-    assert store is not None
-    run_id = store.list_runs()[0].id
-    wait_until(lambda: any(row.state == "done" for row in store.list_rounds(run_id)), 90)
-    scheduler.send_signal(signal.SIGKILL)
-    scheduler.wait()
-    wait_until(lambda: our_processes() - before == set(), 60)
-    assert store.get_run(run_id).state == "running"
-    lease_expires_at = store.get_run(run_id).lease_expires_at or 0.0
-    wait_until(lambda: time.time() > lease_expires_at, 30)
-    resumed = subprocess.run(
-        [sys.executable, "-m", "fedqueue.cli", "resume", run_id, "--procs", "2"],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=240,
-    )
+    database = embedded_env(tmp_path)["FEDQUEUE_DATABASE_URL"]
     assert resumed.returncode == 0, resumed.stdout[-2000:] + resumed.stderr[-2000:]
     assert "repair:" in resumed.stdout
     assert_like_reference(api.RunHandle(run_id, Settings(database_url=database)), config)

@@ -7,6 +7,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
@@ -62,11 +63,11 @@ def submitted_store(database: str) -> Store | None:
     return None
 
 
-@pytest.mark.parametrize("moment", ["between_rounds", "during_round"])
-def test_killed_scheduler_is_resumed_to_the_same_weights(tmp_path: Path, moment: str) -> None:
-    """SIGKILL `fedqueue run` (embedded Redis and workers go down with it); `fedqueue resume` finishes."""
-    config = slow_config(0.15, rounds=3, devices_per_round=4, local_iters=4)
-    (tmp_path / "run.toml").write_text(toml_of(config))
+def killed_then_resumed(
+    tmp_path: Path, kill_when: Callable[[Store, str], bool], wait_s: float = 90
+) -> tuple[Store, str, subprocess.CompletedProcess[str]]:
+    """`fedqueue run run.toml` in tmp_path, SIGKILLed once `kill_when(store, run_id)` holds (its embedded
+    Redis and workers go down with it), then `fedqueue resume` once its lease has run out."""
     env = embedded_env(tmp_path)
     before = our_processes()
     scheduler = subprocess.Popen(
@@ -81,10 +82,7 @@ def test_killed_scheduler_is_resumed_to_the_same_weights(tmp_path: Path, moment:
     store = submitted_store(database)
     assert store is not None
     run_id = store.list_runs()[0].id
-    if moment == "between_rounds":
-        wait_until(lambda: any(r.state == "done" for r in store.list_rounds(run_id)), 60)
-    else:
-        wait_until(lambda: store.count_done(run_id, 2) >= 1, 60)
+    wait_until(lambda: kill_when(store, run_id), wait_s)
     scheduler.send_signal(signal.SIGKILL)
     scheduler.wait()
     # Its embedded Redis and workers stop with it: nothing is left running.
@@ -101,6 +99,23 @@ def test_killed_scheduler_is_resumed_to_the_same_weights(tmp_path: Path, moment:
         text=True,
         timeout=240,
     )
+    return store, run_id, resumed
+
+
+@pytest.mark.parametrize("moment", ["between_rounds", "during_round"])
+def test_killed_scheduler_is_resumed_to_the_same_weights(tmp_path: Path, moment: str) -> None:
+    """SIGKILL `fedqueue run` (embedded Redis and workers go down with it); `fedqueue resume` finishes."""
+    config = slow_config(0.15, rounds=3, devices_per_round=4, local_iters=4)
+    (tmp_path / "run.toml").write_text(toml_of(config))
+    if moment == "between_rounds":
+        store, run_id, resumed = killed_then_resumed(
+            tmp_path, lambda store, run_id: any(r.state == "done" for r in store.list_rounds(run_id)), 60
+        )
+    else:
+        store, run_id, resumed = killed_then_resumed(
+            tmp_path, lambda store, run_id: store.count_done(run_id, 2) >= 1, 60
+        )
+    database = embedded_env(tmp_path)["FEDQUEUE_DATABASE_URL"]
     assert resumed.returncode == 0, resumed.stdout[-2000:] + resumed.stderr[-2000:]
     assert "repair:" in resumed.stdout  # it found the lost queue and put the work back
     handle = api.RunHandle(run_id, Settings(database_url=database))
