@@ -44,6 +44,7 @@ class WorkerCache:
         self._models: OrderedDict[str, dict[str, torch.Tensor]] = OrderedDict()
         self._max_models = max_models
         self._idle_modules: OrderedDict[str, list[nn.Module]] = OrderedDict()  # by run, most recent last
+        self._version_refs: OrderedDict[str, dict[int, BlobRef]] = OrderedDict()  # by run, most recent last
 
     def run_config(self, services: Services, run_id: str) -> RunConfig:
         with self._lock:
@@ -72,6 +73,16 @@ class WorkerCache:
             self._models[f"{ref.key}@{ref.sha256}"] = state
             while len(self._models) > self._max_models:
                 self._models.popitem(last=False)
+
+    def version_refs(self, run_id: str) -> dict[int, BlobRef]:
+        """Where a buffered run's published versions are, by number: a version's bytes never change,
+        so fold passes on this process look each one up once."""
+        with self._lock:
+            refs = self._version_refs.setdefault(run_id, {})
+            self._version_refs.move_to_end(run_id)
+            while len(self._version_refs) > self._max_models:
+                self._version_refs.popitem(last=False)
+            return refs
 
     @contextlib.contextmanager
     def module(self, run_id: str, build: Callable[[], nn.Module]) -> Iterator[nn.Module]:

@@ -8,13 +8,14 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterable, Sequence
+from dataclasses import asdict
 from typing import Any
 
 from sqlalchemy import Row, and_, bindparam, delete, or_, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from fedqueue.store.repo import OUTCOME_COLUMNS, Store, _changed_one, retry_transient
+from fedqueue.store.repo import OUTCOME_COLUMNS, Store, TaskTiming, _changed_one, retry_transient
 from fedqueue.store.schema import CheckpointRow, DeviceTaskRow, ModelVersionRow, RoundRow, RunRow, ScheduleRow
 
 # What a fold pass writes on an update's row once it is taken in simulated order.
@@ -193,11 +194,14 @@ def record_version(
     data: bytes,
     metrics: dict[str, Any],
     next_round: RoundRow | None,
+    timing: TaskTiming | None = None,
 ) -> None:
     """A fold pass made `version`, in one transaction: its round closed with its metrics, the run's
-    checkpoint, and (unless it is the last) the version kept while needed and the round that trains on it.
-    Idempotent: a replayed pass writes the same rows."""
+    checkpoint, the pass's timing, and (unless it is the last) the version kept while needed and the
+    round that trains on it. Idempotent: a replayed pass writes the same rows."""
     with store.session() as session, session.begin():
+        if timing is not None:
+            session.connection().execute(store.timing_upsert, asdict(timing))
         session.execute(
             update(RoundRow)
             .where(RoundRow.run_id == run_id, RoundRow.round_index == version)

@@ -211,7 +211,7 @@ class _FoldPass:
         self.config = cache.run_config(services, run_id)
         self.rules = rules_of(self.config)
         self.trip_seconds = _trip_seconds(self.config)
-        self._refs: dict[int, BlobRef] = {}  # published versions, by number, as this pass has read or made them
+        self._refs = cache.version_refs(run_id)  # published versions, by number, as this process has read or made them
         self._revive: Reviver | None = None
         self._locals: dict[tuple[int, int], Mapping[str, torch.Tensor]] = {}
 
@@ -251,6 +251,8 @@ class _FoldPass:
     def _forget_versions(self, first: int, end: int) -> None:
         """Versions first..end-1 are never read again: unpublished (the pass's save dropped their kept copies)."""
         self.services.blobs.delete([global_key(self.run_id, version) for version in range(first, end)])
+        for version in range(first, end):
+            self._refs.pop(version, None)
 
     def _head_stored(self, state: ScheduleState) -> bool:
         if not state.in_flight:
@@ -396,16 +398,6 @@ class _FoldPass:
         if losses:
             metrics["train_loss"] = float(np.mean(losses))
         metrics.update(evaluate_version(self.config, event.version, new_state))
-        # Published first, recorded after: a pass that dies in between publishes the same bytes again.
-        ref = self.services.blobs.put(global_key(self.run_id, event.version), encoded)
-        last = event.version >= self.config.last_version
-        next_round = None if last else _round_on(self.run_id, event.version, ref)
-        schedules.record_version(
-            self.services.store, self.run_id, event.version, ref.sha256, encoded, metrics, next_round
-        )
-        if not last:
-            self._refs[event.version] = ref
-            self.cache.keep_global_state(ref, new_state)  # this process serves it from memory, never reads it back
         marker = AggregateTask(run_id=self.run_id, round_index=event.version, enqueued_at=started_at)
         timing = task_timing(
             marker,
@@ -417,7 +409,16 @@ class _FoldPass:
             started_at,
             compute_ms=(time.perf_counter() - clock) * 1000,
         )
-        self.services.store.record_timing(timing)
+        # Published first, recorded after: a pass that dies in between publishes the same bytes again.
+        ref = self.services.blobs.put(global_key(self.run_id, event.version), encoded)
+        last = event.version >= self.config.last_version
+        next_round = None if last else _round_on(self.run_id, event.version, ref)
+        schedules.record_version(
+            self.services.store, self.run_id, event.version, ref.sha256, encoded, metrics, next_round, timing
+        )
+        if not last:
+            self._refs[event.version] = ref
+            self.cache.keep_global_state(ref, new_state)  # this process serves it from memory, never reads it back
         log.info("run %s: version %d made from %d updates", self.run_id, event.version, len(stored))
         return [row.update_key for row in stored if row.update_key]
 
