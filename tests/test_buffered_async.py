@@ -95,12 +95,17 @@ def _reference(config_json: str) -> tuple[Made, dict[str, torch.Tensor]]:
             trained[trip] = outcome.state
         return trained[trip]
 
+    reviver = Reviver(config) if config.mode == "fedrevive" else None
+    server_states: dict[int, bytes | None] = {}
     for event in events:
         if isinstance(event, schedule.NewVersion):
             current = versions[event.version - 1]
-            if config.mode == "fedrevive":
-                deltas = Reviver(config).deltas(event, versions.__getitem__, local)
+            if reviver is not None:
+                if config.data_free:  # each version from the state the last one kept, never from memory
+                    reviver = Reviver(config)
+                deltas = reviver.deltas(event, versions.__getitem__, local, server_states.__getitem__)
                 versions[event.version] = fold_deltas(current, deltas, config.global_lr)
+                server_states[event.version] = reviver.server_state(event.version)
             else:
                 buffer = [(a.weight, versions[a.trip.base_version], local(a.trip)) for a in event.folded]
                 versions[event.version] = fold_buffer(current, buffer, config.global_lr)
@@ -183,6 +188,27 @@ def test_fedrevive_distils_stale_updates_the_same_way_on_two_workers(settings: S
     assert_like_reference(handle, config)
     # The distillation changed the outcome: with beta = 0 (plain FedBuff on the same devices) it ends elsewhere.
     plain = reference(buffered_config(mode="fedrevive", kd_beta=0.0, kd_buffer_size=3))[1]
+    assert any(not torch.equal(plain[name], value) for name, value in handle.final_weights().items())
+
+
+def test_data_free_fedrevive_continues_its_synthesizer_across_workers(settings: Settings) -> None:
+    """kd_augmentation = "dfkd": the generator learns across versions, and the pass making a version
+    continues from the state the last one kept, on whichever worker; the weights equal the reference."""
+    config = buffered_config(
+        mode="fedrevive",
+        kd_augmentation="dfkd",
+        kd_beta="cosine",
+        kd_beta_factor=2.0,
+        kd_buffer_size=3,
+        kd_iters=2,
+        kd_batch_size=8,
+        dfkd={"freeze_rounds": 1, "warmup_rounds": 2, "nz": 8, "ngf": 4, "synth_batch_size": 8, "g_steps": 2},
+    )
+    with running_workers(settings, procs=2):
+        handle = api.submit(config, settings=settings)
+        handle.wait(180)
+    assert_like_reference(handle, config)
+    plain = reference(buffered_config(mode="fedrevive", kd_augmentation="dfkd", kd_beta=0.0, kd_buffer_size=3))[1]
     assert any(not torch.equal(plain[name], value) for name, value in handle.final_weights().items())
 
 

@@ -230,7 +230,7 @@ def fold_deltas(current: Mapping[str, Tensor], buffer: Iterable[WeightedDelta], 
         for name in base:
             total[name].add_(delta[name].to(torch.float64), alpha=weight)
     if count == 0:
-        raise ValueError("fold_buffer needs at least one update")
+        raise ValueError("fold_deltas needs at least one update")
     return {
         name: value.clone()
         if name not in base

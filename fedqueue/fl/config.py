@@ -87,6 +87,11 @@ class RunConfig:
     kd_version: str = "distribution_match_batch"
     kd_beta: float | str = 0.5
     kd_beta_factor: float = 75.0
+    # Where the distillation's inputs come from: "simple_kd" (the held-out kd_split) or "dfkd"
+    # (images a generator learns from the teachers, fl/synthesis.py), with the generator's knobs
+    # and freeze_rounds in the `dfkd` table, named as in FedRevive's dfkd_settings.
+    kd_augmentation: str = "simple_kd"
+    dfkd: dict[str, Any] = field(default_factory=dict)
     # Simulated time (both modes): speed classes in seconds per training sample, and the
     # one-way communication delay, e.g. {mean = [0.01, 0.04], std = [0.001, 0.004], share = [0.7, 0.3]}.
     device_speed: dict[str, Any] = field(default_factory=dict)
@@ -243,13 +248,22 @@ class RunConfig:
     @property
     def held_out(self) -> float:
         """The share of the training set no device gets (FedRevive's kd_split), else 0."""
-        return self.kd_split if self.mode == "fedrevive" else 0.0
+        return self.kd_split if self.mode == "fedrevive" and self.kd_augmentation == "simple_kd" else 0.0
+
+    @property
+    def data_free(self) -> bool:
+        """FedRevive distilling on synthesised images (kd_augmentation = "dfkd")."""
+        return self.mode == "fedrevive" and self.kd_augmentation == "dfkd"
 
     def _check_revive_rules(self) -> None:
-        from fedqueue.fl.revive import BETA_SCHEDULES, KD_VERSIONS
+        from fedqueue.fl.revive import BETA_SCHEDULES, KD_AUGMENTATIONS, KD_VERSIONS
 
-        if not 0 < self.kd_split < 1:
+        _choice("kd_augmentation", self.kd_augmentation, KD_AUGMENTATIONS)
+        if not self.data_free and not 0 < self.kd_split < 1:
             raise ConfigError(f"kd_split: a share of the training set in (0, 1), got {self.kd_split}")
+        if self.dfkd and not self.data_free:
+            raise ConfigError('dfkd: these settings apply to kd_augmentation = "dfkd"')
+        _check_dfkd(self.dfkd)
         for key in ("kd_buffer_size", "kd_iters", "kd_batch_size"):
             _positive(key, getattr(self, key))
         for key in ("kd_lr", "kd_temperature", "kd_beta_factor"):
@@ -269,6 +283,23 @@ def _numbers(key: str, value: Any, minimum: float = 0.0) -> list[float]:
     if any(not math.isfinite(v) or v < minimum for v in values):
         raise ConfigError(f"{key}: every value must be a finite number of at least {minimum}, got {value!r}")
     return [float(v) for v in values]
+
+
+def _check_dfkd(table: dict[str, Any]) -> None:
+    """dfkd = {...}: each key a knob of the synthesizer (or freeze_rounds), each value of its default's type."""
+    from fedqueue.fl.revive import dfkd_defaults
+
+    if not table:
+        return
+    defaults = dfkd_defaults()
+    _check_table("dfkd", table, tuple(defaults))
+    for name, value in table.items():
+        default = defaults[name]
+        if isinstance(default, int):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ConfigError(f"dfkd.{name}: a whole number of at least 0, got {value!r}")
+        elif isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) or value < 0:
+            raise ConfigError(f"dfkd.{name}: a number of at least 0, got {value!r}")
 
 
 def _check_table(key: str, table: dict[str, Any], allowed: tuple[str, ...]) -> None:
@@ -322,6 +353,8 @@ _FIELD_TYPES: dict[str, tuple[tuple[type, ...], str, bool]] = {
     "kd_beta_factor": ((float, int), "a number", False),
     "kd_beta": ((float, int, str), "a number or a schedule name", False),
     "kd_version": ((str,), "a string", False),
+    "kd_augmentation": ((str,), "a string", False),
+    "dfkd": ((dict,), "a table", False),
     "kd_buffer_size": ((int,), "an integer", False),
     "kd_iters": ((int,), "an integer", False),
     "kd_batch_size": ((int,), "an integer", False),

@@ -9,7 +9,7 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 from fedqueue.core.codec import BlobRef
 from fedqueue.core.services import Services
@@ -31,6 +31,7 @@ if TYPE_CHECKING:
     from fedqueue.fl.pack_train import StackedPack
     from fedqueue.fl.train import LocalTrainConfig, TrainOutcome
 
+T = TypeVar("T")
 log = logging.getLogger(__name__)
 
 
@@ -45,6 +46,7 @@ class WorkerCache:
         self._max_models = max_models
         self._idle_modules: OrderedDict[str, list[nn.Module]] = OrderedDict()  # by run, most recent last
         self._version_refs: OrderedDict[str, dict[int, BlobRef]] = OrderedDict()  # by run, most recent last
+        self._run_objects: OrderedDict[tuple[str, str], Any] = OrderedDict()  # by (run, name), most recent last
 
     def run_config(self, services: Services, run_id: str) -> RunConfig:
         with self._lock:
@@ -83,6 +85,21 @@ class WorkerCache:
             while len(self._version_refs) > self._max_models:
                 self._version_refs.popitem(last=False)
             return refs
+
+    def run_object(self, run_id: str, name: str, build: Callable[[], T]) -> T:
+        """A run's object that is costly to build (a fold pass's helpers): built once per process."""
+        key = (run_id, name)
+        with self._lock:
+            found = self._run_objects.get(key)
+            if found is not None:
+                self._run_objects.move_to_end(key)
+                return cast(T, found)
+        built = build()
+        with self._lock:
+            self._run_objects[key] = built
+            while len(self._run_objects) > self._max_models:
+                self._run_objects.popitem(last=False)
+        return built
 
     @contextlib.contextmanager
     def module(self, run_id: str, build: Callable[[], nn.Module]) -> Iterator[nn.Module]:

@@ -17,16 +17,27 @@ data-dependent variant of the FedRevive code (`kd_augmentation = "simple_kd"`, d
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+KD_AUGMENTATIONS = ("simple_kd", "dfkd")  # distil on held-out samples, or on synthesised ones
 KD_VERSIONS = ("distribution_match_batch", "avg_logits", "avg_loss")
 BETA_SCHEDULES = ("cosine", "exponential", "linear", "stepwise")
 KD_STREAM = 0xFD4E  # keeps the distillation batches apart from every other use of the run's seed
+
+
+def dfkd_defaults() -> dict[str, int | float]:
+    """The knobs of the `dfkd` table and their defaults: the synthesizer's, and freeze_rounds (versions
+    made before any update is revived: until then updates go in as they came)."""
+    from dataclasses import asdict
+
+    from fedqueue.fl.synthesis import SynthesisSettings
+
+    return {"freeze_rounds": 50, **asdict(SynthesisSettings())}
 
 
 def kd_beta(rule: float | str, factor: float, staleness: int, concurrency: int, buffer_size: int) -> float:
@@ -93,8 +104,18 @@ def distil(
     batch_size: int,
     temperature: float,
     version: str,
+    augment: Callable[[Tensor], Tensor] | None = None,
 ) -> None:
-    """Train `student` in place to match the teachers' softened outputs on the server's data."""
+    """Train `student` in place to match the teachers' softened outputs on the server's data
+    (each batch passed through `augment` first, as the data-free variant does with its images)."""
+
+    def draw(index: Tensor) -> Tensor:
+        inputs = data.x.index_select(0, index)
+        if augment is not None:
+            with torch.no_grad():
+                inputs = augment(inputs)
+        return inputs
+
     for teacher in teachers:
         teacher.eval()
     student.train()
@@ -105,13 +126,13 @@ def distil(
             # Each teacher is asked on a batch drawn like its own device's labels.
             losses = []
             for teacher, proportions in zip(teachers, teacher_proportions, strict=True):
-                inputs = data.x.index_select(0, data.matching(rng, batch_size, proportions))
+                inputs = draw(data.matching(rng, batch_size, proportions))
                 with torch.no_grad():
                     target = teacher(inputs)
                 losses.append(_kl(student(inputs), target, temperature))
             loss = torch.stack(losses).mean()
         else:
-            inputs = data.x.index_select(0, data.uniform(rng, batch_size))
+            inputs = draw(data.uniform(rng, batch_size))
             with torch.no_grad():
                 targets = [teacher(inputs) for teacher in teachers]
             logits = student(inputs)

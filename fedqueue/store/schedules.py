@@ -195,10 +195,11 @@ def record_version(
     metrics: dict[str, Any],
     next_round: RoundRow | None,
     timing: TaskTiming | None = None,
+    server_state: bytes | None = None,
 ) -> None:
     """A fold pass made `version`, in one transaction: its round closed with its metrics, the run's
-    checkpoint, the pass's timing, and (unless it is the last) the version kept while needed and the
-    round that trains on it. Idempotent: a replayed pass writes the same rows."""
+    checkpoint, the pass's timing, and (unless it is the last) the version kept while needed, with the
+    server's state after it, and the round that trains on it. Idempotent: a replayed pass writes the same rows."""
     with store.session() as session, session.begin():
         if timing is not None:
             session.connection().execute(store.timing_upsert, asdict(timing))
@@ -214,7 +215,9 @@ def record_version(
         session.execute(
             delete(ModelVersionRow).where(ModelVersionRow.run_id == run_id, ModelVersionRow.version == version)
         )
-        session.add(ModelVersionRow(run_id=run_id, version=version, sha256=sha256, data=data))
+        session.add(
+            ModelVersionRow(run_id=run_id, version=version, sha256=sha256, data=data, server_state=server_state)
+        )
         there = session.scalar(
             select(RoundRow.id).where(RoundRow.run_id == run_id, RoundRow.round_index == next_round.round_index)
         )

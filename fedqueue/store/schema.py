@@ -148,7 +148,9 @@ class ScheduleRow(Base):
 class ModelVersionRow(Base):
     """A buffered-async run's versions that devices still train on or buffered updates came from.
 
-    Kept in the store beside the published blobs, so a Redis that lost them has them put back."""
+    Kept in the store beside the published blobs, so a Redis that lost them has them put back.
+    `server_state` is what the server itself carries from this version to the next (FedRevive's
+    data-free synthesizer), when the strategy has any."""
 
     __tablename__ = "model_versions"
 
@@ -156,6 +158,7 @@ class ModelVersionRow(Base):
     version: Mapped[int] = mapped_column(Integer, primary_key=True)
     sha256: Mapped[str] = mapped_column(String(64))
     data: Mapped[bytes] = mapped_column(LargeBinary)
+    server_state: Mapped[bytes | None] = mapped_column(LargeBinary, nullable=True)
 
 
 class LlmPromptRow(Base):

@@ -79,7 +79,12 @@ def test_the_examples_load(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> N
     examples = Path(__file__).resolve().parents[2] / "examples"
     write_cifar_batches(tmp_path / "data" / "cifar10", train_samples=20000, test_samples=100)
     monkeypatch.chdir(tmp_path)
-    for name in ("digits_fedbuff.toml", "cifar10_fedbuff.toml", "cifar10_fedrevive.toml"):
+    for name in (
+        "digits_fedbuff.toml",
+        "cifar10_fedbuff.toml",
+        "cifar10_fedrevive.toml",
+        "cifar10_fedrevive_dfkd.toml",
+    ):
         config = load_run_config(examples / name)
         assert config.is_buffered
         clock = device_clock(config, load_federated(data_spec(config)))
@@ -98,6 +103,12 @@ def test_the_examples_load(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> N
         ({"kd_iters": 0}, "kd_iters"),
         ({"kd_temperature": 0}, "kd_temperature"),
         ({"kd_buffer_size": -1}, "kd_buffer_size"),
+        ({"kd_augmentation": "gan"}, "kd_augmentation"),
+        ({"dfkd": {"nz": 8}}, "dfkd"),  # the table belongs to kd_augmentation = "dfkd"
+        ({"kd_augmentation": "dfkd", "dfkd": {"nzz": 8}}, "dfkd"),
+        ({"kd_augmentation": "dfkd", "dfkd": {"nz": 8.5}}, "dfkd.nz"),
+        ({"kd_augmentation": "dfkd", "dfkd": {"lr_g": "fast"}}, "dfkd.lr_g"),
+        ({"kd_augmentation": "dfkd", "dfkd": {"freeze_rounds": -1}}, "dfkd.freeze_rounds"),
     ],
 )
 def test_bad_fedrevive_knobs_name_their_field(overrides: dict[str, Any], field: str) -> None:
@@ -109,3 +120,9 @@ def test_fedrevive_holds_out_its_kd_split() -> None:
     revive = config(mode="fedrevive", kd_beta="cosine", kd_beta_factor=75)
     assert revive.held_out == 0.1 and revive.is_buffered and revive.kd_beta == "cosine"
     assert config().held_out == 0.0  # fedbuff's devices share the whole training set
+
+
+def test_data_free_fedrevive_holds_nothing_out() -> None:
+    free = config(mode="fedrevive", kd_augmentation="dfkd", dfkd={"nz": 16, "lr_g": 0.01, "freeze_rounds": 0})
+    assert free.data_free and free.held_out == 0.0 and free.dfkd["nz"] == 16
+    assert not config(mode="fedrevive").data_free

@@ -212,7 +212,6 @@ class _FoldPass:
         self.rules = rules_of(self.config)
         self.trip_seconds = _trip_seconds(self.config)
         self._refs = cache.version_refs(run_id)  # published versions, by number, as this process has read or made them
-        self._revive: Reviver | None = None
         self._locals: dict[tuple[int, int], Mapping[str, torch.Tensor]] = {}
 
     def run(self, state: ScheduleState) -> int:
@@ -343,9 +342,11 @@ class _FoldPass:
     def _reviver(self) -> Reviver:
         from fedqueue.fl.strategy.revived import Reviver
 
-        if self._revive is None:
-            self._revive = Reviver(self.config)
-        return self._revive
+        return self.cache.run_object(self.run_id, "reviver", lambda: Reviver(self.config))
+
+    def _server_state(self, version: int) -> bytes | None:
+        kept = schedules.kept_version(self.services.store, self.run_id, version)
+        return None if kept is None else kept.server_state
 
     def _local(self, results: Mapping[Any, Any], trip: Trip) -> Mapping[str, torch.Tensor]:
         """A folded update's trained weights (its update blob), read once per pass."""
@@ -387,9 +388,13 @@ class _FoldPass:
                     yield arrival.weight, self._version_state(arrival.trip.base_version), decode_state(data)
 
         current = self._version_state(event.version - 1)
+        server_state = None
         if self.config.mode == "fedrevive":
-            deltas = self._reviver().deltas(event, self._version_state, functools.partial(self._local, results))
+            reviver = self._reviver()
+            local_of = functools.partial(self._local, results)
+            deltas = reviver.deltas(event, self._version_state, local_of, self._server_state)
             new_state = fold_deltas(current, deltas, self.config.global_lr)
+            server_state = reviver.server_state(event.version)
         else:
             new_state = fold_buffer(current, buffer(), self.config.global_lr)
         encoded = encode_state(new_state)
@@ -414,7 +419,15 @@ class _FoldPass:
         last = event.version >= self.config.last_version
         next_round = None if last else _round_on(self.run_id, event.version, ref)
         schedules.record_version(
-            self.services.store, self.run_id, event.version, ref.sha256, encoded, metrics, next_round, timing
+            self.services.store,
+            self.run_id,
+            event.version,
+            ref.sha256,
+            encoded,
+            metrics,
+            next_round,
+            timing,
+            server_state,
         )
         if not last:
             self._refs[event.version] = ref
