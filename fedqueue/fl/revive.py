@@ -9,9 +9,10 @@ For an update of staleness s that arrives while version v is current:
     kd_delta = student - version v
     delta'   = (1 - beta(s)) x (local - base) + beta(s) x kd_delta
 
-and a version is made from the mixed deltas as FedBuff makes it from plain ones. This is the
-data-dependent variant of the FedRevive code (`kd_augmentation = "simple_kd"`, distilling on a
-`kd_split` of the training data that no device holds).
+and a version is made from the mixed deltas as FedBuff makes it from plain ones. The server's
+data is either a `kd_split` of the training data that no device holds (`kd_augmentation =
+"simple_kd"`, FedRevive's data-dependent variant), or, with no data at all, the pool of images
+its data-free synthesizer makes from the teachers (`"dfkd"`, fl/synthesis.py).
 """
 
 from __future__ import annotations
