@@ -9,14 +9,19 @@ from __future__ import annotations
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict
-from typing import Any
+from typing import Any, cast
 
-from sqlalchemy import Row, and_, bindparam, delete, or_, select, update
+from sqlalchemy import Connection, Row, Table, and_, bindparam, delete, insert, or_, select, update
 from sqlalchemy.exc import IntegrityError
-from sqlalchemy.orm import Session
 
 from fedqueue.store.repo import OUTCOME_COLUMNS, Store, TaskTiming, _changed_one, retry_transient
 from fedqueue.store.schema import CheckpointRow, DeviceTaskRow, ModelVersionRow, RoundRow, RunRow, ScheduleRow
+
+SCHEDULES = cast(Table, ScheduleRow.__table__)
+VERSIONS = cast(Table, ModelVersionRow.__table__)
+ROUNDS = cast(Table, RoundRow.__table__)
+RUNS = cast(Table, RunRow.__table__)
+CHECKPOINTS = cast(Table, CheckpointRow.__table__)
 
 # What a fold pass writes on an update's row once it is taken in simulated order.
 FATE_FIELDS = ("sim_dispatched", "sim_arrived", "fate", "staleness", "weight", "folded_into")
@@ -43,33 +48,35 @@ def get_schedule(store: Store, run_id: str) -> ScheduleRow | None:
 def claim_schedule(store: Store, run_id: str, owner: str, stale_before: float) -> dict[str, Any] | None:
     """Hold a running run's schedule for one fold pass and return its state; None while another live pass
     holds it, or once the run has ended."""
-    free = or_(ScheduleRow.claim_owner.is_(None), ScheduleRow.claimed_at < stale_before)
-    running = select(RunRow.id).where(RunRow.id == run_id, RunRow.state == "running").exists()
-    with store.session() as session, session.begin():
-        found = session.execute(
-            update(ScheduleRow)
-            .where(ScheduleRow.run_id == run_id, free, running)
+    free = or_(SCHEDULES.c.claim_owner.is_(None), SCHEDULES.c.claimed_at < stale_before)
+    running = select(RUNS.c.id).where(RUNS.c.id == run_id, RUNS.c.state == "running").exists()
+    # Core statements on the tables, not ORM sessions: a fold pass makes several of these writes, and the
+    # ORM's per-statement work was a large share of a pass on small models.
+    with store.engine.begin() as connection:
+        found = connection.execute(
+            update(SCHEDULES)
+            .where(SCHEDULES.c.run_id == run_id, free, running)
             .values(claim_owner=owner, claimed_at=time.time())
-            .returning(ScheduleRow.state)
+            .returning(SCHEDULES.c.state)
         ).first()
     return None if found is None else dict(found[0])
 
 
 def _held(run_id: str, owner: str) -> Any:
-    return and_(ScheduleRow.run_id == run_id, ScheduleRow.claim_owner == owner)
+    return and_(SCHEDULES.c.run_id == run_id, SCHEDULES.c.claim_owner == owner)
 
 
 @retry_transient
 def renew_schedule(store: Store, run_id: str, owner: str) -> bool:
-    with store.session() as session, session.begin():
-        result = session.execute(update(ScheduleRow).where(_held(run_id, owner)).values(claimed_at=time.time()))
+    with store.engine.begin() as connection:
+        result = connection.execute(update(SCHEDULES).where(_held(run_id, owner)).values(claimed_at=time.time()))
     return _changed_one(result)
 
 
 @retry_transient
 def release_schedule(store: Store, run_id: str, owner: str) -> None:
-    with store.session() as session, session.begin():
-        session.execute(update(ScheduleRow).where(_held(run_id, owner)).values(claim_owner=None, claimed_at=None))
+    with store.engine.begin() as connection:
+        connection.execute(update(SCHEDULES).where(_held(run_id, owner)).values(claim_owner=None, claimed_at=None))
 
 
 class _ClaimTaken(Exception):
@@ -91,22 +98,19 @@ def save_pass(
     the devices it sent off, by round, and which kept versions go (those before `needed_from`).
     False when its claim was taken over (nothing is written)."""
     try:
-        with store.session() as session, session.begin():
-            result = session.execute(
-                update(ScheduleRow)
+        with store.engine.begin() as connection:
+            result = connection.execute(
+                update(SCHEDULES)
                 .where(_held(run_id, owner))
                 .values(state=state, version=version, updated_at=time.time(), claimed_at=time.time())
             )
             if not _changed_one(result):
                 raise _ClaimTaken()
             if fates:
-                # Core executemany (the ORM would read a list of values as a bulk update by primary key).
-                session.connection().execute(_FATE_UPDATE, [_fate_params(run_id, fate) for fate in fates])
+                connection.execute(_FATE_UPDATE, [_fate_params(run_id, fate) for fate in fates])
             for round_index, devices in selected.items():
-                _extend(session, run_id, round_index, devices)
-            session.execute(
-                delete(ModelVersionRow).where(ModelVersionRow.run_id == run_id, ModelVersionRow.version < needed_from)
-            )
+                _extend(connection, run_id, round_index, devices)
+            connection.execute(delete(VERSIONS).where(VERSIONS.c.run_id == run_id, VERSIONS.c.version < needed_from))
     except _ClaimTaken:
         return False
     return True
@@ -151,16 +155,22 @@ def _fate_params(run_id: str, fate: dict[str, Any]) -> dict[str, Any]:
     return {"run": run_id, "round": fate["round_index"], "dev": fate["device"], **{n: fate[n] for n in FATE_FIELDS}}
 
 
-def _extend(session: Session, run_id: str, round_index: int, devices: Sequence[int]) -> None:
-    row = session.scalars(select(RoundRow).where(RoundRow.run_id == run_id, RoundRow.round_index == round_index)).one()
-    row.selected = sorted(set(row.selected) | set(devices))
+def _set_columns(row: RoundRow) -> dict[str, Any]:
+    """The columns given on a new ORM row, for a Core insert (those left out keep their defaults)."""
+    return {column.key: getattr(row, column.key) for column in ROUNDS.columns if column.key in vars(row)}
+
+
+def _extend(connection: Connection, run_id: str, round_index: int, devices: Sequence[int]) -> None:
+    this_round = and_(ROUNDS.c.run_id == run_id, ROUNDS.c.round_index == round_index)
+    selected = connection.execute(select(ROUNDS.c.selected).where(this_round)).scalar_one()
+    connection.execute(update(ROUNDS).where(this_round).values(selected=sorted(set(selected) | set(devices))))
 
 
 @retry_transient
 def extend_selected(store: Store, run_id: str, round_index: int, devices: Sequence[int]) -> None:
     """Add devices sent out on the round's version to its `selected` list (kept sorted, each once)."""
-    with store.session() as session, session.begin():
-        _extend(session, run_id, round_index, devices)
+    with store.engine.begin() as connection:
+        _extend(connection, run_id, round_index, devices)
 
 
 @retry_transient
@@ -200,26 +210,24 @@ def record_version(
     """A fold pass made `version`, in one transaction: its round closed with its metrics, the run's
     checkpoint, the pass's timing, and (unless it is the last) the version kept while needed, with the
     server's state after it, and the round that trains on it. Idempotent: a replayed pass writes the same rows."""
-    with store.session() as session, session.begin():
+    with store.engine.begin() as connection:
         if timing is not None:
-            session.connection().execute(store.timing_upsert, asdict(timing))
-        session.execute(
-            update(RoundRow)
-            .where(RoundRow.run_id == run_id, RoundRow.round_index == version)
+            connection.execute(store.timing_upsert, asdict(timing))
+        connection.execute(
+            update(ROUNDS)
+            .where(ROUNDS.c.run_id == run_id, ROUNDS.c.round_index == version)
             .values(state="done", aggregated_at=time.time(), **metrics)
         )
-        session.execute(delete(CheckpointRow).where(CheckpointRow.run_id == run_id))
-        session.add(CheckpointRow(run_id=run_id, version=version, sha256=sha256, data=data))
+        connection.execute(delete(CHECKPOINTS).where(CHECKPOINTS.c.run_id == run_id))
+        connection.execute(insert(CHECKPOINTS).values(run_id=run_id, version=version, sha256=sha256, data=data))
         if next_round is None:
             return
-        session.execute(
-            delete(ModelVersionRow).where(ModelVersionRow.run_id == run_id, ModelVersionRow.version == version)
+        connection.execute(delete(VERSIONS).where(VERSIONS.c.run_id == run_id, VERSIONS.c.version == version))
+        connection.execute(
+            insert(VERSIONS).values(run_id=run_id, version=version, sha256=sha256, data=data, server_state=server_state)
         )
-        session.add(
-            ModelVersionRow(run_id=run_id, version=version, sha256=sha256, data=data, server_state=server_state)
-        )
-        there = session.scalar(
-            select(RoundRow.id).where(RoundRow.run_id == run_id, RoundRow.round_index == next_round.round_index)
-        )
+        there = connection.execute(
+            select(ROUNDS.c.id).where(ROUNDS.c.run_id == run_id, ROUNDS.c.round_index == next_round.round_index)
+        ).first()
         if there is None:
-            session.add(next_round)
+            connection.execute(insert(ROUNDS).values(_set_columns(next_round)))
