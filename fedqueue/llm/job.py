@@ -18,7 +18,15 @@ from typing import Any
 from fedqueue.core.services import Services
 from fedqueue.errors import ConfigError, NotFound
 from fedqueue.llm.messages import KEY_MAX, KIND_NAME, GenerateBatch
-from fedqueue.llm.planner import PlannedBatch, approximate_tokens, deduplicate, plan_batches, token_counter
+from fedqueue.llm.planner import (
+    DEFAULT_SLOTS,
+    PlannedBatch,
+    approximate_tokens,
+    check_limits,
+    deduplicate,
+    plan_batches,
+    token_counter,
+)
 from fedqueue.llm.prompts import InputError, PromptLine, read_prompt_file
 from fedqueue.llm.results import (
     assign_batches,
@@ -45,6 +53,13 @@ class JobRequest:
     max_batch_tokens: int | None = None
     job: str | None = None  # a name of the user's choosing; derived from the input and model when None
     strict: bool = False
+    # Worker slots the batches are sized for (DEFAULT_SLOTS when None). Not part of the job's identity:
+    # the same job continued on more or fewer workers is planned for those.
+    slots: int | None = None
+
+    @property
+    def planned_slots(self) -> int:
+        return DEFAULT_SLOTS if self.slots is None else self.slots
 
     def config(self, input_sha256: str) -> dict[str, Any]:
         """The run row's config: what decides the outputs, and the input it came from."""
@@ -65,6 +80,7 @@ class Submitted:
     prompts: int  # valid input lines
     input_errors: list[InputError]
     batches: list[PlannedBatch]
+    slots: int = DEFAULT_SLOTS  # worker slots the batches were sized for
 
     @property
     def enqueued(self) -> int:
@@ -82,15 +98,14 @@ def job_id_for(request: JobRequest, input_sha256: str) -> str:
 
 def check_request(request: JobRequest) -> None:
     """Everything about a request that can be wrong, checked before anything is started or written."""
-    plan_batches([], batch_size=request.batch_size, max_batch_tokens=request.max_batch_tokens)
+    check_limits(request.batch_size, request.max_batch_tokens, request.planned_slots)
     job_id_for(request, "")
     read_prompt_file(request.input_path, strict=request.strict)
 
 
 def submit_job(services: Services, request: JobRequest) -> Submitted:
     """Record the job (or find it), add its prompts, plan and enqueue whatever is pending."""
-    if request.batch_size is None and request.max_batch_tokens is None:
-        raise ConfigError("--batch-size or --max-batch-tokens: give at least one")
+    check_limits(request.batch_size, request.max_batch_tokens, request.planned_slots)
     prompts, input_errors = read_prompt_file(request.input_path, strict=request.strict)
     input_sha256 = hashlib.sha256(request.input_path.read_bytes()).hexdigest()
     job_id = job_id_for(request, input_sha256)
@@ -101,9 +116,10 @@ def submit_job(services: Services, request: JobRequest) -> Submitted:
     settle_copies(services.store, job_id)
     if job_counts(services.store, job_id).get("pending", 0) == 0:
         services.store.finish_run(job_id, "finished")  # nothing left to generate (a finished job is left as it is)
-        return Submitted(job_id, resumed, len(prompts), input_errors, [])
+        return Submitted(job_id, resumed, len(prompts), input_errors, [], request.planned_slots)
     services.store.reopen_run(job_id)
-    return Submitted(job_id, resumed, len(prompts), input_errors, plan_pending(services, job_id, request))
+    batches = plan_pending(services, job_id, request)
+    return Submitted(job_id, resumed, len(prompts), input_errors, batches, request.planned_slots)
 
 
 def plan_pending(services: Services, job_id: str, request: JobRequest) -> list[PlannedBatch]:
@@ -118,6 +134,7 @@ def plan_pending(services: Services, job_id: str, request: JobRequest) -> list[P
         batch_size=request.batch_size,
         max_batch_tokens=request.max_batch_tokens,
         max_new_tokens=request.generation.max_new_tokens,
+        slots=request.planned_slots,
     )
     first = next_batch_index(services.store, job_id)
     batches = [PlannedBatch(first + batch.index, batch.keys, batch.tokens) for batch in planned]
