@@ -8,6 +8,8 @@ import os
 import tempfile
 import time
 from collections.abc import Callable, Iterable
+from concurrent.futures import Future
+from dataclasses import replace
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -25,9 +27,9 @@ from fedqueue.cli.common import (
     errors,
     friendly_errors,
     warn_if_insecure,
-    warn_if_no_workers,
 )
 from fedqueue.config import Settings
+from fedqueue.core.services import Services
 from fedqueue.errors import ConfigError
 from fedqueue.llm.job import JobRequest, Submitted, check_request, submit_job
 from fedqueue.llm.results import job_counts, prompt_rows
@@ -66,6 +68,9 @@ def submit(
     ] = None,
     strict: Annotated[bool, typer.Option(help="Refuse the whole input if any line is bad.")] = False,
     detach: Annotated[bool, typer.Option(help="Print the job id and return (needs FEDQUEUE_BROKER_URL).")] = False,
+    out: Annotated[
+        Path | None, typer.Option("--out", "-o", help="Export the outputs to this JSONL file when the job ends.")
+    ] = None,
     procs: ProcsOpt = None,
     slots: SlotsOpt = 1,
     gpus_per_worker: GpusPerWorkerOpt = 1,
@@ -73,7 +78,8 @@ def submit(
 ) -> None:
     """Submit a job and follow it to the end. Submitting the same input and model again generates only what is missing.
 
-    With no broker configured, an embedded Redis and local workers run it here.
+    With no broker configured, an embedded Redis and local workers run it here. Batches are sized for
+    the worker slots that will run them: the local workers', or those answering on the broker.
     """
     from fedqueue import api
     from fedqueue.store import open_store
@@ -91,28 +97,65 @@ def submit(
         strict=strict,
     )
     check_request(request)  # a bad input line (--strict), limit or job name: refused before anything is written
+    if out is not None:
+        _check_out_folder(out)
     settings = Settings.from_env().with_plugin_path(plugin_path)
     _check_backend(backend, workers_here=not settings.broker_url)
     warn_if_insecure(settings)
     if detach and not settings.broker_url:
         raise ConfigError("--detach: needs FEDQUEUE_BROKER_URL (start `fedqueue up` and export the URL it prints)")
-    _check_model_here(request.model, must_exist=not settings.broker_url)
-    open_store(settings.database_url, migrate=True).close()  # a bad database fails before any worker starts
+    if detach and out is not None:
+        raise ConfigError("--out: the job is not followed with --detach; use `fedqueue llm export` later")
     if settings.broker_url:
-        submitted = _submit(settings, request)
-        if detach:
-            print(submitted.job_id)
-            return
-        warn_if_no_workers(settings)
-        summary = _follow(api.RunHandle(submitted.job_id, settings))
+        from fedqueue.llm.slots import answering_slots_later
+
+        answering = answering_slots_later(settings)  # the workers answer while this process connects
+        _check_model_here(request.model, must_exist=False)
+        summary = _run(settings, request, lambda: _answered(answering), detach=detach, out=out)
     else:
+        _check_model_here(request.model, must_exist=True)
+        open_store(settings.database_url, migrate=True).close()  # a bad database fails before any worker starts
         console.print("starting embedded Redis and local workers")
         with api.local_cluster(procs, slots, settings=settings, gpus_per_worker=gpus_per_worker) as cluster:
             console.print(f"embedded Redis at {cluster.settings.broker_url}, {len(cluster.workers.specs)} workers")
-            submitted = _submit(cluster.settings, request)
-            summary = _follow(api.RunHandle(submitted.job_id, cluster.settings), cluster)
-    if summary["state"] != "finished":
+            cluster_slots = sum(spec.slots for spec in cluster.workers.specs)
+            summary = _run(cluster.settings, request, lambda: cluster_slots, cluster=cluster, out=out)
+    if summary is not None and summary["state"] != "finished":
         raise typer.Exit(1)
+
+
+def _run(
+    settings: Settings,
+    request: JobRequest,
+    slots: Callable[[], int | None],
+    cluster: Any = None,
+    detach: bool = False,
+    out: Path | None = None,
+) -> dict[str, Any] | None:
+    """Submit the job planned for `slots()` worker slots, then follow it on the same connections (None if detached)."""
+    from fedqueue.queue.client import open_client
+
+    services = open_client(settings)
+    try:
+        submitted = _submit(services, replace(request, slots=slots()))
+        if detach:
+            print(submitted.job_id)
+            return None
+        return _follow(services, submitted.job_id, cluster, out)
+    finally:
+        services.close()
+
+
+def _answered(answering: Future[int | None]) -> int | None:
+    """The slots the workers on the broker offer; a warning (and the default plan) when none answers."""
+    try:
+        found = answering.result()
+    except Exception as error:  # a broker that answers the publisher but not a broadcast: plan by default
+        found = None
+        errors.print(f"warning: could not ask the workers for their slots ({error})", highlight=False)
+    if found is None:
+        errors.print("warning: no worker answers on this broker yet; its tasks wait for one (fedqueue worker)")
+    return found
 
 
 def _model_name(model: str) -> str:
@@ -153,18 +196,12 @@ def _check_backend(backend: str, workers_here: bool) -> None:
     errors.print("warning: --backend vllm: vllm is not installed here; the GPU workers must have it", highlight=False)
 
 
-def _submit(settings: Settings, request: JobRequest) -> Submitted:
-    from fedqueue.queue.client import open_client
-
-    services = open_client(settings)
-    try:
-        submitted = submit_job(services, request)
-    finally:
-        services.close()
+def _submit(services: Services, request: JobRequest) -> Submitted:
+    submitted = submit_job(services, request)
     what = "continued" if submitted.resumed else "submitted"
     console.print(
         f"job [bold]{submitted.job_id}[/bold] {what}: {submitted.prompts} prompts, "
-        f"{submitted.enqueued} to generate in {len(submitted.batches)} batches",
+        f"{submitted.enqueued} to generate in {len(submitted.batches)} batches for {submitted.slots} worker slots",
         highlight=False,
     )
     for error in submitted.input_errors[:5]:
@@ -174,18 +211,25 @@ def _submit(settings: Settings, request: JobRequest) -> Submitted:
     return submitted
 
 
-def _follow(handle: Any, cluster: Any = None) -> dict[str, Any]:
-    """Hold the job's lease (repairs) and show its progress until it ends."""
+def _follow(services: Services, job_id: str, cluster: Any = None, out: Path | None = None) -> dict[str, Any]:
+    """Hold the job's lease (repairs) and show its progress until it ends; export it to `out` if given."""
     from fedqueue import api
+    from fedqueue.core.supervisor import RunSupervisor
+    from fedqueue.llm.progress import stored_waiter
 
-    with api.scheduling(handle) as supervisor:
-        try:
-            follow_job(handle.store, handle.id, console, tick=api.keep_running(supervisor, cluster))
-        except KeyboardInterrupt:
-            errors.print(f"stopped following; job {handle.id} goes on (submit it again to follow it)")
-            raise typer.Exit(130) from None
-    summary = job_summary(handle.store, handle.id)
+    supervisor = RunSupervisor(services, job_id).acquire()
+    try:
+        wait = stored_waiter(services.redis, services.settings.key_prefix, job_id)
+        follow_job(services.store, job_id, console, tick=api.keep_running(supervisor, cluster), wait=wait)
+    except KeyboardInterrupt:
+        errors.print(f"stopped following; job {job_id} goes on (submit it again to follow it)")
+        raise typer.Exit(130) from None
+    finally:
+        supervisor.release()
+    summary = job_summary(services.store, job_id)
     print_job(console, summary)
+    if out is not None:
+        export_job(services.store, job_id, out)
     return summary
 
 
@@ -195,8 +239,13 @@ def follow_job(
     out: Console,
     poll_s: float = 0.3,
     tick: Callable[[], Iterable[str]] | None = None,
+    wait: Callable[[float], object] = time.sleep,
 ) -> None:
-    """A progress bar of prompts stored, with generated tokens per second, until the job ends."""
+    """A progress bar of prompts stored, with generated tokens per second, until the job ends.
+
+    `wait` returns early when a batch is stored (see fedqueue.llm.progress), so the end is seen at once;
+    repairs (`tick`) still run at most once per `poll_s`.
+    """
     progress = Progress(
         TextColumn("[bold]prompts"),
         BarColumn(),
@@ -206,6 +255,7 @@ def follow_job(
         console=out,
     )
     started = time.monotonic()
+    ticked = started
     first_tokens: int | None = None
     with progress:
         bar = progress.add_task("", total=None, note="")
@@ -221,9 +271,11 @@ def follow_job(
             progress.update(bar, total=counts.get("total", 0), completed=stored, note=note)
             if state != "running":
                 break
-            for action in tick() if tick is not None else ():
-                progress.console.print(f"[yellow]repair:[/yellow] {action}", highlight=False)
-            time.sleep(poll_s)
+            if tick is not None and time.monotonic() - ticked >= poll_s:
+                ticked = time.monotonic()
+                for action in tick():
+                    progress.console.print(f"[yellow]repair:[/yellow] {action}", highlight=False)
+            wait(poll_s)
 
 
 def print_job(out: Console, summary: dict[str, Any]) -> None:
@@ -282,9 +334,14 @@ def export(
     store = open_store(Settings.from_env().database_url)
     try:
         _require_llm_job(store, job)
-        rows = prompt_rows(store, job)
+        export_job(store, job, out)
     finally:
         store.close()
+
+
+def export_job(store: Store, job: str, out: Path) -> None:
+    """The job's rows as JSON lines in input order, written whole to `out`."""
+    rows = prompt_rows(store, job)
     lines = [
         json.dumps(
             {
@@ -313,11 +370,16 @@ def _require_llm_job(store: Store, job_id: str) -> None:
         raise ConfigError(f"{job_id}: a run of kind {run.kind!r}, not an LLM job (fedqueue status {job_id})")
 
 
-def _write_atomically(path: Path, text: str) -> None:
-    """Write beside the target and rename over it: a reader never sees half a file."""
+def _check_out_folder(path: Path) -> Path:
     folder = path.parent if str(path.parent) else Path(".")
     if not folder.is_dir():
         raise ConfigError(f"--out {path}: folder {folder} does not exist")
+    return folder
+
+
+def _write_atomically(path: Path, text: str) -> None:
+    """Write beside the target and rename over it: a reader never sees half a file."""
+    folder = _check_out_folder(path)
     handle, temporary = tempfile.mkstemp(prefix=f".{path.name}.", dir=folder)
     try:
         with os.fdopen(handle, "w", encoding="utf-8") as file:

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from fedqueue.core.services import Services
 from fedqueue.llm.messages import KIND_NAME, GenerateBatch
+from fedqueue.llm.progress import announce_stored
 from fedqueue.llm.results import Outcome, pending_prompts, record_outcomes
 from fedqueue.llm.settings import GenerationSettings
 from fedqueue.store.repo import TaskTiming
@@ -106,6 +107,7 @@ def run_batch(services: Services, cache: ModelCache, task: GenerateBatch, worker
     left = record_outcomes(services.store, task.run_id, task.batch, worker, outcomes, timing)
     if left == 0 and services.store.finish_run(task.run_id, "finished"):
         log.info("job %s: every prompt stored; finished", task.run_id)
+    announce_stored(services.redis, services.settings.key_prefix, task.run_id)
 
 
 def fail_batch(services: Services, task: GenerateBatch, worker: str, attempts: int, error: str) -> None:
@@ -118,6 +120,7 @@ def fail_batch(services: Services, task: GenerateBatch, worker: str, attempts: i
     left = record_outcomes(services.store, task.run_id, task.batch, worker, outcomes, timing)
     if left == 0:
         services.store.finish_run(task.run_id, "finished")
+    announce_stored(services.redis, services.settings.key_prefix, task.run_id)
 
 
 def _timing(

@@ -20,9 +20,13 @@ def test_submit_with_nothing_configured_then_status_and_export(tmp_path: Path, t
     prompts = [json.dumps({"id": f"q{i}", "prompt": "Say " + "a" * i}) for i in range(12)]
     input_path = write_prompts(tmp_path / "in.jsonl", [*prompts[:5], "{bad", *prompts[5:]])
     args = ("llm", "submit", str(input_path), "--model", str(tiny_model_path), "--max-new-tokens", "8")
-    result = fedqueue(*args, "--batch-size", "4", "--procs", "2", cwd=tmp_path, env=cli_env(), timeout=240)
+    first_out = tmp_path / "first.jsonl"
+    result = fedqueue(
+        *args, "--batch-size", "4", "--procs", "2", "-o", str(first_out), cwd=tmp_path, env=cli_env(), timeout=240
+    )
     assert result.returncode == 0, result.stdout + result.stderr
     assert "embedded Redis at redis://127.0.0.1:" in result.stdout
+    assert "batches for 2 worker slots" in result.stdout  # planned for the local workers it started
     assert "line 6: not valid JSON" in result.stderr  # the bad line is named, the job goes on
     assert our_processes() - before == set()
     [job] = json.loads(fedqueue("runs", "--json", cwd=tmp_path, env=cli_env()).stdout)
@@ -44,6 +48,8 @@ def test_submit_with_nothing_configured_then_status_and_export(tmp_path: Path, t
     assert [line["line"] for line in lines] == list(range(1, 14))  # input order, the bad line in its place
     assert [line["id"] for line in lines if line["state"] == "done"] == [f"q{i}" for i in range(12)]
     assert all(line["output"] and line["generated_tokens"] == 8 for line in lines if line["state"] == "done")
+    # `submit -o` wrote the same export when the job ended.
+    assert [json.loads(line) for line in first_out.read_text().splitlines()] == lines
 
     # The same input and model again: nothing left to generate, the stored rows stay as they were.
     again = fedqueue(*args, "--batch-size", "4", "--procs", "1", cwd=tmp_path, env=cli_env(), timeout=240)

@@ -16,6 +16,7 @@ from fedqueue.llm.messages import GenerateBatch
 from fedqueue.llm.model import load_model
 from fedqueue.llm.results import prompt_rows
 from fedqueue.llm.settings import GenerationSettings
+from fedqueue.llm.slots import answering_slots
 from fedqueue.queue.client import open_client
 from fedqueue.report import write_report
 from tests.conftest import running_workers
@@ -103,17 +104,17 @@ def test_submitting_again_generates_only_what_is_missing(
     """Half the batches are lost from the queue; submitting the same input again generates just their prompts."""
     input_path = write_input(tmp_path / "prompts.jsonl", 23)  # 24 prompts to generate
     services = open_client(settings)
-    first = submit(services, input_path, tiny_model_path, batch_size=4)
-    assert len(first.batches) == 6
-    lost = drop_queued(settings, 3)
+    first = submit(services, input_path, tiny_model_path, batch_size=4, slots=2)
+    assert len(first.batches) >= 6 and len(first.batches) % 2 == 0
+    lost = drop_queued(settings, len(first.batches) // 2)
     with running_workers(settings, procs=1, log_dir=tmp_path / "logs-1"):
-        wait_until(lambda: len(pending_keys(services, first.job_id)) == 3 * 4, 60)
+        wait_until(lambda: pending_keys(services, first.job_id) == lost, 60)
     before = {row.key: (row.finished_at, row.output) for row in prompt_rows(services.store, first.job_id)}
     assert services.store.get_run(first.job_id).state == "running"
 
-    again = submit(services, input_path, tiny_model_path, batch_size=4)
+    again = submit(services, input_path, tiny_model_path, batch_size=4, slots=2)
     assert again.job_id == first.job_id and again.resumed and again.prompts == first.prompts
-    assert again.enqueued == 12 and {key for batch in again.batches for key in batch.keys} == lost
+    assert again.enqueued == len(lost) and {key for batch in again.batches for key in batch.keys} == lost
     assert min(batch.index for batch in again.batches) > max(batch.index for batch in first.batches)
     with running_workers(settings, procs=2, log_dir=tmp_path / "logs-2"):
         wait_finished(services.store, first.job_id, 120)
@@ -124,6 +125,32 @@ def test_submitting_again_generates_only_what_is_missing(
             assert (row.finished_at, row.output) == before[row.key]
     generated = [row for row in rows if row.state == "done"]
     assert {row.key: row.output for row in generated} == expected_outputs(tiny_model_path, generated)
+    services.close()
+
+
+def test_a_job_planned_for_the_two_slots_that_answer_keeps_one_row_per_prompt_in_order(
+    settings: Settings, tmp_path: Path, tiny_model_path: Path
+) -> None:
+    """The submitter learns the workers' slots, plans equal batches for them, and every line gets its one row."""
+    input_path = tmp_path / "prompts.jsonl"
+    texts = [f"Q{i}: " + "why " * (i * 7 % 23) for i in range(48)]  # 4 to 96 characters, in no order
+    input_path.write_text("".join(json.dumps({"id": f"q{i}", "prompt": text}) + "\n" for i, text in enumerate(texts)))
+    services = open_client(settings)
+    with running_workers(settings, procs=2, log_dir=tmp_path / "logs"):
+        slots = answering_slots(settings)
+        assert slots == 2
+        submitted = submit(services, input_path, tiny_model_path, batch_size=32, slots=slots)
+        wait_finished(services.store, submitted.job_id, 120)
+    # 48 prompts under the cap of 32 once were two unequal batches; now an even count of equal shares.
+    assert submitted.slots == 2 and len(submitted.batches) >= 2 and len(submitted.batches) % 2 == 0
+    shares = [sum(batch.tokens) + GENERATION.max_new_tokens * len(batch.keys) for batch in submitted.batches]
+    longest = max(max(batch.tokens) for batch in submitted.batches) + GENERATION.max_new_tokens
+    assert max(shares) - min(shares) <= 2 * longest
+    rows = prompt_rows(services.store, submitted.job_id)
+    assert [row.input_id for row in rows] == [f"q{i}" for i in range(48)]  # one row per line, in input order
+    assert [row.line for row in rows] == list(range(1, 49)) and all(row.state == "done" for row in rows)
+    assert {row.key: row.output for row in rows} == expected_outputs(tiny_model_path, rows)
+    assert len({t.worker for t in services.store.task_timings(submitted.job_id)}) == 2
     services.close()
 
 
@@ -153,18 +180,17 @@ def test_a_batch_delivered_twice_is_stored_once(settings: Settings, tmp_path: Pa
     services = open_client(settings)
     publish = services.enqueue
     services.enqueue = lambda tasks: publish(list(tasks) + list(tasks))  # every batch sent twice
-    submitted = submit(services, input_path, tiny_model_path, batch_size=16)
-    [batch] = submitted.batches
-    task = GenerateBatch(submitted.job_id, batch.index, batch.keys, 0.0)
+    submitted = submit(services, input_path, tiny_model_path, batch_size=16, slots=1)
+    keys = [GenerateBatch(submitted.job_id, b.index, b.keys, 0.0).attempt_key for b in submitted.batches]
     with running_workers(settings, procs=2, log_dir=tmp_path / "logs"):
         wait_finished(services.store, submitted.job_id, 120)
         stored = {row.key: (row.finished_at, row.worker) for row in prompt_rows(services.store, submitted.job_id)}
-        # The second delivery reaches a worker too (the attempt counter sees both), and finds nothing pending.
-        wait_until(lambda: services.attempts(task.attempt_key) == 2, 60)
-        wait_until(lambda: not services.running_of([task.attempt_key])[task.attempt_key], 60)
+        # Every second delivery reaches a worker too (the attempt counter sees both), and finds nothing pending.
+        wait_until(lambda: all(services.attempts(key) == 2 for key in keys), 60)
+        wait_until(lambda: not any(services.running_of(keys).values()), 60)
     after = {row.key: (row.finished_at, row.worker) for row in prompt_rows(services.store, submitted.job_id)}
     assert after == stored
-    assert len(services.store.task_timings(submitted.job_id)) == 1
+    assert len(services.store.task_timings(submitted.job_id)) == len(submitted.batches)
     services.close()
 
 
@@ -206,7 +232,9 @@ def test_a_model_that_cannot_load_fails_its_prompts_in_one_line(settings: Settin
     generated = [row for row in rows if row.same_as is None and "exceeds" not in (row.error or "")]
     for row in generated:  # the traceback's last line, not the traceback
         assert "cannot be loaded" in (row.error or "") and "\n" not in (row.error or ""), row.error
-    [timing] = services.store.task_timings(submitted.job_id)
-    assert (timing.state, timing.attempt) == ("failed", settings.max_attempts)
-    assert "Traceback" in (timing.error or "")
+    timings = services.store.task_timings(submitted.job_id)
+    assert len(timings) == len(submitted.batches)
+    for timing in timings:
+        assert (timing.state, timing.attempt) == ("failed", settings.max_attempts)
+        assert "Traceback" in (timing.error or "")
     services.close()
