@@ -1,6 +1,6 @@
 """LLM batch inference: a for-loop of generate() calls against a fedqueue job on the same machine.
 
-    .venv/bin/python bench/llm_batch.py [--prompts 128] [--new-tokens 32] [--models tiny bench]
+    .venv/bin/python bench/llm_batch.py [--prompts 96] [--new-tokens 32] [--models tiny bench]
 
 The same prompts (varied lengths) on the same model, greedy, float32:
   (a) loop     - one process calls `model.generate()` once per prompt, as a batch script would
@@ -10,6 +10,13 @@ The same prompts (varied lengths) on the same model, greedy, float32:
                  already running and the model loaded (a warm-up job loads it in every worker).
 The cold start (cluster up, first model load) is reported apart. Outputs of (b) are compared
 with (a) prompt by prompt. Models: "tiny" (2 layers, 64 wide) and "bench" (~25M: 8 layers, 512 wide).
+
+End to end, as a user times it (a second table), each from the command's start to its exported file:
+  loop command  - `python` running the loop above as a script: imports, model load, loop, JSONL written;
+  fedqueue warm - `fedqueue llm submit ... -o out.jsonl` on a broker whose workers are up with the
+                  model loaded (FEDQUEUE_BROKER_URL set), batches planned for the slots that answer;
+  fedqueue cold - the same command with nothing running: it starts the embedded Redis and the workers,
+                  which load the model, and stops them after the export.
 
 A second table decides the generation strategy, in one process with every core: fedqueue's sorted
 static batches (what a worker runs) against transformers' continuous batching (`generate_batch`).
@@ -21,6 +28,7 @@ import argparse
 import json
 import os
 import random
+import subprocess
 import sys
 import tempfile
 import time
@@ -32,6 +40,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import ForeignLoad, machine, machine_line, markdown_table, ratio, verdict, wait_for_quiet  # noqa: E402
 
 TARGETS = {"tiny": 4.0, "bench": 2.5}  # (b)/(a) on a 2-core machine
+COMMAND_TARGETS = {"tiny": 4.0, "bench": 3.0}  # loop command / fedqueue command with the workers up
 WORDS = "the a of to model queue worker batch token prompt answer question why how long short".split()
 
 
@@ -68,10 +77,70 @@ def way_loop(model_path: Path, prompts: list[str], new_tokens: int) -> tuple[flo
     return time.perf_counter() - began, outputs, generated
 
 
-def way_fedqueue(
-    model_path: Path, prompts: list[str], new_tokens: int, batch_size: int, folder: Path
-) -> dict[str, Any]:
-    """(b): a warm cluster; returns seconds, outputs in input order, pad fraction and the cold start."""
+LOOP_SCRIPT = """
+import json, sys
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+model_path, input_path, output_path, new_tokens = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
+tokenizer = AutoTokenizer.from_pretrained(model_path)
+model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).eval()
+rows = [json.loads(line) for line in open(input_path)]
+with open(output_path, "w") as out, torch.inference_mode():
+    for row in rows:
+        inputs = tokenizer(row["prompt"], return_tensors="pt")
+        ids = model.generate(
+            **inputs, max_new_tokens=new_tokens, do_sample=False, pad_token_id=tokenizer.pad_token_id
+        )[0, inputs["input_ids"].shape[1] :]
+        out.write(json.dumps({"id": row["id"], "output": tokenizer.decode(ids, skip_special_tokens=True)}) + "\\n")
+"""
+
+
+def way_loop_command(model_path: Path, input_path: Path, new_tokens: int, folder: Path) -> tuple[float, list[str]]:
+    """The loop as a script a user runs: seconds from its start to the written file, and its outputs."""
+    script, output = folder / "loop.py", folder / f"loop-{model_path.name}.jsonl"
+    script.write_text(LOOP_SCRIPT)
+    command = [sys.executable, str(script), str(model_path), str(input_path), str(output), str(new_tokens)]
+    began = time.perf_counter()
+    subprocess.run(command, check=True, capture_output=True)
+    seconds = time.perf_counter() - began
+    return seconds, [json.loads(line)["output"] for line in output.read_text().splitlines()]
+
+
+def way_command(
+    model_path: Path, input_path: Path, new_tokens: int, env: dict[str, str], output: Path, extra: list[str]
+) -> tuple[float, list[str], str]:
+    """`fedqueue llm submit ... -o FILE`: seconds from its start to its exit (the file written), outputs, stdout."""
+    command = [
+        str(Path(sys.executable).with_name("fedqueue")),
+        "llm",
+        "submit",
+        str(input_path),
+        "--model",
+        str(model_path),
+        "--max-new-tokens",
+        str(new_tokens),
+        "--dtype",
+        "float32",
+        "-o",
+        str(output),
+        *extra,
+    ]
+    began = time.perf_counter()
+    done = subprocess.run(command, env=env, capture_output=True, text=True)
+    seconds = time.perf_counter() - began
+    if done.returncode != 0:
+        raise RuntimeError(f"fedqueue llm submit failed ({done.returncode}): {done.stderr[-2000:]}")
+    return seconds, [json.loads(line)["output"] or "" for line in output.read_text().splitlines()], done.stdout
+
+
+def batches_line(stdout: str) -> str:
+    """The command's own line on how it planned the job ("... in 10 batches for 2 worker slots")."""
+    return next((line.split(": ", 1)[-1] for line in stdout.splitlines() if "worker slots" in line), "?")
+
+
+def way_fedqueue(model_path: Path, input_path: Path, new_tokens: int, batch_size: int, folder: Path) -> dict[str, Any]:
+    """(b) and the warm command: a warm cluster; seconds, outputs in input order, pad fraction, the cold start."""
     import fedqueue
     from fedqueue.config import Settings
     from fedqueue.llm.job import JobRequest, submit_job
@@ -97,9 +166,8 @@ def way_fedqueue(
         if len(loaded_by) < procs:
             print(f"WARNING: only {len(loaded_by)} of {procs} workers took a warm-up batch")
 
-        input_path = folder / f"prompts-{model_path.name}.jsonl"
-        input_path.write_text("".join(json.dumps({"id": i, "prompt": p}) + "\n" for i, p in enumerate(prompts)))
-        request = JobRequest(input_path, str(model_path), generation, batch_size=batch_size)
+        slots = sum(spec.slots for spec in cluster.workers.specs)
+        request = JobRequest(input_path, str(model_path), generation, batch_size=batch_size, slots=slots)
         began = time.perf_counter()
         submitted = submit_job(services, request)
         _wait(services, submitted.job_id)
@@ -107,6 +175,12 @@ def way_fedqueue(
         rows = prompt_rows(services.store, submitted.job_id)
         summary = job_summary(services.store, submitted.job_id)
         services.close()
+        # End to end with the workers up and the model loaded: the command as a user runs it.
+        env = {**os.environ, **cluster.settings.to_env()}
+        output = folder / f"warm-{model_path.name}.jsonl"
+        # Its own job name: the same input and settings would otherwise continue (b)'s finished job.
+        extra = ["--job", f"e2e-{model_path.name}"]
+        warm_s, warm_outputs, warm_stdout = way_command(model_path, input_path, new_tokens, env, output, extra)
     return {
         "seconds": seconds,
         "outputs": [row.output or "" for row in rows],
@@ -116,7 +190,19 @@ def way_fedqueue(
         "procs": procs,
         "cold_s": cold_s,
         "model_load_s": max((t.load_ms for t in loads), default=0.0) / 1000,
+        "command_s": warm_s,
+        "command_outputs": warm_outputs,
+        "command_plan": batches_line(warm_stdout),
     }
+
+
+def way_cold_command(model_path: Path, input_path: Path, new_tokens: int, folder: Path) -> tuple[float, list[str]]:
+    """`fedqueue llm submit -o` with nothing running: embedded Redis and one worker per core start and stop."""
+    env = {key: value for key, value in os.environ.items() if not key.startswith("FEDQUEUE_")}
+    env["FEDQUEUE_DATABASE_URL"] = f"sqlite:///{folder / f'cold-{model_path.name}.db'}"
+    output = folder / f"cold-{model_path.name}.jsonl"
+    seconds, outputs, _ = way_command(model_path, input_path, new_tokens, env, output, [])
+    return seconds, outputs
 
 
 def way_static(model_path: Path, prompts: list[str], new_tokens: int, batch_size: int) -> tuple[float, int]:
@@ -167,25 +253,29 @@ def _wait(services: Any, job_id: str, timeout_s: float = 1800) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--prompts", type=int, default=128)
+    parser.add_argument("--prompts", type=int, default=96)
     parser.add_argument("--new-tokens", type=int, default=32)
-    parser.add_argument("--batch-size", type=int, default=16)
+    parser.add_argument("--batch-size", type=int, default=32, help="the most prompts per batch (the CLI's default)")
     parser.add_argument("--models", nargs="+", default=["tiny", "bench"], choices=["tiny", "bench"])
     parser.add_argument("--no-continuous", action="store_true", help="skip the continuous-batching comparison")
+    parser.add_argument("--no-cold", action="store_true", help="skip the command with nothing running")
     args = parser.parse_args()
 
     info = machine()
     print(machine_line(info))
     prompts = make_prompts(args.prompts)
-    rows, notes, strategy = [], [], []
+    rows, commands, notes, strategy = [], [], [], []
     load = ForeignLoad()
     with tempfile.TemporaryDirectory(prefix="fedqueue-bench-llm-") as name:
         folder = Path(name)
+        input_path = folder / "prompts.jsonl"
+        input_path.write_text("".join(json.dumps({"id": i, "prompt": p}) + "\n" for i, p in enumerate(prompts)))
         for kind in args.models:
             model_path = build_model(kind, folder)
             wait_for_quiet()
             loop_s, loop_outputs, loop_tokens = way_loop(model_path, prompts, args.new_tokens)
-            queued = way_fedqueue(model_path, prompts, args.new_tokens, args.batch_size, folder)
+            loop_command_s, loop_command_outputs = way_loop_command(model_path, input_path, args.new_tokens, folder)
+            queued = way_fedqueue(model_path, input_path, args.new_tokens, args.batch_size, folder)
             same = sum(a == b for a, b in zip(loop_outputs, queued["outputs"], strict=True))
             speedup = loop_s / queued["seconds"]
             rows.append(
@@ -199,6 +289,25 @@ def main() -> None:
                     ratio(loop_s, queued["seconds"]),
                     f"{TARGETS[kind]:.1f}x {verdict(speedup >= TARGETS[kind])}",
                     f"{same}/{len(prompts)}",
+                ]
+            )
+            cold_s, cold_outputs = (
+                (None, None) if args.no_cold else way_cold_command(model_path, input_path, args.new_tokens, folder)
+            )
+            outputs = [loop_command_outputs, queued["command_outputs"], *([cold_outputs] if cold_outputs else [])]
+            same_command = sum(all(each[i] == loop_outputs[i] for each in outputs) for i in range(len(prompts)))
+            command_speedup = loop_command_s / queued["command_s"]
+            commands.append(
+                [
+                    kind,
+                    f"{loop_command_s:.2f} s",
+                    f"{queued['command_s']:.2f} s",
+                    ratio(loop_command_s, queued["command_s"]),
+                    f"{COMMAND_TARGETS[kind]:.1f}x {verdict(command_speedup >= COMMAND_TARGETS[kind])}",
+                    ratio(loop_s, queued["command_s"]),
+                    "–" if cold_s is None else f"{cold_s:.2f} s",
+                    ratio(loop_command_s, cold_s),
+                    f"{same_command}/{len(prompts)}",
                 ]
             )
             if not args.no_continuous:
@@ -215,7 +324,8 @@ def main() -> None:
             notes.append(
                 f"{kind}: (a) {loop_s:.2f} s, (b) {queued['seconds']:.2f} s on {queued['procs']} workers in "
                 f"{queued['batches']} batches of up to {args.batch_size}; cold start {queued['cold_s']:.1f} s "
-                f"(cluster up and the first model load, {queued['model_load_s']:.2f} s of it loading)"
+                f"(cluster up and the first model load, {queued['model_load_s']:.2f} s of it loading); "
+                f"the warm command planned {queued['command_plan']}"
             )
     print()
     print(
@@ -232,6 +342,24 @@ def main() -> None:
                 "same output",
             ],
             rows,
+        )
+    )
+    print()
+    print("End to end, command start to exported file:")
+    print(
+        markdown_table(
+            [
+                "model",
+                "loop command",
+                "fedqueue, workers up + model loaded",
+                "loop/fedqueue",
+                "target",
+                "loop generate() only/fedqueue",
+                "fedqueue, nothing running",
+                "loop/cold",
+                "same output",
+            ],
+            commands,
         )
     )
     if strategy:
