@@ -77,7 +77,8 @@ class JobKind:
     new_cache: Callable[[], Any] = _no_cache
     # Process settings around each task of this kind (thread counts, deterministic kernels).
     task_scope: Callable[[Settings], AbstractContextManager[None]] = _no_scope
-    # Run once in a worker before it takes tasks (kernels, imports), where the kind needs it.
+    # Run once in a worker (kernels, imports), in a thread beside its first tasks: it must not change
+    # process-wide settings or draw from global random generators.
     warm_up: Callable[[Settings], None] | None = None
     # The kind's own commands, a Typer app the CLI adds as `fedqueue NAME ...` (imported only when asked for).
     commands: Callable[[], Any] | None = None

@@ -91,8 +91,9 @@ def _deterministic(settings: Settings) -> Iterator[None]:
 def _warm_up(settings: Settings) -> None:
     from fedqueue.fl.warmup import warm_up
 
-    with _deterministic(settings):  # the process keeps its own settings for other kinds' tasks
-        warm_up()
+    # No _deterministic scope here: the warm-up runs beside tasks, and restoring the thread
+    # count or kernel choice on its way out would change them under a running task.
+    warm_up()
 
 
 KIND = JobKind(

@@ -11,6 +11,7 @@ import os
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -22,6 +23,7 @@ from fedqueue.config import Settings
 from fedqueue.core import jobs
 from fedqueue.core.watchdog import TIMEOUT_EXIT_CODE
 from fedqueue.errors import ConfigError, ServiceUnavailable
+from fedqueue.queue.readiness import READY_KEY_ENV, forget, new_ready_key, wait_for_names
 
 MAX_EARLY_EXITS = 5
 EARLY_EXIT_S = 10.0
@@ -161,6 +163,7 @@ class WorkerGroup:
         self._started_at: dict[str, float] = {}
         self._early_exits: dict[str, int] = {}
         self.processes: list[subprocess.Popen[bytes]] = []
+        self.ready_key = new_ready_key(settings)
 
     def start(self) -> WorkerGroup:
         self.processes = [self._spawn(spec) for spec in self.specs]
@@ -174,6 +177,7 @@ class WorkerGroup:
             # PCI order: the index nvidia-smi and NVML print is the one CUDA uses.
             "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
             "CUDA_VISIBLE_DEVICES": spec.cuda_visible_devices,
+            READY_KEY_ENV: self.ready_key,
         }
         output: IO[bytes] | None = None
         if self._log_dir is not None:
@@ -217,23 +221,21 @@ class WorkerGroup:
         return restarted
 
     def wait_ready(self, timeout_s: float = 120.0) -> None:
-        """Block until every worker answers a ping."""
-        from fedqueue.queue.app import make_app
+        """Block until every worker consumes and has warmed up (each says so on the broker)."""
 
-        app = make_app(self.settings)
-        expected = len(self.specs)
-        deadline = time.monotonic() + timeout_s
-        try:
-            while time.monotonic() < deadline:
-                if any(process.poll() is not None for process in self.processes):
-                    raise ServiceUnavailable(f"a worker exited during start-up{self._log_hint()}")
-                replies = app.control.ping(timeout=0.5) or []
-                names = {name for reply in replies for name in reply}
-                if len({name.split("@")[0] for name in names} & {spec.name for spec in self.specs}) >= expected:
-                    return
+        def check() -> None:
+            if any(process.poll() is not None for process in self.processes):
+                raise ServiceUnavailable(f"a worker exited during start-up{self._log_hint()}")
+
+        names = {spec.name for spec in self.specs}
+        missing = wait_for_names(self.settings, self.ready_key, names, time.monotonic() + timeout_s, check)
+        if missing:
             raise ServiceUnavailable(f"workers did not answer within {timeout_s:.0f} s{self._log_hint()}")
-        finally:
-            app.close()
+
+    def slots(self) -> dict[str, int]:
+        """The planned workers' slots by Celery hostname: known before any of them answers."""
+        host = socket.gethostname()
+        return {f"{spec.name}@{host}": spec.slots for spec in self.specs}
 
     def _log_hint(self) -> str:
         return f" (logs in {self._log_dir})" if self._log_dir else ""
@@ -253,11 +255,16 @@ class WorkerGroup:
         """Warm stop (running tasks finish), then a cold one for whatever is still there."""
         self.signal_all(signal.SIGTERM)
         deadline = time.monotonic() + timeout_s
-        while self.alive() and time.monotonic() < deadline:
-            time.sleep(0.1)
+        for process in self.processes:
+            try:
+                process.wait(timeout=max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                break
         self.signal_all(signal.SIGKILL)
         for process in self.processes:
             process.wait()
         for log in self._logs:
             log.close()
         self._logs.clear()
+        if self.settings.broker_url:
+            forget(self.settings, self.ready_key)
