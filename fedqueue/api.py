@@ -22,6 +22,7 @@ if TYPE_CHECKING:
     import torch
 
     from fedqueue.core.local import LocalCluster
+    from fedqueue.core.services import WorkerSlots
     from fedqueue.core.supervisor import RunSupervisor
     from fedqueue.store import Store
 
@@ -142,9 +143,14 @@ def submit(
     *,
     settings: Settings | None = None,
     plugin_path: list[str] | None = None,
+    worker_slots: WorkerSlots | None = None,
     **overrides: Any,
 ) -> RunHandle:
-    """Validate, enqueue round 1 on the configured broker and return at once."""
+    """Validate, enqueue round 1 on the configured broker and return at once.
+
+    `worker_slots`: the workers' slots by hostname where the caller knows them (a cluster it
+    started, whose workers may not answer yet); else a submit that sizes packs asks the workers.
+    """
     from fedqueue.fl.rounds import submit_run
     from fedqueue.queue.client import open_client
 
@@ -154,7 +160,7 @@ def submit(
         raise ConfigError(
             "FEDQUEUE_BROKER_URL: not set (use fedqueue.run(), or submit inside fedqueue.local_cluster())"
         )
-    services = open_client(settings)
+    services = open_client(settings, worker_slots)
     try:
         return RunHandle(submit_run(services, run_config), settings)
     finally:
@@ -170,13 +176,19 @@ def local_cluster(
     plugin_path: list[str] | None = None,
     gpus_per_worker: int = 1,
     procs_per_gpu: int = 1,
+    wait: bool = True,
 ) -> Iterator[LocalCluster]:
-    """An embedded Redis (unless a broker is configured) and local workers, for the `with` block."""
+    """An embedded Redis (unless a broker is configured) and local workers, for the `with` block.
+
+    With `wait`, the block starts once every worker is up and warm; without, at once (Redis
+    answers, the workers start beside the block and take what it queued when they are up).
+    """
     from fedqueue.core.local import LocalCluster
     from fedqueue.queue.workers import detect_gpus, plan_workers
 
     settings = _settings(settings, plugin_path)
-    cluster = LocalCluster.start(settings, plan_workers(detect_gpus(), procs, slots, gpus_per_worker, procs_per_gpu))
+    specs = plan_workers(detect_gpus(), procs, slots, gpus_per_worker, procs_per_gpu)
+    cluster = LocalCluster.start(settings, specs) if wait else LocalCluster.launch(settings, specs)
     try:
         yield cluster
     finally:
@@ -193,16 +205,22 @@ def run(
     timeout_s: float | None = None,
     **overrides: Any,
 ) -> RunHandle:
-    """Submit and wait. With no broker configured, local workers run it and stop afterwards."""
+    """Submit and wait. With no broker configured: on the cluster `fedqueue up` left running for
+    these settings, else on local workers started here (beside the submit) and stopped afterwards."""
+    from fedqueue.core import cluster_file
+
     run_config = load_config(config, overrides)
     settings = _settings(settings, plugin_path)
-    if settings.broker_url:
-        handle = submit(run_config, settings=settings)
+    standing = None if settings.broker_url else cluster_file.find(settings)
+    if settings.broker_url or standing is not None:
+        if standing is not None:
+            settings = settings.with_broker(standing.broker_url)
+        handle = submit(run_config, settings=settings, worker_slots=standing.slots.copy if standing else None)
         with scheduling(handle) as supervisor:
             handle.wait(timeout_s, tick=keep_running(supervisor))
         return handle
-    with local_cluster(procs, slots, settings=settings) as cluster:
-        handle = submit(run_config, settings=cluster.settings)
+    with local_cluster(procs, slots, settings=settings, wait=False) as cluster:
+        handle = submit(run_config, settings=cluster.settings, worker_slots=cluster.workers.slots)
         with scheduling(handle) as supervisor:
             handle.wait(timeout_s, tick=keep_running(supervisor, cluster))
     return handle

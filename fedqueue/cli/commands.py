@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import signal
 import time
 from pathlib import Path
@@ -50,14 +52,20 @@ def _config(path: Path, sets: list[str] | None, rounds: int | None, seed: int | 
     return load_run_config(path, overrides)
 
 
-def _follow(handle: Any, cluster: Any = None) -> dict[str, Any]:
-    """Schedule the run (lease, repairs) and show its progress until it ends."""
+def _follow(handle: Any, cluster: Any = None, standing: Any = None) -> dict[str, Any]:
+    """Schedule the run (lease, repairs) and show its progress until it ends.
+
+    `standing`: the cluster of `fedqueue up` that runs it; following stops if that cluster stops.
+    """
     from fedqueue import api
     from fedqueue.cli.follow import follow_run, print_summary
 
     with api.scheduling(handle) as supervisor:
+        tick = api.keep_running(supervisor, cluster)
+        if standing is not None:
+            tick = _while_up(tick, standing.pid, handle.id)
         try:
-            summary = follow_run(handle.store, handle.id, console, tick=api.keep_running(supervisor, cluster))
+            summary = follow_run(handle.store, handle.id, console, tick=tick)
         except KeyboardInterrupt:
             if cluster is None:
                 errors.print(f"stopped following; run {handle.id} goes on (fedqueue resume {handle.id})")
@@ -79,29 +87,66 @@ def run(
 ) -> None:
     """Submit a run and follow it to the end. With no broker configured, start Redis and workers here."""
     from fedqueue import api
-    from fedqueue.fl.experiment import check_plugins
-    from fedqueue.store import open_store
 
     run_config = _config(config, set_, rounds, seed)
     settings = Settings.from_env().with_plugin_path(plugin_path)
     warn_if_insecure(settings)
     settings.activate_plugin_path()
-    check_plugins(run_config)  # a plugin that does not import fails before any worker starts
-    open_store(settings.database_url, migrate=True).close()  # so does a bad database
-    if settings.broker_url:
-        handle = api.submit(run_config, settings=settings)
+    standing = None if settings.broker_url else _standing(settings)
+    if settings.broker_url or standing is not None:
+        _check(run_config, settings)
+        handle = api.submit(
+            run_config,
+            settings=settings.with_broker(standing.broker_url) if standing else settings,
+            worker_slots=standing.slots.copy if standing else None,
+        )
         _announce(handle.id, run_config)
-        warn_if_no_workers(settings)
-        summary = _follow(handle)
+        if standing is None:
+            warn_if_no_workers(settings)
+        summary = _follow(handle, standing=standing)
     else:
         console.print("starting embedded Redis and local workers")
-        with api.local_cluster(procs, slots, settings=settings) as cluster:
+        # Started first, not waited for: the workers boot (imports, warm-up) while this process
+        # checks plugins, migrates the store and builds the first model; round 1 waits on the queue.
+        with api.local_cluster(procs, slots, settings=settings, wait=False) as cluster:
             console.print(f"embedded Redis at {cluster.settings.broker_url}, {len(cluster.workers.specs)} workers")
-            handle = api.submit(run_config, settings=cluster.settings)
+            _check(run_config, settings)
+            handle = api.submit(run_config, settings=cluster.settings, worker_slots=cluster.workers.slots)
             _announce(handle.id, run_config)
             summary = _follow(handle, cluster)
     if summary["state"] != "finished":
         raise typer.Exit(1)
+
+
+def _check(run_config: RunConfig, settings: Settings) -> None:
+    """A plugin that does not import, or a bad database, fails before anything is written."""
+    from fedqueue.fl.experiment import check_plugins  # imports torch: after the workers were started
+    from fedqueue.store import open_store
+
+    check_plugins(run_config)
+    open_store(settings.database_url, migrate=True).close()
+
+
+def _standing(settings: Settings) -> Any:
+    """The cluster `fedqueue up` left running for these settings, announced; None when there is none."""
+    from fedqueue.core import cluster_file
+
+    info = cluster_file.find(settings)
+    if info is not None:
+        console.print(f"using the local cluster of fedqueue up (pid {info.pid}, {len(info.slots)} workers)")
+    return info
+
+
+def _while_up(tick: Any, pid: int, run_id: str) -> Any:
+    """A tick that fails once the `fedqueue up` running the workers is gone: nothing would train the run."""
+    from fedqueue.core.cluster_file import pid_alive
+
+    def checked() -> Any:
+        if not pid_alive(pid):
+            raise FedqueueError(f"the local cluster (fedqueue up, pid {pid}) stopped; fedqueue resume {run_id} goes on")
+        return tick()
+
+    return checked
 
 
 def _announce(run_id: str, run_config: RunConfig) -> None:
@@ -131,6 +176,8 @@ def resume(
         summary = handle.status()
     elif settings.broker_url:
         summary = _follow(handle)
+    elif (standing := _standing(settings)) is not None:
+        summary = _follow(api.RunHandle(run_id, settings.with_broker(standing.broker_url)), standing=standing)
     else:
         console.print("starting embedded Redis and local workers")
         with api.local_cluster(procs, slots, settings=settings) as cluster:
@@ -293,23 +340,62 @@ def up(
     plugin_path: PluginPathOpt = None,
     gpus_per_worker: GpusPerWorkerOpt = 1,
     procs_per_gpu: ProcsPerGpuOpt = 1,
+    detach: Annotated[
+        bool, typer.Option("--detach", "-d", help="Return once the workers are ready; `fedqueue down` stops them.")
+    ] = False,
+    log_dir: Annotated[Path | None, typer.Option(hidden=True)] = None,
+    ready_fd: Annotated[int | None, typer.Option(hidden=True)] = None,
 ) -> None:
-    """Run an embedded Redis and local workers in the foreground, for submitting from another shell."""
+    """Run an embedded Redis and local workers; `fedqueue run` in this directory uses them.
+
+    In the foreground until Ctrl-C, or in the background with --detach until `fedqueue down`.
+    """
+    from fedqueue.cli.local import say_ready, start_detached
+    from fedqueue.core import cluster_file
     from fedqueue.core.local import LocalCluster
     from fedqueue.queue.client import open_client
     from fedqueue.queue.workers import detect_gpus, plan_workers
 
     settings = Settings.from_env().with_plugin_path(plugin_path)
+    # With a broker configured, `run` goes to it anyway: only an embedded Redis is announced for reuse.
+    announce = not settings.broker_url
+    if announce and (running := cluster_file.find(settings)) is not None:
+        raise FedqueueError(f"a local cluster for these settings is already up (pid {running.pid}; fedqueue down)")
+    if detach:
+        args = [f"--procs={procs}"] if procs is not None else []
+        args += [f"--slots={slots}", f"--gpus-per-worker={gpus_per_worker}", f"--procs-per-gpu={procs_per_gpu}"]
+        args += [f"--plugin-path={folder}" for folder in settings.plugin_path]
+        pid, logs = start_detached(args)
+        console.print(f"local cluster up (pid {pid}, logs in {logs}); fedqueue run uses it, fedqueue down stops it")
+        return
     specs = plan_workers(detect_gpus(), procs, slots, gpus_per_worker, procs_per_gpu)
-    cluster = LocalCluster.start(settings, specs)
+    cluster = LocalCluster.start(settings, specs, log_dir=log_dir)
+    info = cluster_file.ClusterInfo(
+        pid=os.getpid(),
+        broker_url=cluster.settings.broker_url or "",
+        slots=cluster.workers.slots(),
+        log_dir=str(cluster.log_dir),
+    )
     console.print(f"broker ready: export FEDQUEUE_BROKER_URL={cluster.settings.broker_url}")
     services = open_client(cluster.settings)
     try:
-        _supervise(cluster.workers, f"{len(specs)} workers, logs in {cluster.log_dir}", services)
+        with cluster_file.announced(settings, info) if announce else contextlib.nullcontext():
+            say_ready(ready_fd)
+            _supervise(cluster.workers, f"{len(specs)} workers, logs in {cluster.log_dir}", services)
     finally:
         services.close()
         if cluster.redis is not None:
             cluster.redis.stop()
+
+
+@app.command()
+@friendly_errors
+def down(plugin_path: PluginPathOpt = None) -> None:
+    """Stop the local cluster `fedqueue up` runs for these settings (running tasks finish first)."""
+    from fedqueue.cli.local import stop_standing
+
+    pid = stop_standing(Settings.from_env().with_plugin_path(plugin_path))
+    console.print("no local cluster is up for these settings" if pid is None else f"local cluster (pid {pid}) stopped")
 
 
 @app.command()

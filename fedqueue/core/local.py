@@ -19,8 +19,12 @@ class LocalCluster:
     log_dir: Path
 
     @classmethod
-    def start(cls, settings: Settings, specs: list[WorkerSpec], log_dir: Path | None = None) -> LocalCluster:
-        """Start an embedded Redis if no broker is configured, then the workers; wait for them."""
+    def launch(cls, settings: Settings, specs: list[WorkerSpec], log_dir: Path | None = None) -> LocalCluster:
+        """Start an embedded Redis if no broker is configured, then the workers; do not wait for them.
+
+        Redis answers when this returns; the workers take whatever is queued once they are up,
+        so a caller can submit while they start.
+        """
         redis: EmbeddedRedis | None = None
         if not settings.broker_url:
             redis = EmbeddedRedis().start()
@@ -29,15 +33,24 @@ class LocalCluster:
         workers = WorkerGroup(settings, specs, log_dir=log_dir)
         try:
             workers.start()
-            workers.wait_ready()
         except BaseException:
-            workers.stop(timeout_s=5)
             if redis is not None:
                 redis.stop()
             raise
         return cls(settings=settings, redis=redis, workers=workers, log_dir=log_dir)
 
-    def stop(self) -> None:
-        self.workers.stop()
+    @classmethod
+    def start(cls, settings: Settings, specs: list[WorkerSpec], log_dir: Path | None = None) -> LocalCluster:
+        """Launch, then wait until every worker consumes and has warmed up."""
+        cluster = cls.launch(settings, specs, log_dir)
+        try:
+            cluster.workers.wait_ready()
+        except BaseException:
+            cluster.stop(timeout_s=5)
+            raise
+        return cluster
+
+    def stop(self, timeout_s: float = 60.0) -> None:
+        self.workers.stop(timeout_s=timeout_s)
         if self.redis is not None:
             self.redis.stop()

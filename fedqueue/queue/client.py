@@ -14,13 +14,15 @@ if TYPE_CHECKING:
 STATS_TIMEOUT_S = 1.0
 
 
-def open_client(settings: Settings) -> Services:
+def open_client(settings: Settings, worker_slots: WorkerSlots | None = None) -> Services:
+    """`worker_slots`: the workers' slots where the caller knows them (it started them), else asked of the workers."""
     from fedqueue.queue.app import make_app
     from fedqueue.queue.publish import enqueue_with
 
     settings.activate_plugin_path()
     app = make_app(settings)
-    return open_services(settings, enqueue_with(app, settings), migrate=True, worker_slots=worker_slots_of(app))
+    slots = worker_slots if worker_slots is not None else worker_slots_of(app)
+    return open_services(settings, enqueue_with(app, settings), migrate=True, worker_slots=slots)
 
 
 def worker_slots_of(app: Celery) -> WorkerSlots:

@@ -1,0 +1,101 @@
+"""A local cluster that outlives one command: `fedqueue up --detach` starts it, `fedqueue down` stops it."""
+
+from __future__ import annotations
+
+import os
+import select
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from fedqueue.config import Settings
+from fedqueue.core import cluster_file
+from fedqueue.errors import FedqueueError, ServiceUnavailable
+
+READY_LINE = b"ready\n"
+DOWN_TIMEOUT_S = 90.0
+
+
+def start_detached(up_args: list[str]) -> tuple[int, Path]:
+    """Start `fedqueue up` in a session of its own; return its pid and log folder once its workers are ready.
+
+    The child says "ready" on a pipe; the pipe closing without it means the child failed.
+    """
+    log_dir = Path(tempfile.mkdtemp(prefix="fedqueue-workers-"))
+    read_end, write_end = os.pipe()
+    with open(log_dir / "up.log", "ab") as log:
+        child = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "fedqueue.cli",
+                "up",
+                *up_args,
+                "--log-dir",
+                str(log_dir),
+                "--ready-fd",
+                str(write_end),
+            ],
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=log,
+            pass_fds=[write_end],
+            start_new_session=True,  # a Ctrl-C or a closed terminal here does not reach it
+        )
+    os.close(write_end)
+    with os.fdopen(read_end, "rb") as ready:
+        said = ready.read(len(READY_LINE))  # blocks until the child is ready, or gone
+    if said != READY_LINE:
+        child.wait()
+        tail = (log_dir / "up.log").read_text(errors="replace").strip().splitlines()[-1:] or ["no output"]
+        raise ServiceUnavailable(f"fedqueue up did not start: {tail[0]} (log in {log_dir / 'up.log'})")
+    return child.pid, log_dir
+
+
+def say_ready(fd: int | None) -> None:
+    """Tell a detaching parent that the cluster is ready (and let it go)."""
+    if fd is None:
+        return
+    try:
+        os.write(fd, READY_LINE)
+    finally:
+        os.close(fd)
+    # Nobody reads the terminal any more: later output goes to the log the parent chose.
+
+
+def wait_gone(pid: int, timeout_s: float) -> bool:
+    """Wait for a process that is not our child to exit; True once it has."""
+    try:
+        fd = os.pidfd_open(pid)
+    except ProcessLookupError:
+        return True
+    except OSError:  # no pidfd here: look every 50 ms instead
+        deadline = time.monotonic() + timeout_s
+        while cluster_file.pid_alive(pid):
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.05)
+        return True
+    try:
+        readable, _, _ = select.select([fd], [], [], timeout_s)  # readable once the process exited
+        return bool(readable)
+    finally:
+        os.close(fd)
+
+
+def stop_standing(settings: Settings) -> int | None:
+    """Stop the cluster `fedqueue up` runs for these settings (warm: running tasks finish); its pid, or None."""
+    path = cluster_file.cluster_path(settings)
+    info = cluster_file.read(path)
+    if info is None:
+        return None
+    path.unlink(missing_ok=True)  # no new `run` picks a cluster that is stopping
+    if not cluster_file.pid_alive(info.pid):
+        return None
+    os.kill(info.pid, signal.SIGTERM)
+    if not wait_gone(info.pid, DOWN_TIMEOUT_S):
+        raise FedqueueError(f"fedqueue up (pid {info.pid}) did not stop within {DOWN_TIMEOUT_S:.0f} s")
+    return info.pid
