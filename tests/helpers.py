@@ -26,6 +26,9 @@ def small_config(**overrides: object) -> RunConfig:
         "local_lr": 0.1,
         "local_momentum": 0.5,
         "seed": 7,
+        # One device per task, as reference_final_state trains them (the default "auto" may pack them).
+        "pack_size": 1,
+        "pack_mode": "sequential",
     }
     base.update(overrides)
     return RunConfig.from_dict(base)

@@ -193,9 +193,19 @@ def test_the_cli_refuses_a_model_that_cannot_be_vmapped_in_one_line(settings: Se
     assert api.runs(settings=settings) == []
 
 
-def test_the_demo_config_vmapped_reaches_the_same_accuracy(settings: Settings, tmp_path: Path) -> None:
+def test_the_demo_config_packed_by_default_reaches_the_accuracy_of_one_device_per_task(
+    settings: Settings, tmp_path: Path
+) -> None:
+    """The demo as shipped ("auto": chosen at submit) against one device per task, and the same default
+    config submitted twice: the same choice both times, and the same weights bit for bit."""
     demo = api.load_config(Path(__file__).resolve().parents[1] / "examples" / "digits_fedavg.toml")
-    vmapped = replace(demo, pack_size=5, pack_mode="vmap")
-    plain, packed = _finish_together(settings, [demo, vmapped], 2, tmp_path)
-    accuracy = [handle.status()["final_accuracy"] for handle in (plain, packed)]
+    assert (demo.pack_size, demo.pack_mode) == ("auto", "auto")
+    plain = replace(demo, pack_size=1, pack_mode="sequential")
+    single, auto, again = _finish_together(settings, [plain, demo, demo], 2, tmp_path)
+    chosen = [api.load_config(handle.store.get_run(handle.id).config) for handle in (auto, again)]
+    # 2 worker slots answered: packs of 5, vmapped (the MLP's stacked step timed faster than the loop).
+    assert [(config.pack_size, config.pack_mode) for config in chosen] == [(5, "vmap")] * 2, chosen
+    assert "timed" in chosen[0].pack_choice
+    assert_same_weights(auto.final_weights(), again.final_weights())
+    accuracy = [handle.status()["final_accuracy"] for handle in (single, auto)]
     assert accuracy[0] > 0.9 and abs(accuracy[0] - accuracy[1]) <= 0.005, accuracy

@@ -55,10 +55,11 @@ class RunConfig:
     min_devices_per_round: int = 1
     local_step: str = "cross_entropy"
     aggregate: str = "fedavg"
-    # Devices per task (or "auto": chosen at submit from the round's size and the workers' slots),
-    # and how a task trains its pack: "sequential" (back to back) or "vmap" (one stacked step).
-    pack_size: int | str = 1
-    pack_mode: str = "sequential"  # or "auto": vmap where it pays (see fl/packing.py)
+    # Devices per task ("auto": chosen at submit from the round's size and the workers' slots), and
+    # how a task trains its pack: "sequential" (back to back), "vmap" (one stacked step), or "auto"
+    # (both timed at submit, see fl/packing.py). The choice is written into the stored config.
+    pack_size: int | str = "auto"
+    pack_mode: str = "auto"
     # Written at submit: how "auto" was resolved, for the config and the report to show.
     pack_choice: str = ""
     # How updates become versions: "fedavg" (synchronous rounds), "fedbuff" (buffered asynchronous),

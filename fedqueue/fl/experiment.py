@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import json
 import os
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
@@ -100,9 +101,24 @@ def check_plugins(config: RunConfig) -> None:
         check_options(kind, resolve(kind, getattr(config, kind)), config.plugin)
 
 
-def resolve_packing(config: RunConfig, data: FederatedData, worker_slots: Callable[[], dict[str, int]]) -> RunConfig:
+PackTimer = Callable[[RunConfig, FederatedData, int], tuple[float, float]]
+
+
+def resolve_packing(
+    config: RunConfig,
+    data: FederatedData,
+    worker_slots: Callable[[], dict[str, int]],
+    timer: PackTimer | None = None,
+) -> RunConfig:
     """The config with "auto" pack size and mode chosen (and the choice noted), checked for vmap; else as given."""
-    from fedqueue.fl.packing import PACKS_PER_SLOT, auto_pack_mode, auto_pack_size, has_gpu_workers, total_slots
+    from fedqueue.fl.packing import (
+        PACKS_PER_SLOT,
+        auto_pack_mode,
+        auto_pack_size,
+        has_gpu_workers,
+        measured_pack_mode,
+        total_slots,
+    )
 
     if config.pack_size != "auto" and config.pack_mode != "auto":
         check_pack_mode(config, data)
@@ -116,18 +132,84 @@ def resolve_packing(config: RunConfig, data: FederatedData, worker_slots: Callab
         found = f"{slots} slots" if workers else f"no worker answered, {slots} slots assumed (one per core here)"
         notes.append(f"pack_size {size}: {config.devices_per_round} devices, {found}, {PACKS_PER_SLOT} packs per slot")
     mode = config.pack_mode
-    if mode == "auto":
+    if mode == "auto" and size == 1:
+        mode = "sequential"
+        notes.append("pack_mode sequential: one device per task")
+    elif mode == "auto":
         try:
             check_pack_mode(replace(config, pack_size=max(size, 2), pack_mode="vmap"), data)
             refused = None
         except ConfigError as err:
             refused = str(err).removeprefix("pack_mode: ").split(";")[0]
-        mode, why = auto_pack_mode(_has_convolution(config, data), has_gpu_workers(workers), refused)
+        on_gpu = has_gpu_workers(workers)
+        if refused is None and not on_gpu:  # a CPU like the workers' is here to time both ways on
+            mode, why = measured_pack_mode(*(timer or time_pack_modes)(config, data, max(size, 2)))
+        else:  # refused, or GPU workers: this process must not touch CUDA, so the rule decides
+            mode, why = auto_pack_mode(_has_convolution(config, data), on_gpu, refused)
         notes.append(f"pack_mode {mode}: {why}")
     resolved = replace(config, pack_size=size, pack_mode=mode, pack_choice="; ".join(notes))
     if config.pack_mode != "auto":  # an "auto" mode was tried as vmap above: no second trial
         check_pack_mode(resolved, data)
     return resolved
+
+
+TIMED_PACK_MAX = 16  # devices timed: a larger pack's time per device differs little, and timing it delays the submit
+TIMING_BUDGET_S = 0.05  # per timing of one way: the steps timed are cut to fit it
+TIMINGS = 3  # each way timed up to this often, alternating; the fastest counts (noise only ever slows a run down)
+TIMINGS_BUDGET_S = 1.0  # all timings together: a model whose step is slow is timed fewer times (twice at least)
+
+
+def time_pack_modes(config: RunConfig, data: FederatedData, pack: int) -> tuple[float, float]:
+    """Seconds a local step per device, one pack of up to `pack` devices trained back to back and vmapped,
+    on this process's CPU with one torch thread (as a worker slot trains)."""
+    import torch
+
+    from fedqueue.fl.data import device_data
+    from fedqueue.fl.models import build_model
+    from fedqueue.fl.pack_train import train_pack
+    from fedqueue.fl.train import local_schedule, train_local
+
+    devices = list(range(min(pack, config.num_devices, TIMED_PACK_MAX)))
+    spec = data_spec(config)
+    plugins = resolve_plugins(config)
+    full = train_config(config)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        with torch.random.fork_rng(devices=[]):
+            model = build_model(config.model, data.input_shape, data.num_classes, config.plugin)
+            datas = [device_data(spec, device) for device in devices]
+
+            def loop(steps: int) -> None:
+                trial = replace(full, local_iters=steps, local_epochs=None)
+                for device, samples in zip(devices, datas, strict=True):
+                    train_local(model, samples, trial, device, torch.device("cpu"), plugins.local_step, plugins.options)
+
+            def stacked(steps: int) -> None:
+                trial = replace(full, local_iters=steps, local_epochs=None)
+                train_pack(model, datas, trial, devices, torch.device("cpu"), plugins.local_step, plugins.options)
+
+            # One untimed step each (vmap traces its function on the first call) sizes the steps timed.
+            first = max(_seconds(loop, 1), _seconds(stacked, 1))
+            most = max(local_schedule(len(samples), full)[1] for samples in datas)
+            steps = max(1, min(most, int(TIMING_BUDGET_S / first) if first > 0 else most))
+            repeats = max(2, min(TIMINGS, int(TIMINGS_BUDGET_S / (2 * first * steps)) if first > 0 else TIMINGS))
+            sequential, vmapped = [], []
+            for _ in range(repeats):
+                sequential.append(_seconds(loop, steps))
+                vmapped.append(_seconds(stacked, steps))
+            per_step = steps * len(devices)
+            return min(sequential) / per_step, min(vmapped) / per_step
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _seconds(train: Callable[[int], None], steps: int) -> float:
+    """CPU seconds of this thread (torch runs on it with one thread): workers booting beside the submit,
+    or any other process, take the CPU away without counting here."""
+    started = time.thread_time()
+    train(steps)
+    return time.thread_time() - started
 
 
 def _has_convolution(config: RunConfig, data: FederatedData) -> bool:

@@ -30,10 +30,23 @@ def has_gpu_workers(workers: Mapping[str, int]) -> bool:
     return any(name.startswith("gpu") for name in workers)
 
 
+# A vmapped pack also stores one summed update where a sequential pack stores one per device, so on
+# a near tie vmap wins; it loses only when its step is clearly slower (vmapped convolutions on a CPU).
+VMAP_TOLERANCE = 1.1
+
+
 def auto_pack_mode(has_convolution: bool, on_gpu: bool, vmap_refused: str | None) -> tuple[str, str]:
-    """(mode, why). vmapped convolutions are slower than a loop on a CPU, so only a GPU gets them vmapped."""
+    """(mode, why) by rule, where nothing was timed. vmapped convolutions are slower than a loop on a CPU."""
     if vmap_refused is not None:
         return "sequential", f"vmap refused: {vmap_refused}"
     if has_convolution and not on_gpu:
         return "sequential", "convolutions on CPU workers train faster one device at a time"
     return "vmap", "GPU workers" if on_gpu else "no convolutions: stacked steps pay on a CPU"
+
+
+def measured_pack_mode(sequential_s: float, vmap_s: float) -> tuple[str, str]:
+    """(mode, why) from one pack's training timed both ways on a CPU (seconds per device)."""
+    timed = f"timed {sequential_s * 1000:.2f} ms a device-step back to back, {vmap_s * 1000:.2f} ms vmapped"
+    if vmap_s <= sequential_s * VMAP_TOLERANCE:
+        return "vmap", timed
+    return "sequential", f"{timed} (vmap {vmap_s / sequential_s:.1f}x slower)"

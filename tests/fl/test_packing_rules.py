@@ -7,7 +7,15 @@ import pytest
 from fedqueue.fl.config import RunConfig
 from fedqueue.fl.data import load_federated
 from fedqueue.fl.experiment import data_spec, resolve_packing
-from fedqueue.fl.packing import AUTO_PACK_MAX, auto_pack_mode, auto_pack_size, has_gpu_workers, total_slots
+from fedqueue.fl.packing import (
+    AUTO_PACK_MAX,
+    VMAP_TOLERANCE,
+    auto_pack_mode,
+    auto_pack_size,
+    has_gpu_workers,
+    measured_pack_mode,
+    total_slots,
+)
 
 
 @pytest.mark.parametrize(
@@ -37,24 +45,57 @@ def _config(**changes: object) -> RunConfig:
     return RunConfig.from_dict({**base, **changes})
 
 
+def test_measured_mode_vmaps_unless_the_stacked_step_is_clearly_slower() -> None:
+    assert measured_pack_mode(sequential_s=0.002, vmap_s=0.001)[0] == "vmap"
+    assert measured_pack_mode(sequential_s=0.001, vmap_s=0.001 * VMAP_TOLERANCE)[0] == "vmap"  # a tie: vmap
+    mode, why = measured_pack_mode(sequential_s=0.001, vmap_s=0.002)
+    assert mode == "sequential" and "2.0x slower" in why and "1.00 ms" in why
+
+
 @pytest.mark.parametrize(
-    ("model", "workers", "size", "mode"),
+    ("model", "workers", "timings", "size", "mode"),
     [
-        ("mlp", {"cpu0@h": 1, "cpu1@h": 1}, 6, "vmap"),
-        ("cnn", {"cpu0@h": 1, "cpu1@h": 1}, 6, "sequential"),
-        ("cnn", {"gpu0@h": 2}, 6, "vmap"),
-        ("resnet18", {"gpu0@h": 1, "gpu1@h": 1, "gpu2@h": 1}, 4, "sequential"),
+        ("mlp", {"cpu0@h": 1, "cpu1@h": 1}, (0.002, 0.001), 6, "vmap"),
+        ("cnn", {"cpu0@h": 1, "cpu1@h": 1}, (0.010, 0.020), 6, "sequential"),
+        ("cnn", {"gpu0@h": 2}, None, 6, "vmap"),  # GPU workers: nothing timed here, the rule decides
+        ("resnet18", {"gpu0@h": 1, "gpu1@h": 1, "gpu2@h": 1}, None, 4, "sequential"),  # refused
     ],
 )
 def test_auto_is_resolved_at_submit_and_the_choice_noted(
-    model: str, workers: dict[str, int], size: int, mode: str
+    model: str, workers: dict[str, int], timings: tuple[float, float] | None, size: int, mode: str
 ) -> None:
+    def timer(config: RunConfig, data: object, pack: int) -> tuple[float, float]:
+        assert timings is not None, "GPU workers or a refused vmap: nothing is timed"
+        assert pack == size
+        return timings
+
     config = _config(model=model, pack_size="auto", pack_mode="auto")
-    resolved = resolve_packing(config, load_federated(data_spec(config)), lambda: workers)
+    resolved = resolve_packing(config, load_federated(data_spec(config)), lambda: workers, timer)
     assert (resolved.pack_size, resolved.pack_mode) == (size, mode)
     assert resolved.pack_choice.startswith(f"pack_size {size}: 24 devices, ")
     assert f"pack_mode {mode}: " in resolved.pack_choice
+    assert ("timed" in resolved.pack_choice) == (timings is not None)
     assert RunConfig.from_dict(resolved.to_dict()) == resolved  # the stored config reads back
+
+
+def test_the_default_is_auto_and_timing_it_twice_gives_the_same_choice() -> None:
+    """The digits MLP of the demo: a vmapped step is well inside the tolerance, so noise cannot flip it."""
+    config = RunConfig.from_dict({"dataset": "digits", "model": "mlp", "num_devices": 40, "devices_per_round": 20})
+    assert (config.pack_size, config.pack_mode) == ("auto", "auto")
+    data = load_federated(data_spec(config))
+    chosen = [resolve_packing(config, data, lambda: {"cpu0@h": 1, "cpu1@h": 1}) for _ in range(2)]
+    assert [(c.pack_size, c.pack_mode) for c in chosen] == [(5, "vmap"), (5, "vmap")]
+    assert all("timed" in c.pack_choice for c in chosen)
+
+
+def test_a_single_device_per_task_is_not_timed() -> None:
+    config = _config(pack_size=1)
+    resolved = resolve_packing(config, load_federated(data_spec(config)), lambda: {"cpu0@h": 1}, _never_timed)
+    assert (resolved.pack_size, resolved.pack_mode) == (1, "sequential")
+
+
+def _never_timed(config: RunConfig, data: object, pack: int) -> tuple[float, float]:
+    raise AssertionError("a pack of one has no mode to time")
 
 
 def test_an_explicit_choice_is_kept_as_given() -> None:
