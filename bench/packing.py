@@ -197,7 +197,9 @@ def cpu_cases(timed: int, procs: int, folder: Path, only: str) -> list[tuple[str
         for title, config in cases:
             print(f"{title}: fedqueue ...", flush=True)
             ways = [
-                through_fedqueue(cluster, config, f"fedqueue pack 1, {procs} processes"),
+                through_fedqueue(
+                    cluster, replace(config, pack_size=1, pack_mode="sequential"), f"fedqueue pack 1, {procs} processes"
+                ),
                 through_fedqueue(cluster, replace(config, pack_size=PACK), f"fedqueue pack {PACK} sequential"),
                 through_fedqueue(
                     cluster, replace(config, pack_size=PACK, pack_mode="vmap"), f"fedqueue pack {PACK} vmap"
@@ -264,12 +266,13 @@ def gpu_case(timed: int, folder: Path) -> None:
     ways = [thread_pool(config, "cuda:0")]
     torch.cuda.empty_cache()
     with fedqueue.local_cluster(settings=settings) as cluster:
-        ways.append(through_fedqueue(cluster, config, "fedqueue pack 1, 1 process per GPU"))
+        one_each = replace(config, pack_size=1, pack_mode="sequential")
+        ways.append(through_fedqueue(cluster, one_each, "fedqueue pack 1, 1 process per GPU"))
         for size in (25, 100):
             packed = replace(config, pack_size=size, pack_mode="vmap")
             ways.append(through_fedqueue(cluster, packed, f"fedqueue vmapped packs of {size}"))
     with fedqueue.local_cluster(settings=settings, procs_per_gpu=4) as cluster:
-        ways.insert(2, through_fedqueue(cluster, config, "fedqueue pack 1, 4 processes per GPU"))
+        ways.insert(2, through_fedqueue(cluster, one_each, "fedqueue pack 1, 4 processes per GPU"))
     threads = ways[0]
     print(f"\n### GPU: CIFAR CNN, 100 devices x 25 steps of batch 32 per round ({timed} timed rounds)\n")
     rows = [
