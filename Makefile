@@ -28,7 +28,7 @@ lint: $(STAMP)
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
 
-# About 25 minutes on an idle 2-core machine; each benchmark first waits (up to 3 minutes) for other work to stop.
+# About 27 minutes on an idle 2-core machine; each benchmark first waits (up to 3 minutes) for other work to stop.
 bench: $(STAMP)
 	$(BIN)/python bench/fl_round.py
 	$(BIN)/python bench/overhead.py
@@ -37,6 +37,7 @@ bench: $(STAMP)
 	$(BIN)/python bench/packing.py
 	$(BIN)/python bench/async_overhead.py
 	$(BIN)/python bench/sync_vs_async.py
+	$(BIN)/python bench/startup.py
 
 clean:
 	rm -rf $(VENV) fedqueue.db fedqueue.db-wal fedqueue.db-shm
