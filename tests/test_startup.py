@@ -20,6 +20,7 @@ from fedqueue.core import cluster_file
 from fedqueue.core.local import LocalCluster
 from fedqueue.errors import ServiceUnavailable
 from fedqueue.queue.workers import WorkerGroup, plan_workers
+from tests.conftest import running_workers
 from tests.helpers import assert_same_weights, reference_final_state, small_config
 from tests.reliability_support import ping_count
 from tests.test_cli import SMALL, cli_env, fedqueue, our_processes, write_config
@@ -189,3 +190,15 @@ def test_cluster_start_waits_and_stops_everything(settings: Settings) -> None:
     finally:
         cluster.stop()
     assert not cluster.workers.alive() and not any(cluster_file.pid_alive(pid) for pid in children)
+
+
+def test_the_no_worker_warning_answers_to_the_first_worker(
+    settings: Settings, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from fedqueue.cli.common import warn_if_no_workers
+
+    warn_if_no_workers(settings)
+    assert "no worker answers" in capsys.readouterr().err
+    with running_workers(settings, procs=1):
+        warn_if_no_workers(settings)
+    assert "no worker answers" not in capsys.readouterr().err
