@@ -202,3 +202,35 @@ def test_the_no_worker_warning_answers_to_the_first_worker(
     with running_workers(settings, procs=1):
         warn_if_no_workers(settings)
     assert "no worker answers" not in capsys.readouterr().err
+
+
+FAST_EXIT_SCRIPT = """
+import atexit, sys, threading
+from pathlib import Path
+from fedqueue.core.fast_exit import run_then_exit
+
+folder = Path(sys.argv[1])
+atexit.register(lambda: (folder / "atexit").write_text("ran"))
+
+def main():
+    started = threading.Event()
+    def late():
+        started.wait()
+        (folder / "thread").write_text("done")
+    threading.Thread(target=late).start()  # not a daemon: the exit waits for it
+    started.set()
+    sys.stdout.write("no newline, still buffered")
+    sys.exit(3)
+
+run_then_exit(main)
+"""
+
+
+def test_a_fast_exit_keeps_what_a_normal_exit_does(tmp_path: Path) -> None:
+    """Threads joined, atexit handlers run, output flushed, the status kept; only the module teardown is skipped."""
+    result = subprocess.run(
+        [sys.executable, "-c", FAST_EXIT_SCRIPT, str(tmp_path)], capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == 3
+    assert result.stdout == "no newline, still buffered"
+    assert (tmp_path / "atexit").read_text() == "ran" and (tmp_path / "thread").read_text() == "done"

@@ -132,7 +132,7 @@ def worker_command(spec: WorkerSpec, settings: Settings, loglevel: str = "INFO")
     return [
         sys.executable,
         "-m",
-        "celery",
+        "fedqueue.queue.worker_main",  # `celery`, then an exit without Python's teardown
         "-A",
         "fedqueue.queue.worker_app:app",
         "worker",
