@@ -234,3 +234,17 @@ def test_a_fast_exit_keeps_what_a_normal_exit_does(tmp_path: Path) -> None:
     assert result.returncode == 3
     assert result.stdout == "no newline, still buffered"
     assert (tmp_path / "atexit").read_text() == "ran" and (tmp_path / "thread").read_text() == "done"
+
+
+def test_a_cluster_file_in_a_folder_others_can_write_is_not_trusted(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))
+    settings = Settings(database_url=f"sqlite:///{tmp_path / 'store.db'}")
+    info = cluster_file.ClusterInfo(pid=os.getpid(), broker_url="redis://127.0.0.1:1/0", slots={}, log_dir="")
+    path = cluster_file.write(settings, info)
+    assert cluster_file.read(path) == info
+    path.parent.chmod(0o777)
+    assert cluster_file.read(path) is None and cluster_file.find(settings) is None
+    with pytest.raises(ServiceUnavailable, match="not a private folder"):
+        cluster_file.write(settings, info)

@@ -384,8 +384,7 @@ def up(
             _supervise(cluster.workers, f"{len(specs)} workers, logs in {cluster.log_dir}", services)
     finally:
         services.close()
-        if cluster.redis is not None:
-            cluster.redis.stop()
+        cluster.stop(timeout_s=0)  # the workers stopped in _supervise already, unless it never ran
 
 
 @app.command()

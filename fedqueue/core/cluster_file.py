@@ -17,6 +17,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from fedqueue.config import Settings
+from fedqueue.errors import ServiceUnavailable
 
 ALIVE_CHECK_TIMEOUT_S = 1.0
 
@@ -32,6 +33,15 @@ class ClusterInfo:
 def runtime_dir() -> Path:
     base = os.environ.get("XDG_RUNTIME_DIR") or tempfile.gettempdir()
     return Path(base) / f"fedqueue-{os.getuid()}"
+
+
+def _private(folder: Path) -> bool:
+    """Ours and closed to others: a file planted by another user could point `run` at their broker."""
+    try:
+        info = folder.stat()
+    except OSError:
+        return False
+    return info.st_uid == os.getuid() and not info.st_mode & 0o077
 
 
 def _absolute_sqlite(url: str) -> str:
@@ -63,6 +73,8 @@ def cluster_path(settings: Settings) -> Path:
 def write(settings: Settings, info: ClusterInfo) -> Path:
     path = cluster_path(settings)
     path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    if not _private(path.parent):
+        raise ServiceUnavailable(f"{path.parent} is not a private folder of this user: the cluster is not announced")
     partial = path.with_suffix(f".{os.getpid()}.tmp")
     with open(os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as out:
         json.dump(asdict(info), out)
@@ -79,6 +91,9 @@ def remove(settings: Settings, pid: int) -> None:
 
 
 def read(path: Path) -> ClusterInfo | None:
+    """The file's cluster; None when there is none, it is unreadable, or its folder is not private."""
+    if not _private(path.parent):
+        return None
     try:
         raw = json.loads(path.read_text())
         return ClusterInfo(
