@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterable, Sequence
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from typing import Any, cast
 
 from sqlalchemy import Connection, Row, Table, and_, bindparam, delete, insert, or_, select, update
@@ -93,10 +93,11 @@ def save_pass(
     fates: Sequence[dict[str, Any]],
     selected: dict[int, list[int]],
     needed_from: int = 0,
+    made: Sequence[MadeVersion] = (),
 ) -> bool:
-    """Write what a fold pass reached, in one transaction: the schedule, the fates of the updates it took,
-    the devices it sent off, by round, and which kept versions go (those before `needed_from`).
-    False when its claim was taken over (nothing is written)."""
+    """Write what a fold pass reached, in one transaction: the versions it made, the schedule, the fates
+    of the updates it took, the devices it sent off, by round, and which kept versions go (those before
+    `needed_from`). False when its claim was taken over (nothing is written)."""
     try:
         with store.engine.begin() as connection:
             result = connection.execute(
@@ -106,6 +107,8 @@ def save_pass(
             )
             if not _changed_one(result):
                 raise _ClaimTaken()
+            for made_version in made:  # first: the rounds that train on them are extended below
+                _record_version(connection, store, run_id, made_version)
             if fates:
                 connection.execute(_FATE_UPDATE, [_fate_params(run_id, fate) for fate in fates])
             for round_index, devices in selected.items():
@@ -195,39 +198,44 @@ def forget_versions_before(store: Store, run_id: str, version: int) -> None:
         )
 
 
-@retry_transient
-def record_version(
-    store: Store,
-    run_id: str,
-    version: int,
-    sha256: str,
-    data: bytes,
-    metrics: dict[str, Any],
-    next_round: RoundRow | None,
-    timing: TaskTiming | None = None,
-    server_state: bytes | None = None,
-) -> None:
-    """A fold pass made `version`, in one transaction: its round closed with its metrics, the run's
-    checkpoint, the pass's timing, and (unless it is the last) the version kept while needed, with the
-    server's state after it, and the round that trains on it. Idempotent: a replayed pass writes the same rows."""
-    with store.engine.begin() as connection:
-        if timing is not None:
-            connection.execute(store.timing_upsert, asdict(timing))
-        connection.execute(
-            update(ROUNDS)
-            .where(ROUNDS.c.run_id == run_id, ROUNDS.c.round_index == version)
-            .values(state="done", aggregated_at=time.time(), **metrics)
+@dataclass(frozen=True)
+class MadeVersion:
+    """What a fold pass writes for a version it made (see save_pass)."""
+
+    version: int
+    sha256: str
+    data: bytes
+    metrics: dict[str, Any]
+    next_round: RoundRow | None  # the round that trains on it; None for the run's last version
+    timing: TaskTiming | None = None
+    server_state: bytes | None = None
+
+
+def _record_version(connection: Connection, store: Store, run_id: str, made: MadeVersion) -> None:
+    """Its round closed with its metrics, the run's checkpoint, the pass's timing, and (unless it is the
+    last) the version kept while needed, with the server's state after it, and the round that trains on
+    it. Idempotent: a replayed pass writes the same rows."""
+    if made.timing is not None:
+        connection.execute(store.timing_upsert, asdict(made.timing))
+    connection.execute(
+        update(ROUNDS)
+        .where(ROUNDS.c.run_id == run_id, ROUNDS.c.round_index == made.version)
+        .values(state="done", aggregated_at=time.time(), **made.metrics)
+    )
+    connection.execute(delete(CHECKPOINTS).where(CHECKPOINTS.c.run_id == run_id))
+    connection.execute(
+        insert(CHECKPOINTS).values(run_id=run_id, version=made.version, sha256=made.sha256, data=made.data)
+    )
+    if made.next_round is None:
+        return
+    connection.execute(delete(VERSIONS).where(VERSIONS.c.run_id == run_id, VERSIONS.c.version == made.version))
+    connection.execute(
+        insert(VERSIONS).values(
+            run_id=run_id, version=made.version, sha256=made.sha256, data=made.data, server_state=made.server_state
         )
-        connection.execute(delete(CHECKPOINTS).where(CHECKPOINTS.c.run_id == run_id))
-        connection.execute(insert(CHECKPOINTS).values(run_id=run_id, version=version, sha256=sha256, data=data))
-        if next_round is None:
-            return
-        connection.execute(delete(VERSIONS).where(VERSIONS.c.run_id == run_id, VERSIONS.c.version == version))
-        connection.execute(
-            insert(VERSIONS).values(run_id=run_id, version=version, sha256=sha256, data=data, server_state=server_state)
-        )
-        there = connection.execute(
-            select(ROUNDS.c.id).where(ROUNDS.c.run_id == run_id, ROUNDS.c.round_index == next_round.round_index)
-        ).first()
-        if there is None:
-            connection.execute(insert(ROUNDS).values(_set_columns(next_round)))
+    )
+    there = connection.execute(
+        select(ROUNDS.c.id).where(ROUNDS.c.run_id == run_id, ROUNDS.c.round_index == made.next_round.round_index)
+    ).first()
+    if there is None:
+        connection.execute(insert(ROUNDS).values(_set_columns(made.next_round)))

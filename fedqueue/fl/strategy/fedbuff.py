@@ -128,6 +128,13 @@ def _trip_name(round_index: int, device: int) -> str:
     return f"{round_index}:{device}"
 
 
+_UNNAMED = object()  # no head published yet by this pass
+
+
+def _trip_key(trip: Trip) -> tuple[int, int]:
+    return trip.round_index, trip.device
+
+
 def _head_of(state: ScheduleState) -> Trip | None:
     return state.in_flight[0] if state.in_flight and not state.done else None
 
@@ -213,12 +220,15 @@ class _FoldPass:
         self.trip_seconds = _trip_seconds(self.config)
         self._refs = cache.version_refs(run_id)  # published versions, by number, as this process has read or made them
         self._locals: dict[tuple[int, int], Mapping[str, torch.Tensor]] = {}
+        # Versions made since the last save: recorded by that save, in its transaction.
+        self._made: list[schedules.MadeVersion] = []
 
     def run(self, state: ScheduleState) -> int:
         store = self.services.store
         made = 0
+        results = self._results(state)
+        named: object = _UNNAMED
         while not state.done and state.stuck is None:
-            results = self._results(state)
             oldest = oldest_needed(state)
             teachers = teachers_needed(state)
 
@@ -237,9 +247,16 @@ class _FoldPass:
                 if oldest_needed(state) > oldest:
                     self._forget_versions(oldest, oldest_needed(state))
             # Until the buffer is whole again, every stored result asks for a pass (no head is named).
-            publish_head(self.services, self.run_id, _head_of(state) if complete else None)
-            # A head stored before it was named asked for no pass: this one takes it.
-            if not events or state.done or not self._head_stored(state):
+            head = _head_of(state) if complete else None
+            if head != named:  # named once per pass at least; again only when it moved
+                publish_head(self.services, self.run_id, head)
+                named = head
+            if not events or state.done:
+                break
+            # A head stored before it was named asked for no pass: this one takes it. The results of the
+            # next arrivals, read once, say whether it is stored.
+            results = self._results(state)
+            if not state.in_flight or _trip_key(state.in_flight[0]) not in results:
                 break
         if state.stuck is not None and store.finish_run(self.run_id, "failed", state.stuck):
             log.warning("run %s: %s", self.run_id, state.stuck)
@@ -252,12 +269,6 @@ class _FoldPass:
         self.services.blobs.delete([global_key(self.run_id, version) for version in range(first, end)])
         for version in range(first, end):
             self._refs.pop(version, None)
-
-    def _head_stored(self, state: ScheduleState) -> bool:
-        if not state.in_flight:
-            return False
-        head = state.in_flight[0]
-        return bool(schedules.stored_results(self.services.store, self.run_id, [head.round_index], [head.device]))
 
     def _results(self, state: ScheduleState) -> dict[tuple[int, int], Row[Any]]:
         """Stored results of the trips in flight, of those in the buffer (their versions are still to make),
@@ -319,10 +330,19 @@ class _FoldPass:
         for dispatch in sends:
             selected.setdefault(dispatch.round_index, []).extend(trip.device for trip in dispatch.trips)
         saved = schedules.save_pass(
-            store, self.run_id, self.owner, state.to_dict(), state.version, fates, selected, oldest_needed(state)
+            store,
+            self.run_id,
+            self.owner,
+            state.to_dict(),
+            state.version,
+            fates,
+            selected,
+            oldest_needed(state),
+            self._made,
         )
         if not saved:
             raise ClaimLost()
+        self._made = []
         if self.rules.keep_recent:  # a FedRevive teacher's model is kept while a version may still distil from it
             still = {(t.round_index, t.device) for t in teachers_needed(state)}
             kept = {results[key].update_key for key in still if key in results}
@@ -345,6 +365,9 @@ class _FoldPass:
         return self.cache.run_object(self.run_id, "reviver", lambda: Reviver(self.config))
 
     def _server_state(self, version: int) -> bytes | None:
+        for made in self._made:  # made in this pass, not saved yet
+            if made.version == version:
+                return made.server_state
         kept = schedules.kept_version(self.services.store, self.run_id, version)
         return None if kept is None else kept.server_state
 
@@ -414,20 +437,13 @@ class _FoldPass:
             started_at,
             compute_ms=(time.perf_counter() - clock) * 1000,
         )
-        # Published first, recorded after: a pass that dies in between publishes the same bytes again.
+        # Published first, recorded with the save: a pass that dies in between publishes the same bytes again.
         ref = self.services.blobs.put(global_key(self.run_id, event.version), encoded)
         last = event.version >= self.config.last_version
         next_round = None if last else _round_on(self.run_id, event.version, ref)
-        schedules.record_version(
-            self.services.store,
-            self.run_id,
-            event.version,
-            ref.sha256,
-            encoded,
-            metrics,
-            next_round,
-            timing,
-            server_state,
+        # Recorded by the pass's save, with the schedule that made it: one transaction, not two.
+        self._made.append(
+            schedules.MadeVersion(event.version, ref.sha256, encoded, metrics, next_round, timing, server_state)
         )
         if not last:
             self._refs[event.version] = ref
