@@ -282,3 +282,22 @@ def test_killed_scheduler_is_resumed_to_the_same_versions(tmp_path: Path) -> Non
     assert resumed.returncode == 0, resumed.stdout[-2000:] + resumed.stderr[-2000:]
     assert "repair:" in resumed.stdout
     assert_like_reference(api.RunHandle(run_id, Settings(database_url=database)), config)
+
+
+def test_a_fold_asked_for_before_the_schedule_existed_does_not_hold_back_later_requests(settings: Settings) -> None:
+    """Results stored while the run starts ask for a pass that finds no schedule yet. That pass must drop
+    its request's mark: else the head's own request, made once the schedule is there, is taken for a
+    duplicate and nothing ever folds (the run stalls at version 0)."""
+    from fedqueue.fl.device_task import WorkerCache
+    from fedqueue.fl.strategy.fedbuff import fold_updates, request_fold
+
+    config = buffered_config()
+    services = open_client(settings)
+    try:
+        services.store.create_run("early", "early", config.to_dict(), config.last_version)
+        assert request_fold(services, "early")  # a result stored before the schedule was written
+        assert not request_fold(services, "early")  # a second one is a duplicate while the first waits
+        assert fold_updates(services, WorkerCache(), "early", "worker", 1) == 0  # no schedule: nothing to fold
+        assert request_fold(services, "early")  # the head's request, once the schedule is there, goes out
+    finally:
+        services.close()

@@ -184,6 +184,10 @@ def fold_updates(services: Services, cache: WorkerCache, run_id: str, worker: st
         if held is None:
             if services.store.get_run(run_id).state != "running":
                 retire(services, cache.run_config(services, run_id), run_id)  # a result stored after the end
+            elif schedules.get_schedule(services.store, run_id) is None:
+                # Asked for before the run's schedule was written: the start asks again for a head stored by
+                # then, and a head stored later asks for itself, as long as this request's mark is gone.
+                services.forget_request(key)
             return made
         services.forget_request(key)  # results stored from here on ask again
         try:
