@@ -184,11 +184,16 @@ def fold_updates(services: Services, cache: WorkerCache, run_id: str, worker: st
         if held is None:
             if services.store.get_run(run_id).state != "running":
                 retire(services, cache.run_config(services, run_id), run_id)  # a result stored after the end
-            elif schedules.get_schedule(services.store, run_id) is None:
+                return made
+            row = schedules.get_schedule(services.store, run_id)
+            if row is None:
                 # Asked for before the run's schedule was written: the start asks again for a head stored by
                 # then, and a head stored later asks for itself, as long as this request's mark is gone.
                 services.forget_request(key)
-            return made
+                return made
+            if row.claim_owner is None:
+                continue  # written, or let go, since the claim was tried: try again
+            return made  # held by a live pass: it looks for this request once it lets go
         services.forget_request(key)  # results stored from here on ask again
         try:
             renew = functools.partial(schedules.renew_schedule, services.store, run_id, owner)
