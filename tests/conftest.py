@@ -23,6 +23,12 @@ SERVICE_REDIS = os.environ.get("FEDQUEUE_TEST_REDIS_URL", "redis://127.0.0.1:637
 SERVICE_POSTGRES = os.environ.get("FEDQUEUE_TEST_POSTGRES_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/postgres")
 
 
+@pytest.fixture(autouse=True)
+def private_cache(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each test (and the commands it starts) remembers timed pack modes in its own cache, not the user's."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path_factory.mktemp("cache")))
+
+
 def _redis_answers(url: str) -> bool:
     try:
         redis.Redis.from_url(url, socket_connect_timeout=1).ping()

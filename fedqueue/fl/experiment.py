@@ -113,10 +113,8 @@ def resolve_packing(
     """The config with "auto" pack size and mode chosen (and the choice noted), checked for vmap; else as given."""
     from fedqueue.fl.packing import (
         PACKS_PER_SLOT,
-        auto_pack_mode,
         auto_pack_size,
         has_gpu_workers,
-        measured_pack_mode,
         total_slots,
     )
 
@@ -136,21 +134,36 @@ def resolve_packing(
         mode = "sequential"
         notes.append("pack_mode sequential: one device per task")
     elif mode == "auto":
-        try:
-            check_pack_mode(replace(config, pack_size=max(size, 2), pack_mode="vmap"), data)
-            refused = None
-        except ConfigError as err:
-            refused = str(err).removeprefix("pack_mode: ").split(";")[0]
-        on_gpu = has_gpu_workers(workers)
-        if refused is None and not on_gpu:  # a CPU like the workers' is here to time both ways on
-            mode, why = measured_pack_mode(*(timer or time_pack_modes)(config, data, max(size, 2)))
-        else:  # refused, or GPU workers: this process must not touch CUDA, so the rule decides
-            mode, why = auto_pack_mode(_has_convolution(config, data), on_gpu, refused)
+        mode, why = _auto_mode(config, data, max(size, 2), has_gpu_workers(workers), timer or time_pack_modes)
         notes.append(f"pack_mode {mode}: {why}")
     resolved = replace(config, pack_size=size, pack_mode=mode, pack_choice="; ".join(notes))
     if config.pack_mode != "auto":  # an "auto" mode was tried as vmap above: no second trial
         check_pack_mode(resolved, data)
     return resolved
+
+
+def _auto_mode(config: RunConfig, data: FederatedData, pack: int, on_gpu: bool, timer: PackTimer) -> tuple[str, str]:
+    """(mode, why) for packs of `pack`: timed here for CPU workers (once per machine and config), by rule
+    for GPU workers (this process must not touch CUDA); sequential where vmap is refused."""
+    from fedqueue.fl import pack_cache
+    from fedqueue.fl.packing import auto_pack_mode, measured_pack_mode
+
+    key = None if on_gpu else pack_cache.cache_key(config, pack)
+    earlier = None if key is None else pack_cache.remembered(key)
+    if earlier is not None:
+        return earlier[0], f"{earlier[1]} (remembered from an earlier submit on this machine)"
+    try:
+        check_pack_mode(replace(config, pack_size=pack, pack_mode="vmap"), data)
+        refused = None
+    except ConfigError as err:
+        refused = str(err).removeprefix("pack_mode: ").split(";")[0]
+    if refused is None and not on_gpu:  # a CPU like the workers' is here to time both ways on
+        mode, why = measured_pack_mode(*timer(config, data, pack))
+    else:
+        mode, why = auto_pack_mode(_has_convolution(config, data), on_gpu, refused)
+    if key is not None:
+        pack_cache.remember(key, mode, why)
+    return mode, why
 
 
 TIMED_PACK_MAX = 16  # devices timed: a larger pack's time per device differs little, and timing it delays the submit

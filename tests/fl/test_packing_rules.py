@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import json
+from dataclasses import replace
+from pathlib import Path
+
 import pytest
 
 from fedqueue.fl.config import RunConfig
@@ -78,12 +82,19 @@ def test_auto_is_resolved_at_submit_and_the_choice_noted(
     assert RunConfig.from_dict(resolved.to_dict()) == resolved  # the stored config reads back
 
 
-def test_the_default_is_auto_and_timing_it_twice_gives_the_same_choice() -> None:
-    """The digits MLP of the demo: a vmapped step is well inside the tolerance, so noise cannot flip it."""
+def test_the_default_is_auto_and_timing_it_twice_gives_the_same_choice(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The digits MLP of the demo: a vmapped step is well inside the tolerance, so noise cannot flip it.
+    Each submit has a cache of its own, so both are timed."""
     config = RunConfig.from_dict({"dataset": "digits", "model": "mlp", "num_devices": 40, "devices_per_round": 20})
     assert (config.pack_size, config.pack_mode) == ("auto", "auto")
     data = load_federated(data_spec(config))
-    chosen = [resolve_packing(config, data, lambda: {"cpu0@h": 1, "cpu1@h": 1}) for _ in range(2)]
+    chosen = []
+    for attempt in range(2):
+        monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / str(attempt)))
+        chosen.append(resolve_packing(config, data, lambda: {"cpu0@h": 1, "cpu1@h": 1}))
+    assert not any("remembered" in c.pack_choice for c in chosen)
     assert [(c.pack_size, c.pack_mode) for c in chosen] == [(5, "vmap"), (5, "vmap")]
     assert all("timed" in c.pack_choice for c in chosen)
 
@@ -101,3 +112,30 @@ def _never_timed(config: RunConfig, data: object, pack: int) -> tuple[float, flo
 def test_an_explicit_choice_is_kept_as_given() -> None:
     config = _config(pack_size=3, pack_mode="sequential")
     assert resolve_packing(config, load_federated(data_spec(config)), lambda: {"gpu0@h": 1}) == config
+
+
+def test_a_timed_mode_is_remembered_per_config_on_this_machine(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Timed once: the same config again gets the same choice untimed; another batch size is timed anew;
+    a cache that cannot be read only means timing again."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    timed: list[int] = []
+
+    def timer(config: RunConfig, data: object, pack: int) -> tuple[float, float]:
+        timed.append(config.local_batch_size)
+        return 0.002, 0.001
+
+    config = _config(model="mlp")
+    data = load_federated(data_spec(config))
+    workers = {"cpu0@h": 1, "cpu1@h": 1}
+    first = resolve_packing(config, data, lambda: workers, timer)
+    again = resolve_packing(replace(config, name="renamed", rounds=9), data, lambda: workers, timer)
+    assert timed == [config.local_batch_size]
+    assert (again.pack_size, again.pack_mode) == (first.pack_size, first.pack_mode) == (6, "vmap")
+    assert "remembered from an earlier submit" in again.pack_choice and "timed" in again.pack_choice
+    other = replace(config, local_batch_size=config.local_batch_size + 1)
+    resolve_packing(other, load_federated(data_spec(other)), lambda: workers, timer)
+    assert timed == [config.local_batch_size, config.local_batch_size + 1]
+    (tmp_path / "fedqueue" / "pack_modes.json").write_text("{not json")
+    resolve_packing(config, data, lambda: workers, timer)
+    assert len(timed) == 3
+    assert json.loads((tmp_path / "fedqueue" / "pack_modes.json").read_text())  # written whole again
