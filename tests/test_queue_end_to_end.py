@@ -148,3 +148,19 @@ def test_an_aggregation_jumps_a_long_queue_of_device_tasks(settings: Settings, t
     assert aggregation.started_at - aggregation.enqueued_at < 1.0
     assert stored_when_short_ended < 100  # the long queue was still there when the aggregation ran
     services.close()
+
+
+def test_a_submit_learns_the_slots_of_every_worker_that_answers(settings: Settings, tmp_path: Path) -> None:
+    """Packs are sized for the workers' slots: each worker's pool size, from a broadcast that ends soon
+    after the last answer; nothing (so the submit assumes this machine's cores) when none answers."""
+    from fedqueue.queue.app import make_app
+    from fedqueue.queue.client import worker_slots_of
+
+    app = make_app(settings)
+    try:
+        assert worker_slots_of(app)() == {}
+        with running_workers(settings, procs=WORKERS, slots=2, log_dir=tmp_path / "logs") as group:
+            slots = worker_slots_of(app)()
+            assert slots == group.slots() and set(slots.values()) == {2}, slots
+    finally:
+        app.close()

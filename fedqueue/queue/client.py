@@ -10,8 +10,10 @@ from fedqueue.core.services import Services, WorkerSlots, open_services
 if TYPE_CHECKING:
     from celery import Celery
 
-# How long a submit waits for the workers' answers when it sizes packs for them.
-STATS_TIMEOUT_S = 1.0
+# How long a submit waits for a first worker to answer when it sizes packs for them, and then for
+# each next answer: workers answer within milliseconds of each other, so it need not wait a second.
+FIRST_REPLY_TIMEOUT_S = 1.0
+REPLY_GAP_S = 0.15
 
 
 def open_client(settings: Settings, worker_slots: WorkerSlots | None = None) -> Services:
@@ -29,7 +31,10 @@ def worker_slots_of(app: Celery) -> WorkerSlots:
     """Ask the workers on the broker for their pool sizes (only when a submit needs them)."""
 
     def worker_slots() -> dict[str, int]:
-        stats = app.control.inspect(timeout=STATS_TIMEOUT_S).stats() or {}
+        if not app.control.ping(timeout=FIRST_REPLY_TIMEOUT_S, limit=1):
+            return {}
+        # The timeout is the wait for each next answer: this returns REPLY_GAP_S after the last one.
+        stats = app.control.inspect(timeout=REPLY_GAP_S).stats() or {}
         return {name: int(info.get("pool", {}).get("max-concurrency", 1)) for name, info in stats.items()}
 
     return worker_slots
