@@ -35,6 +35,7 @@ bench: $(STAMP)
 	$(BIN)/python bench/scaling.py
 	$(BIN)/python bench/llm_batch.py
 	$(BIN)/python bench/packing.py
+	$(BIN)/python bench/defaults.py
 	$(BIN)/python bench/async_overhead.py
 	$(BIN)/python bench/sync_vs_async.py
 	$(BIN)/python bench/startup.py
