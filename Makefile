@@ -28,7 +28,7 @@ lint: $(STAMP)
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
 
-# About 27 minutes on an idle 2-core machine; each benchmark first waits (up to 3 minutes) for other work to stop.
+# About 35 minutes on an idle 2-core machine; each benchmark first waits (up to 3 minutes) for other work to stop.
 bench: $(STAMP)
 	$(BIN)/python bench/fl_round.py
 	$(BIN)/python bench/overhead.py
