@@ -111,12 +111,7 @@ def resolve_packing(
     timer: PackTimer | None = None,
 ) -> RunConfig:
     """The config with "auto" pack size and mode chosen (and the choice noted), checked for vmap; else as given."""
-    from fedqueue.fl.packing import (
-        PACKS_PER_SLOT,
-        auto_pack_size,
-        has_gpu_workers,
-        total_slots,
-    )
+    from fedqueue.fl.packing import PACKS_PER_SLOT, auto_pack_size, has_gpu_workers, total_slots
 
     if config.pack_size != "auto" and config.pack_mode != "auto":
         check_pack_mode(config, data)
