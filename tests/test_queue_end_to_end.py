@@ -151,8 +151,8 @@ def test_an_aggregation_jumps_a_long_queue_of_device_tasks(settings: Settings, t
 
 
 def test_a_submit_learns_the_slots_of_every_worker_that_answers(settings: Settings, tmp_path: Path) -> None:
-    """Packs are sized for the workers' slots: each worker's pool size, from a broadcast that ends soon
-    after the last answer; nothing (so the submit assumes this machine's cores) when none answers."""
+    """Packs are sized for the workers' slots: each worker's pool size, from a broadcast; nothing (so the
+    submit assumes this machine's cores) when none answers."""
     from fedqueue.queue.app import make_app
     from fedqueue.queue.client import worker_slots_of
 

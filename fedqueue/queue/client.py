@@ -10,10 +10,10 @@ from fedqueue.core.services import Services, WorkerSlots, open_services
 if TYPE_CHECKING:
     from celery import Celery
 
-# How long a submit waits for a first worker to answer when it sizes packs for them, and then for
-# each next answer: workers answer within milliseconds of each other, so it need not wait a second.
-FIRST_REPLY_TIMEOUT_S = 1.0
-REPLY_GAP_S = 0.15
+# How long a submit waits for the workers' answers when it sizes packs for them. Not shorter: a worker
+# busy importing torch in its warm-up can answer a few hundred milliseconds after the others, and a
+# worker missed makes packs too large for the slots there are.
+STATS_TIMEOUT_S = 1.0
 
 
 def open_client(settings: Settings, worker_slots: WorkerSlots | None = None) -> Services:
@@ -31,10 +31,7 @@ def worker_slots_of(app: Celery) -> WorkerSlots:
     """Ask the workers on the broker for their pool sizes (only when a submit needs them)."""
 
     def worker_slots() -> dict[str, int]:
-        if not app.control.ping(timeout=FIRST_REPLY_TIMEOUT_S, limit=1):
-            return {}
-        # The timeout is the wait for each next answer: this returns REPLY_GAP_S after the last one.
-        stats = app.control.inspect(timeout=REPLY_GAP_S).stats() or {}
+        stats = app.control.inspect(timeout=STATS_TIMEOUT_S).stats() or {}
         return {name: int(info.get("pool", {}).get("max-concurrency", 1)) for name, info in stats.items()}
 
     return worker_slots
