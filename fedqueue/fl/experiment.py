@@ -169,13 +169,15 @@ TIMINGS_BUDGET_S = 1.0  # all timings together: a model whose step is slow is ti
 
 def time_pack_modes(config: RunConfig, data: FederatedData, pack: int) -> tuple[float, float]:
     """Seconds a local step per device, one pack of up to `pack` devices trained back to back and vmapped,
-    on this process's CPU with one torch thread (as a worker slot trains)."""
+    on this process's CPU with one torch thread (as a worker slot trains). The optimizer's update is
+    a stand-in that does its work without importing torch.optim's machinery (fedqueue.fl.trial_update)."""
     import torch
 
     from fedqueue.fl.data import device_data
     from fedqueue.fl.models import build_model
     from fedqueue.fl.pack_train import train_pack
     from fedqueue.fl.train import local_schedule, train_local
+    from fedqueue.fl.trial_update import TrialUpdate
 
     devices = list(range(min(pack, config.num_devices, TIMED_PACK_MAX)))
     spec = data_spec(config)
@@ -191,11 +193,13 @@ def time_pack_modes(config: RunConfig, data: FederatedData, pack: int) -> tuple[
             def loop(steps: int) -> None:
                 trial = replace(full, local_iters=steps, local_epochs=None)
                 for device, samples in zip(devices, datas, strict=True):
-                    train_local(model, samples, trial, device, torch.device("cpu"), plugins.local_step, plugins.options)
+                    cpu = torch.device("cpu")
+                    train_local(model, samples, trial, device, cpu, plugins.local_step, plugins.options, TrialUpdate)
 
             def stacked(steps: int) -> None:
                 trial = replace(full, local_iters=steps, local_epochs=None)
-                train_pack(model, datas, trial, devices, torch.device("cpu"), plugins.local_step, plugins.options)
+                cpu = torch.device("cpu")
+                train_pack(model, datas, trial, devices, cpu, plugins.local_step, plugins.options, TrialUpdate)
 
             # One untimed step each (vmap traces its function on the first call) sizes the steps timed.
             first = max(_seconds(loop, 1), _seconds(stacked, 1))
@@ -241,6 +245,7 @@ def check_pack_mode(config: RunConfig, data: FederatedData) -> None:
     from fedqueue.fl.data import device_data
     from fedqueue.fl.models import build_model
     from fedqueue.fl.pack_train import train_pack, vmap_refusal
+    from fedqueue.fl.trial_update import TrialUpdate
 
     advice = 'use pack_mode = "sequential"'
     model = build_model(config.model, data.input_shape, data.num_classes, config.plugin)
@@ -254,7 +259,8 @@ def check_pack_mode(config: RunConfig, data: FederatedData) -> None:
     try:
         with torch.random.fork_rng(devices=[]):
             datas = [device_data(spec, device) for device in devices]
-            train_pack(model, datas, trial, devices, torch.device("cpu"), plugins.local_step, plugins.options)
+            cpu = torch.device("cpu")
+            train_pack(model, datas, trial, devices, cpu, plugins.local_step, plugins.options, TrialUpdate)
     except Exception as err:  # whatever the step does under vmap, the user gets one line and the advice
         reason = (str(err).strip().splitlines() or [""])[0][:200]
         raise ConfigError(

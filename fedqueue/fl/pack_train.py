@@ -22,6 +22,8 @@ from fedqueue.fl.data import TensorData
 from fedqueue.fl.plugins import LocalStep, Options
 from fedqueue.fl.train import (
     LocalTrainConfig,
+    OptimizerFactory,
+    Stepper,
     TrainOutcome,
     batch_indices,
     check_train_config,
@@ -121,6 +123,7 @@ def train_pack(
     device: torch.device,
     step: LocalStep = cross_entropy_step,
     options: Options | None = None,
+    optimizer_of: OptimizerFactory = make_optimizer,
 ) -> StackedPack:
     """Train every device of a pack from `model`'s weights (the global model), in one stacked computation.
 
@@ -140,7 +143,7 @@ def train_pack(
         name: parameter.detach().unsqueeze(0).repeat(size, *([1] * parameter.dim())).requires_grad_()
         for name, parameter in model.named_parameters()
     }
-    optimizer = make_optimizer(stacked.values(), cfg)
+    optimizer = optimizer_of(stacked.values(), cfg)
     options = dict(options or {})
     # Private generators, one per device, drawn exactly as sequential training draws them.
     orders = [
@@ -192,7 +195,7 @@ def _by_length(drawn: Mapping[int, Tensor]) -> list[list[int]]:
     return list(groups.values())
 
 
-def _step_active(optimizer: torch.optim.Optimizer, stacked: Any, active: Sequence[int], size: int) -> None:
+def _step_active(optimizer: Stepper, stacked: Any, active: Sequence[int], size: int) -> None:
     """One optimizer step that leaves devices done with their local steps exactly as they were.
 
     Momentum and Adam would move a device whose gradient is zero, so its slices of the

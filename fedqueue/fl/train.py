@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
+from typing import Any, Protocol
 
 import torch
 import torch.nn.functional as F
@@ -55,10 +56,27 @@ def check_train_config(cfg: LocalTrainConfig) -> None:
 
 
 def make_optimizer(parameters: Iterable[torch.Tensor], cfg: LocalTrainConfig) -> torch.optim.Optimizer:
+    """The optimizer a device trains with."""
     if cfg.optimizer == "sgd":
         return torch.optim.SGD(parameters, lr=cfg.lr, momentum=cfg.momentum)
     # Adam keeps its own moment estimates; momentum does not apply.
     return torch.optim.Adam(parameters, lr=cfg.lr)
+
+
+class Stepper(Protocol):
+    """What local training asks of its optimizer: torch.optim's, or the pack trial's stand-in."""
+
+    @property
+    def state(self) -> Mapping[Any, Any]: ...  # per parameter: its buffers (momentum, moments)
+
+    def zero_grad(self, set_to_none: bool = True) -> None: ...
+
+    def step(self) -> Any: ...
+
+
+# What train_local and train_pack build their optimizer with: make_optimizer, or a stand-in that
+# does the same element-wise work (the submit's pack-mode trial, fedqueue.fl.trial_update).
+OptimizerFactory = Callable[[Iterable[torch.Tensor], LocalTrainConfig], Stepper]
 
 
 def local_schedule(count: int, cfg: LocalTrainConfig) -> tuple[int, int]:
@@ -104,6 +122,7 @@ def train_local(
     device: torch.device,
     step: LocalStep = cross_entropy_step,
     options: Options | None = None,
+    optimizer_of: OptimizerFactory = make_optimizer,
 ) -> TrainOutcome:
     """Train `model` (already holding the global weights) on one device's data.
 
@@ -121,7 +140,7 @@ def train_local(
     model.train()
     x = data.x.to(device)
     y = data.y.to(device)
-    optimizer = make_optimizer(model.parameters(), cfg)
+    optimizer = optimizer_of(model.parameters(), cfg)
     # A private generator: the global RNG is shared by every task thread in the process.
     generator = torch.Generator(device="cpu").manual_seed(seed)
     batches = batch_indices(count, batch_size, generator)
