@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install demo test lint bench clean
+.PHONY: install demo test lint bench clean images test-deploy
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -39,6 +39,16 @@ bench: $(STAMP)
 	$(BIN)/python bench/async_overhead.py
 	$(BIN)/python bench/sync_vs_async.py
 	$(BIN)/python bench/startup.py
+
+# The compose stack's images with no container registry: Debian (debootstrap) imported into Docker,
+# then redis, postgres, python and fedqueue images on it; a second run reuses what is built.
+# Needs root, a running Docker engine and debootstrap.
+images:
+	bash images/build.sh
+
+# The compose stack brought up for real from those images (not part of `make test`: several minutes).
+test-deploy: $(STAMP)
+	$(BIN)/python -m pytest -m deploy tests/test_compose_deploy.py
 
 clean:
 	rm -rf $(VENV) fedqueue.db fedqueue.db-wal fedqueue.db-shm
