@@ -301,3 +301,26 @@ def test_a_fold_asked_for_before_the_schedule_existed_does_not_hold_back_later_r
         assert request_fold(services, "early")  # the head's request, once the schedule is there, goes out
     finally:
         services.close()
+
+
+def test_a_fold_pass_failing_in_the_worker_that_ran_it_goes_on_as_fold_tasks_that_fail_the_run(
+    settings: Settings, tmp_path: Path
+) -> None:
+    """The worker storing the head's result runs the fold pass itself. A pass that raises there must not
+    fail that device task (its result is stored; a retry would skip it and nothing would fold): it is handed
+    to fold tasks, whose attempts are counted, and the run ends failed with the pass's reason."""
+    settings = reliable_settings(settings, max_attempts=2)
+    config = buffered_config(model="fq_reliability:eval_refusing_mlp")
+    with launcher(settings, procs=1, cwd=tmp_path):
+        handle = api.submit(config, settings=settings)
+        wait_until(lambda: handle.store.get_run(handle.id).state != "running", 120)
+    run = handle.store.get_run(handle.id)
+    assert run.state == "failed"
+    assert run.error is not None and "fold pass failed 2 times" in run.error
+    assert "this model refuses to evaluate" in run.error
+    rows = handle.store.device_tasks(handle.id)
+    services = open_client(settings)
+    try:  # one device per task (small_config): no device task was delivered twice for the pass's failure
+        assert rows and all(services.attempts(f"{handle.id}:{row.round_index}:{row.device}") == 1 for row in rows)
+    finally:
+        services.close()

@@ -162,6 +162,7 @@ def run_device_task(services: Services, cache: WorkerCache, task: DeviceTask, wo
     with cache.module(task.run_id, build) as model:
         job = _PackJob(
             services=services,
+            cache=cache,
             task=task,
             worker=worker,
             attempt=attempt,
@@ -189,6 +190,7 @@ class _PackJob:
         self,
         *,
         services: Services,
+        cache: WorkerCache,
         task: DeviceTask,
         worker: str,
         attempt: int,
@@ -199,7 +201,7 @@ class _PackJob:
         train: LocalTrainConfig,
         device: torch.device,
     ) -> None:
-        self.services, self.task, self.worker, self.attempt = services, task, worker, attempt
+        self.services, self.cache, self.task, self.worker, self.attempt = services, cache, task, worker, attempt
         self.config, self.model, self.global_state = config, model, global_state
         self.plugins, self.train, self.device = plugins, train, device
 
@@ -318,7 +320,7 @@ class _PackJob:
             log.info("%s: %d duplicate devices dropped", self.task.label, len(dropped))
         stored = [count for count in counts if count is not None]
         if stored:
-            strategy_for(self.config).on_stored(self.services, self.task, max(stored))
+            strategy_for(self.config).on_stored(self.services, self.task, max(stored), self.worker, self.cache)
         return len(stored)
 
 
@@ -356,7 +358,7 @@ def record_failure(
     stored = services.store.record_device_result(result, timing)
     if stored is not None:
         config = RunConfig.from_dict(services.store.get_run(task.run_id).config)
-        strategy_for(config).on_stored(services, task, stored)
+        strategy_for(config).on_stored(services, task, stored, worker)
 
 
 def _elapsed_ms(start: float) -> float:

@@ -1,4 +1,5 @@
-"""Test plugins that make device tasks slow, make one device kill its worker, hang or raise, or make aggregation raise.
+"""Test plugins that make device tasks slow, make one device kill its worker, hang or raise, or make aggregation
+or evaluation raise.
 
 The training ones leave the mathematics of training untouched, so runs that use them must end
 with exactly the weights of the built-in cross-entropy step.
@@ -56,3 +57,21 @@ def raising_rule(
 ) -> dict[str, torch.Tensor]:
     """An aggregation rule that fails every time."""
     raise RuntimeError("this rule fails on purpose")
+
+
+class _TrainsOnly(nn.Module):
+    def __init__(self, inner: nn.Module) -> None:
+        super().__init__()
+        self.inner = inner
+
+    def forward(self, inputs: torch.Tensor) -> torch.Tensor:
+        if not self.training:
+            raise RuntimeError("this model refuses to evaluate")
+        return self.inner(inputs)
+
+
+def eval_refusing_mlp(input_shape: tuple[int, ...], num_classes: int, options: Mapping[str, Any]) -> nn.Module:
+    """The built-in MLP, except that it fails in eval mode: devices train, every aggregation's evaluation fails."""
+    from fedqueue.fl.models import build_model
+
+    return _TrainsOnly(build_model("mlp", input_shape, num_classes))

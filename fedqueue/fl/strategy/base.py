@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Protocol
 if TYPE_CHECKING:
     from fedqueue.core.services import Services
     from fedqueue.fl.config import RunConfig
+    from fedqueue.fl.device_task import WorkerCache
     from fedqueue.fl.messages import DeviceTask
 
 
@@ -24,8 +25,14 @@ class Strategy(Protocol):
     def start(self, services: Services, run_id: str, config: RunConfig, model: bytes) -> None:
         """Dispatch a new run's first work from version 0 (`model`, encoded). Idempotent."""
 
-    def on_stored(self, services: Services, task: DeviceTask, stored: int) -> None:
-        """A worker stored results of `task` (`stored` counts its round's stored results): what follows."""
+    def on_stored(
+        self, services: Services, task: DeviceTask, stored: int, worker: str, cache: WorkerCache | None = None
+    ) -> None:
+        """`worker` stored results of `task` (`stored` counts its round's stored results): what follows.
+
+        `cache` is the worker's own, where a worker process stored them (the scheduler storing a
+        device that failed every attempt has none): work that follows may then run right there.
+        """
 
     def repair(self, services: Services, run_id: str, config: RunConfig, broker_lost: bool) -> list[str]:
         """One repair pass over a running run; returns what it did, a line per action."""

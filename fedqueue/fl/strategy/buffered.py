@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from typing import TYPE_CHECKING
 
 from fedqueue.core.codec import BlobRef
 from fedqueue.core.lost import find_lost
@@ -13,9 +14,12 @@ from fedqueue.fl.strategy.fedbuff import dispatch_tasks, oldest_needed, on_resul
 from fedqueue.fl.strategy.schedule import ScheduleState, Trip
 from fedqueue.store import schedules
 
+if TYPE_CHECKING:
+    from fedqueue.fl.device_task import WorkerCache
+
 
 class BufferedAsync:
-    """FedBuff: every stored result asks for a fold pass; the pass makes versions and refills slots."""
+    """FedBuff: a stored result that the fold waits for starts a fold pass; the pass makes versions and refills slots."""
 
     # A pack's devices may land in different versions: each stores its own update.
     presums_packs = False
@@ -23,8 +27,10 @@ class BufferedAsync:
     def start(self, services: Services, run_id: str, config: RunConfig, model: bytes) -> None:
         start_buffered(services, run_id, config, model)
 
-    def on_stored(self, services: Services, task: DeviceTask, stored: int) -> None:
-        on_result_stored(services, task)
+    def on_stored(
+        self, services: Services, task: DeviceTask, stored: int, worker: str, cache: WorkerCache | None = None
+    ) -> None:
+        on_result_stored(services, task, worker, cache)
 
     def repair(self, services: Services, run_id: str, config: RunConfig, broker_lost: bool) -> list[str]:
         return repair_buffered(services, run_id, config, broker_lost)

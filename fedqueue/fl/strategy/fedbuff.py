@@ -1,7 +1,8 @@
 """Buffered asynchronous FL (FedBuff) on the queue: the fold pass that runs the schedule.
 
-Workers train whatever device tasks are queued, as in synchronous rounds; each stored result
-asks for a fold pass (one control task per run at a time, deduplicated). The pass holds the
+Workers train whatever device tasks are queued, as in synchronous rounds. The worker that stores
+the result the fold waits for runs a fold pass right there (one pass per run at a time; a result
+stored while one runs leaves a request that the pass takes on its way out). The pass holds the
 run's schedule row, takes arrivals in simulated order as far as results are stored
 (fedqueue.fl.strategy.schedule), makes each version that fills its buffer, sends refilled
 devices off with the version current at that simulated instant, and saves the schedule.
@@ -148,16 +149,35 @@ def publish_head(services: Services, run_id: str, head: Trip | None) -> None:
         services.redis.delete(key)
 
 
-def on_result_stored(services: Services, task: DeviceTask) -> None:
-    """Ask for a fold pass if the task holds the head trip, or if no head is known.
+def on_result_stored(services: Services, task: DeviceTask, worker: str, cache: WorkerCache | None) -> None:
+    """Start a fold pass if the task holds the head trip, or if no head is known: here, in the worker
+    that stored it (`cache` is its own), or as a fold task where the scheduler stored it.
 
     A result behind the head waits: the pass that the head's result starts takes it too. A head
     stored while a pass runs is seen by that pass (it looks once it has named the new head).
     """
     head = services.redis.get(_head_key(services, task.run_id))
     named = head.decode() if isinstance(head, bytes) else head
-    if named is None or named in {_trip_name(task.round_index, device) for device in task.devices}:
+    if named is not None and named not in {_trip_name(task.round_index, device) for device in task.devices}:
+        return
+    if cache is None:
         request_fold(services, task.run_id)
+    elif services.request_once(fold_key(task.run_id), within_s=2 * services.settings.heartbeat_ttl_s):
+        fold_here(services, cache, task.run_id, worker)
+
+
+def fold_here(services: Services, cache: WorkerCache, run_id: str, worker: str) -> None:
+    """Run the fold pass just asked for in this worker: no fold task's trip through the broker and back.
+
+    The request's mark is set, so a pass holding the schedule takes it on its way out. A pass that
+    fails here is handed to a fold task, which tries again and counts the failures as any task's.
+    """
+    try:
+        fold_updates(services, cache, run_id, worker, attempt=1)
+    except Exception:  # whatever it was, the fold task's attempts decide whether the run fails
+        log.exception("run %s: fold pass failed in the worker that asked for it; sent as a fold task", run_id)
+        services.forget_request(fold_key(run_id))
+        request_fold(services, run_id)
 
 
 def request_fold(services: Services, run_id: str) -> bool:

@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from fedqueue.core.services import Services
 from fedqueue.fl.config import RunConfig
 from fedqueue.fl.messages import DeviceTask
 from fedqueue.fl.read_ahead import tail_started
 from fedqueue.fl.rounds import request_aggregation, start_round
+
+if TYPE_CHECKING:
+    from fedqueue.fl.device_task import WorkerCache
 
 
 class SynchronousRounds:
@@ -17,7 +22,9 @@ class SynchronousRounds:
     def start(self, services: Services, run_id: str, config: RunConfig, model: bytes) -> None:
         start_round(services, run_id, config, 1, model)
 
-    def on_stored(self, services: Services, task: DeviceTask, stored: int) -> None:
+    def on_stored(
+        self, services: Services, task: DeviceTask, stored: int, worker: str, cache: WorkerCache | None = None
+    ) -> None:
         """The worker that stored a round's last result (`stored` counts them) enqueues its aggregation.
 
         So does one that finds the round in its tail: the aggregator then reads the stored updates
