@@ -67,9 +67,10 @@ else
 fi
 
 build() {  # build IMAGE DOCKERFILE CONTEXT [ARGS...]
-    local image="$1" dockerfile="$2" context="$3" log
+    local image="$1" dockerfile="$2" context="$3" log previous
     shift 3
     log="$(mktemp)"
+    previous="$("$DOCKER" image inspect -f '{{.Id}}' "$image" 2>/dev/null || true)"
     say "docker build $image"
     if ! "$DOCKER" build --force-rm -t "$image" -f "$dockerfile" --build-arg "DEBIAN_IMAGE=$DEBIAN_IMAGE" "$@" "$context" >"$log" 2>&1; then
         tail -40 "$log" >&2
@@ -77,6 +78,10 @@ build() {  # build IMAGE DOCKERFILE CONTEXT [ARGS...]
         exit 1
     fi
     rm -f "$log"
+    # The image this build replaced, left without a name: removed (kept while a container uses it).
+    if [ -n "$previous" ] && [ "$previous" != "$("$DOCKER" image inspect -f '{{.Id}}' "$image")" ]; then
+        "$DOCKER" image rm "$previous" >/dev/null 2>&1 || true
+    fi
 }
 
 # The same torch and torchvision as `make install` puts in .venv: runs in containers match runs here.
@@ -94,6 +99,14 @@ build "fedqueue-python:$TAG" "$context/python.Dockerfile" "$context" \
     --build-arg "TORCH_VERSION=${TORCH:?no torch pin in the Makefile}" --build-arg "TORCHVISION_VERSION=$TORCHVISION"
 rm -rf "$context"
 trap - EXIT
-build "fedqueue:$TAG" workers/Dockerfile . --build-arg "BASE_IMAGE=fedqueue-python:$TAG"
+# The fedqueue image from what workers/Dockerfile copies, and nothing else of the working tree
+# (other virtual environments, data, runs): the context stays small whatever lies beside the code.
+context="$(mktemp -d "${TMPDIR:-/tmp}/fedqueue-image.XXXXXX")"
+trap 'rm -rf "$context"' EXIT
+tar -c --exclude=__pycache__ --exclude='*.egg-info' --exclude='*.pyc' \
+    pyproject.toml README.md fedqueue examples workers/Dockerfile | tar -x -C "$context"
+build "fedqueue:$TAG" "$context/workers/Dockerfile" "$context" --build-arg "BASE_IMAGE=fedqueue-python:$TAG"
+rm -rf "$context"
+trap - EXIT
 
 "$DOCKER" image ls --format '{{.Repository}}:{{.Tag}}  {{.Size}}' | grep -E "^fedqueue(-[a-z]+)?:$TAG " >&2
