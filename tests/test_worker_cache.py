@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+import torch
 from torch import nn
 
 from fedqueue.config import Settings
@@ -32,6 +33,8 @@ def test_one_module_trains_every_device_of_a_run_and_the_weights_do_not_change(
         return built[-1]
 
     monkeypatch.setattr(models, "build_model", counted)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # as a worker's task trains (threads_per_task), and as the reference does
     config = small_config(devices_per_round=4, rounds=1, local_iters=3)
     sent: list[Any] = []
     services = open_services(settings, sent.extend, migrate=True)
@@ -48,6 +51,7 @@ def test_one_module_trains_every_device_of_a_run_and_the_weights_do_not_change(
         assert_same_weights(final_state(services.store, run_id), reference_final_state(config))
     finally:
         services.close()
+        torch.set_num_threads(threads)
 
 
 def test_a_module_is_lent_to_one_holder_at_a_time_and_dropped_after_an_error() -> None:
@@ -69,3 +73,43 @@ def test_a_module_is_lent_to_one_holder_at_a_time_and_dropped_after_an_error() -
     with cache.module("run-b", build) as after_error:
         assert after_error is built[3]  # the failed one was not kept
     assert len(built) == 4
+
+
+class _CountedBlobs:
+    """Stands in for the blob store: counts the reads a cache miss makes (pure cache logic)."""
+
+    def __init__(self) -> None:
+        self.reads = 0
+        self.blobs = self
+
+    def get(self, ref: Any) -> bytes:
+        from fedqueue.fl.weights import encode_state
+
+        self.reads += 1
+        return encode_state({"w": torch.zeros(1)})
+
+
+def _ref(version: int) -> Any:
+    from fedqueue.core.codec import BlobRef
+
+    return BlobRef(key=f"global:{version}", sha256=f"{version:064d}", nbytes=1)
+
+
+def test_small_models_are_kept_by_size_and_large_ones_by_count() -> None:
+    """A buffered-async version folds updates from several older versions: a worker keeps all it can
+    of a small model's (never reading them back), and always the last few of a large one's."""
+    small = WorkerCache(max_models=2, model_bytes=10_000)
+    for version in range(8):  # 8 x 400 bytes fit the budget
+        small.keep_global_state(_ref(version), {"w": torch.zeros(100)})
+    large = WorkerCache(max_models=2, model_bytes=10_000)
+    for version in range(8):  # 8 x 40 kB do not: the last 2 stay
+        large.keep_global_state(_ref(version), {"w": torch.zeros(10_000)})
+    blobs = _CountedBlobs()
+    for version in range(8):
+        small.global_state(blobs, _ref(version))  # type: ignore[arg-type]
+    assert blobs.reads == 0
+    for version in (6, 7):
+        large.global_state(blobs, _ref(version))  # type: ignore[arg-type]
+    assert blobs.reads == 0
+    large.global_state(blobs, _ref(0))  # type: ignore[arg-type]
+    assert blobs.reads == 1

@@ -35,14 +35,27 @@ T = TypeVar("T")
 log = logging.getLogger(__name__)
 
 
+# Global models a worker keeps: always the last MODELS_KEPT, and older ones while all fit in
+# MODEL_BYTES_KEPT. A buffered-async version folds updates trained on several older versions, which
+# a small model's worker then never reads back from Redis; a large model's keeps just the last few.
+MODELS_KEPT = 4
+MODEL_BYTES_KEPT = 64 * 2**20
+
+
+def _state_bytes(state: dict[str, torch.Tensor]) -> int:
+    return sum(tensor.numel() * tensor.element_size() for tensor in state.values())
+
+
 class WorkerCache:
     """Per-process caches: run configs and global models by version, never fetched twice;
     the run's model modules, built once per slot."""
 
-    def __init__(self, max_models: int = 4) -> None:
+    def __init__(self, max_models: int = MODELS_KEPT, model_bytes: int = MODEL_BYTES_KEPT) -> None:
         self._lock = threading.Lock()
         self._configs: dict[str, RunConfig] = {}
-        self._models: OrderedDict[str, dict[str, torch.Tensor]] = OrderedDict()
+        self._models: OrderedDict[str, tuple[dict[str, torch.Tensor], int]] = OrderedDict()  # state, its bytes
+        self._model_bytes = 0
+        self._max_model_bytes = model_bytes
         self._max_models = max_models
         self._idle_modules: OrderedDict[str, list[nn.Module]] = OrderedDict()  # by run, most recent last
         self._version_refs: OrderedDict[str, dict[int, BlobRef]] = OrderedDict()  # by run, most recent last
@@ -61,20 +74,23 @@ class WorkerCache:
         # Keyed by sha256 as well, so a re-published version can never be served stale.
         cache_key = f"{ref.key}@{ref.sha256}"
         with self._lock:
-            state = self._models.get(cache_key)
-            if state is not None:
+            kept = self._models.get(cache_key)
+            if kept is not None:
                 self._models.move_to_end(cache_key)
-                return state
+                return kept[0]
         state = decode_state(services.blobs.get(ref))
         self.keep_global_state(ref, state)
         return state
 
     def keep_global_state(self, ref: BlobRef, state: dict[str, torch.Tensor]) -> None:
         """A version this process made itself: served from memory, never read back."""
+        size = _state_bytes(state)
         with self._lock:
-            self._models[f"{ref.key}@{ref.sha256}"] = state
-            while len(self._models) > self._max_models:
-                self._models.popitem(last=False)
+            earlier = self._models.pop(f"{ref.key}@{ref.sha256}", None)
+            self._model_bytes += size - (earlier[1] if earlier is not None else 0)
+            self._models[f"{ref.key}@{ref.sha256}"] = (state, size)
+            while len(self._models) > self._max_models and self._model_bytes > self._max_model_bytes:
+                self._model_bytes -= self._models.popitem(last=False)[1][1]
 
     def version_refs(self, run_id: str) -> dict[int, BlobRef]:
         """Where a buffered run's published versions are, by number: a version's bytes never change,

@@ -11,7 +11,9 @@ from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any, cast
 
-from sqlalchemy import Connection, Row, Table, and_, bindparam, delete, insert, or_, select, update
+from sqlalchemy import Connection, Row, Table, and_, bindparam, delete, or_, select, update
+from sqlalchemy.dialects.postgresql import insert as pg_insert
+from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.exc import IntegrityError
 
 from fedqueue.store.repo import OUTCOME_COLUMNS, Store, TaskTiming, _changed_one, retry_transient
@@ -109,6 +111,8 @@ def save_pass(
                 raise _ClaimTaken()
             for made_version in made:  # first: the rounds that train on them are extended below
                 _record_version(connection, store, run_id, made_version)
+            if made:
+                _checkpoint(connection, run_id, made[-1])
             if fates:
                 connection.execute(_FATE_UPDATE, [_fate_params(run_id, fate) for fate in fates])
             for round_index, devices in selected.items():
@@ -211,10 +215,15 @@ class MadeVersion:
     server_state: bytes | None = None
 
 
+def _insert(connection: Connection) -> Any:
+    """The dialect's INSERT, which can say what a conflict with an existing row does."""
+    return pg_insert if connection.dialect.name == "postgresql" else sqlite_insert
+
+
 def _record_version(connection: Connection, store: Store, run_id: str, made: MadeVersion) -> None:
-    """Its round closed with its metrics, the run's checkpoint, the pass's timing, and (unless it is the
-    last) the version kept while needed, with the server's state after it, and the round that trains on
-    it. Idempotent: a replayed pass writes the same rows."""
+    """Its round closed with its metrics, the pass's timing, and (unless it is the last) the version kept
+    while needed, with the server's state after it, and the round that trains on it. Idempotent: a
+    replayed pass writes the same rows (an upsert each, one statement where a look first took two)."""
     if made.timing is not None:
         connection.execute(store.timing_upsert, asdict(made.timing))
     connection.execute(
@@ -222,20 +231,27 @@ def _record_version(connection: Connection, store: Store, run_id: str, made: Mad
         .where(ROUNDS.c.run_id == run_id, ROUNDS.c.round_index == made.version)
         .values(state="done", aggregated_at=time.time(), **made.metrics)
     )
-    connection.execute(delete(CHECKPOINTS).where(CHECKPOINTS.c.run_id == run_id))
-    connection.execute(
-        insert(CHECKPOINTS).values(run_id=run_id, version=made.version, sha256=made.sha256, data=made.data)
-    )
     if made.next_round is None:
         return
-    connection.execute(delete(VERSIONS).where(VERSIONS.c.run_id == run_id, VERSIONS.c.version == made.version))
+    insert = _insert(connection)
+    kept = {"sha256": made.sha256, "data": made.data, "server_state": made.server_state}
     connection.execute(
-        insert(VERSIONS).values(
-            run_id=run_id, version=made.version, sha256=made.sha256, data=made.data, server_state=made.server_state
-        )
+        insert(VERSIONS)
+        .values(run_id=run_id, version=made.version, **kept)
+        .on_conflict_do_update(index_elements=["run_id", "version"], set_=kept)
     )
-    there = connection.execute(
-        select(ROUNDS.c.id).where(ROUNDS.c.run_id == run_id, ROUNDS.c.round_index == made.next_round.round_index)
-    ).first()
-    if there is None:
-        connection.execute(insert(ROUNDS).values(_set_columns(made.next_round)))
+    connection.execute(
+        insert(ROUNDS)
+        .values(_set_columns(made.next_round))
+        .on_conflict_do_nothing(index_elements=["run_id", "round_index"])
+    )
+
+
+def _checkpoint(connection: Connection, run_id: str, made: MadeVersion) -> None:
+    """The run's checkpoint: the newest version a pass made (one row per run)."""
+    latest = {"version": made.version, "sha256": made.sha256, "data": made.data}
+    connection.execute(
+        _insert(connection)(CHECKPOINTS)
+        .values(run_id=run_id, **latest)
+        .on_conflict_do_update(index_elements=["run_id"], set_=latest)
+    )
