@@ -12,6 +12,9 @@ with devices that train (almost) nothing (noop_plugin), so what is timed is fedq
 
 Each rate is updates over the span from the first round's (version's) enqueue to the last
 aggregation. `--repeat N` alternates the order. Target: sync's rate at most 1.2x fedbuff's.
+Also printed: CPU milliseconds per update, of the benchmark and every process under it (workers,
+Redis) from submit to the run's end. It shows the scheduler's own cost even where other work
+on the machine disturbs the rates.
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ from common import (  # noqa: E402
     machine,
     machine_line,
     markdown_table,
+    tree_cpu_s,
     verdict,
     wait_for_quiet,
     wait_run,
@@ -59,8 +63,9 @@ def configs(updates: int, concurrency: int, buffer: int) -> dict[str, dict[str, 
     }
 
 
-def rate(handle: Any, cluster: Any) -> dict[str, float]:
+def rate(handle: Any, cluster: Any, cpu_before: float) -> dict[str, float]:
     status = wait_run(handle, cluster)
+    cpu_s = tree_cpu_s() - cpu_before
     if status["state"] != "finished":
         raise RuntimeError(f"run ended {status['state']}: {status['error']}")
     rounds = handle.store.list_rounds(handle.id)
@@ -70,7 +75,13 @@ def rate(handle: Any, cluster: Any) -> dict[str, float]:
         counted = status["buffered"]["folded"]
     else:
         counted = sum(len(row.selected) for row in done)
-    return {"updates": counted, "span_s": span, "per_s": counted / span, "trained": status["tasks_done"]}
+    return {
+        "updates": counted,
+        "span_s": span,
+        "per_s": counted / span,
+        "trained": status["tasks_done"],
+        "cpu_ms": 1000 * cpu_s / counted,
+    }
 
 
 def main() -> None:
@@ -80,11 +91,15 @@ def main() -> None:
     parser.add_argument("--buffer", type=int, default=10)
     parser.add_argument("--procs", type=int, default=os.cpu_count() or 1)
     parser.add_argument("--repeat", type=int, default=2)
+    parser.add_argument(
+        "--busy-ok", action="store_true", help="start at once on a busy machine (the CPU figures still hold)"
+    )
     args = parser.parse_args()
     import fedqueue
 
     print(machine_line(machine()))
-    wait_for_quiet()
+    if not args.busy_ok:
+        wait_for_quiet()
     load = ForeignLoad()
     runs = configs(args.updates, args.concurrency, args.buffer)
     results: dict[str, list[dict[str, float]]] = {way: [] for way in runs}
@@ -98,8 +113,9 @@ def main() -> None:
             for repeat in range(args.repeat):
                 order = list(runs) if repeat % 2 == 0 else list(reversed(runs))
                 for way in order:
+                    cpu_before = tree_cpu_s()
                     handle = fedqueue.submit(runs[way], settings=cluster.settings)
-                    results[way].append(rate(handle, cluster))
+                    results[way].append(rate(handle, cluster, cpu_before))
     rows = []
     for way, measured in results.items():
         rows.append(
@@ -110,6 +126,7 @@ def main() -> None:
                 f"{statistics.mean(m['span_s'] for m in measured):.2f}",
                 " / ".join(f"{m['per_s']:.0f}" for m in measured),
                 f"{statistics.mean(m['per_s'] for m in measured):.0f}",
+                f"{statistics.mean(m['cpu_ms'] for m in measured):.2f}",
             ]
         )
     sync_rate = statistics.mean(m["per_s"] for m in results["sync"])
@@ -118,10 +135,12 @@ def main() -> None:
         f"\n{args.updates} updates, {args.concurrency} devices at once, buffer {args.buffer}, "
         f"{args.procs} worker processes, {args.repeat} runs each\n"
     )
-    headers = ["way", "updates aggregated", "device tasks", "span s", "updates/s per run", "updates/s"]
+    headers = ["way", "updates aggregated", "device tasks", "span s", "updates/s per run", "updates/s", "CPU ms/update"]
     print(markdown_table(headers, rows))
     ratio = sync_rate / async_rate
     print(f"\nsync / fedbuff: {ratio:.2f}x (target <= {TARGET}x) {verdict(ratio <= TARGET)}")
+    cpu = {way: statistics.mean(m["cpu_ms"] for m in measured) for way, measured in results.items()}
+    print(f"CPU per update, fedbuff / sync: {cpu['fedbuff'] / cpu['sync']:.2f}x")
     print(load.report())
 
 

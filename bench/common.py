@@ -170,6 +170,30 @@ def _own_cpu_s() -> float:
     return times.user + times.system + times.children_user + times.children_system
 
 
+def tree_cpu_s() -> float:
+    """CPU seconds of this process and of every live process below it (workers, an embedded Redis):
+    the work a run cost, whatever else the machine was doing."""
+    ticks = os.sysconf("SC_CLK_TCK")
+    children: dict[int, list[int]] = {}
+    used: dict[int, float] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:  # ended while read
+            continue
+        pid = int(entry.name)
+        children.setdefault(int(fields[1]), []).append(pid)
+        used[pid] = (int(fields[11]) + int(fields[12])) / ticks  # utime + stime
+    total, waiting = 0.0, [os.getpid()]
+    while waiting:
+        pid = waiting.pop()
+        total += used.get(pid, 0.0)
+        waiting += children.get(pid, [])
+    return total
+
+
 def wait_for_quiet(threshold: float = 0.15, timeout_s: float = 180.0) -> None:
     """Wait until the machine is mostly idle: timings taken beside other work mean little."""
     cores = os.cpu_count() or 1
