@@ -3,8 +3,14 @@ PYTHON ?= python3.11
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+# `--backend vllm` workers and their tests run from a venv of their own: vLLM's CPU build pins torch 2.13.0+cpu
+# and transformers below 5.20, beside the torch 2.14.1 of $(VENV). GPU hosts (nvidia-smi lists a GPU) get vLLM itself.
+VLLM_VENV := .venv-vllm
+VLLM_BIN := $(VLLM_VENV)/bin
+VLLM_STAMP := $(VLLM_VENV)/.installed
+VLLM_EXTRA := $(if $(shell nvidia-smi -L 2>/dev/null | grep -m1 GPU),vllm-gpu,vllm)
 
-.PHONY: install demo test lint bench clean images test-deploy
+.PHONY: install vllm demo test test-vllm lint bench bench-vllm clean images test-deploy
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -16,11 +22,26 @@ $(STAMP): pyproject.toml
 
 install: $(STAMP)
 
+$(VLLM_STAMP): pyproject.toml
+	test -x $(VLLM_BIN)/python || $(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_BIN)/pip install --quiet --upgrade pip
+	$(VLLM_BIN)/pip install --quiet -e '.[test,$(VLLM_EXTRA)]'
+	# The CPU build's torchvision, torchaudio and torchcodec resolve to CUDA builds that cannot load beside a CPU
+	# torch (and break `import transformers` models and vLLM's imports); LLM workers need none of them.
+	if [ "$(VLLM_EXTRA)" = vllm ]; then $(VLLM_BIN)/pip uninstall --quiet -y torchvision torchaudio torchcodec; fi
+	touch $(VLLM_STAMP)
+
+vllm: $(VLLM_STAMP)
+
 demo: $(STAMP)
 	$(BIN)/fedqueue run examples/digits_fedavg.toml
 
-test: $(STAMP) lint
+test: $(STAMP) lint test-vllm
 	$(BIN)/python -m pytest
+
+# The vLLM backend's tests, run by the vLLM venv's Python so the workers they start have vLLM; required here.
+test-vllm: $(VLLM_STAMP)
+	FEDQUEUE_TEST_VLLM=required $(VLLM_BIN)/python -m pytest tests/llm/test_llm_vllm.py
 
 # Lint, format and type checks; part of `make test`.
 lint: $(STAMP)
@@ -39,6 +60,11 @@ bench: $(STAMP)
 	$(BIN)/python bench/async_overhead.py
 	$(BIN)/python bench/sync_vs_async.py
 	$(BIN)/python bench/startup.py
+	$(MAKE) bench-vllm
+
+# fedqueue with the vLLM backend against bare vLLM offline, 512 prompts x 64 new tokens (about 15 minutes).
+bench-vllm: $(VLLM_STAMP)
+	$(VLLM_BIN)/python bench/llm_batch.py --vllm
 
 # The compose stack's images with no container registry: Debian (debootstrap) imported into Docker,
 # then redis, postgres, python and fedqueue images on it; a second run reuses what is built.
@@ -51,4 +77,4 @@ test-deploy: $(STAMP)
 	$(BIN)/python -m pytest -m deploy tests/test_compose_deploy.py
 
 clean:
-	rm -rf $(VENV) fedqueue.db fedqueue.db-wal fedqueue.db-shm
+	rm -rf $(VENV) $(VLLM_VENV) fedqueue.db fedqueue.db-wal fedqueue.db-shm

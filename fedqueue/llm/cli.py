@@ -192,8 +192,11 @@ def _check_backend(backend: str, workers_here: bool) -> None:
     if backend != "vllm" or importlib.util.find_spec("vllm") is not None:
         return
     if workers_here:
-        raise ConfigError("--backend vllm: vllm is not installed here; use --backend transformers")
-    errors.print("warning: --backend vllm: vllm is not installed here; the GPU workers must have it", highlight=False)
+        raise ConfigError(
+            "--backend vllm: vllm is not installed here (pip install 'fedqueue[vllm]', or make vllm); "
+            "use --backend transformers"
+        )
+    errors.print("warning: --backend vllm: vllm is not installed here; the workers must have it", highlight=False)
 
 
 def _submit(services: Services, request: JobRequest) -> Submitted:

@@ -20,6 +20,7 @@ from fedqueue.errors import ConfigError, NotFound
 from fedqueue.llm.messages import KEY_MAX, KIND_NAME, GenerateBatch
 from fedqueue.llm.planner import (
     DEFAULT_SLOTS,
+    MAX_PAD_FRACTION,
     PlannedBatch,
     approximate_tokens,
     check_limits,
@@ -135,6 +136,8 @@ def plan_pending(services: Services, job_id: str, request: JobRequest) -> list[P
         max_batch_tokens=request.max_batch_tokens,
         max_new_tokens=request.generation.max_new_tokens,
         slots=request.planned_slots,
+        # vLLM pads nothing (paged attention): its batches are cut by size and slots alone.
+        max_pad_fraction=1.0 if request.generation.backend == "vllm" else MAX_PAD_FRACTION,
     )
     first = next_batch_index(services.store, job_id)
     batches = [PlannedBatch(first + batch.index, batch.keys, batch.tokens) for batch in planned]
