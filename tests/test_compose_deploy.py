@@ -275,7 +275,7 @@ def demo(stack: Stack) -> Finished:
     assert done.returncode == 0, output[-4000:] + stack.logs("worker-cpu")
     found = re.search(r"run ([0-9a-f]{12})", output)
     assert found is not None, output[-4000:]
-    stack.log.append(f"demo through the cli service: {seconds:.1f} s")
+    stack.log.append(f"demo through the cli service: {seconds:.1f} s; it printed:\n{output.strip()}")
     return _finished(stack, found.group(1), output, seconds)
 
 
@@ -328,9 +328,10 @@ def _slow_workers(stack: Stack, cpus: float) -> Iterator[list[str]]:
 
 
 def _training(stack: Stack, run_id: str, round_index: int) -> bool:
-    """Round `round_index` is under way: the rounds before it are done and it is training."""
-    _, rounds = _run_state(stack, run_id)
-    return len(rounds) >= round_index and rounds[round_index - 1] == "training" and "failed" not in rounds
+    """The run has reached round `round_index` or a later one, and that round is training."""
+    state, rounds = _run_state(stack, run_id)
+    assert state != "finished", f"run {run_id} finished before round {round_index} was caught training"
+    return len(rounds) >= round_index and rounds[-1] == "training" and "failed" not in rounds
 
 
 def _both_workers_back(stack: Stack) -> None:
