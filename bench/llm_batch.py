@@ -20,6 +20,14 @@ End to end, as a user times it (a second table), each from the command's start t
 
 A second table decides the generation strategy, in one process with every core: fedqueue's sorted
 static batches (what a worker runs) against transformers' continuous batching (`generate_batch`).
+
+With --vllm (run by the vLLM venv's Python: `make bench-vllm`), vLLM instead, 512 prompts x 64 new tokens:
+  bare vLLM     - a script calling vLLM's offline `LLM.generate` on every prompt at once in one process, timed
+                  from its start to its written file (start-up included) and for `generate` alone (excluded);
+                  one untimed run before fills vLLM's compile cache, as any earlier run on the machine would;
+  fedqueue+vLLM - `fedqueue llm submit --backend vllm -o` on 2 and on 1 worker: with the workers up and their
+                  engines started (a warm-up job first), and with nothing running (the command starts Redis and
+                  the workers, each worker its engine).
 """
 
 from __future__ import annotations
@@ -40,6 +48,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import ForeignLoad, machine, machine_line, markdown_table, ratio, verdict, wait_for_quiet  # noqa: E402
 
 TARGETS = {"tiny": 4.0, "bench": 2.5}  # (b)/(a) on a 2-core machine
+# fedqueue+vLLM end to end against bare vLLM's end to end (start-up included), by worker count: at least these.
+VLLM_TARGETS = {2: 1.5, 1: 1 / 1.1}
 COMMAND_TARGETS = {"tiny": 4.0, "bench": 3.0}  # loop command / fedqueue command with the workers up
 WORDS = "the a of to model queue worker batch token prompt answer question why how long short".split()
 
@@ -50,11 +60,11 @@ def make_prompts(count: int, seed: int = 0) -> list[str]:
     return [" ".join(generator.choice(WORDS) for _ in range(generator.randint(2, 30))) for _ in range(count)]
 
 
-def build_model(kind: str, folder: Path) -> Path:
+def build_model(kind: str, folder: Path, heads: int = 4) -> Path:
     from fedqueue.llm.tiny import build_bench_llama, build_tiny_llama
 
     path = folder / kind
-    return build_bench_llama(path) if kind == "bench" else build_tiny_llama(path)
+    return build_bench_llama(path) if kind == "bench" else build_tiny_llama(path, heads=heads)
 
 
 def way_loop(model_path: Path, prompts: list[str], new_tokens: int) -> tuple[float, list[str], int]:
@@ -196,13 +206,199 @@ def way_fedqueue(model_path: Path, input_path: Path, new_tokens: int, batch_size
     }
 
 
-def way_cold_command(model_path: Path, input_path: Path, new_tokens: int, folder: Path) -> tuple[float, list[str]]:
+def way_cold_command(
+    model_path: Path,
+    input_path: Path,
+    new_tokens: int,
+    folder: Path,
+    extra: list[str] | None = None,
+    tag: str = "",
+    threads: int = 1,
+) -> tuple[float, list[str]]:
     """`fedqueue llm submit -o` with nothing running: embedded Redis and one worker per core start and stop."""
     env = {key: value for key, value in os.environ.items() if not key.startswith("FEDQUEUE_")}
-    env["FEDQUEUE_DATABASE_URL"] = f"sqlite:///{folder / f'cold-{model_path.name}.db'}"
-    output = folder / f"cold-{model_path.name}.jsonl"
-    seconds, outputs, _ = way_command(model_path, input_path, new_tokens, env, output, [])
+    env["FEDQUEUE_THREADS_PER_TASK"] = str(threads)
+    env["FEDQUEUE_DATABASE_URL"] = f"sqlite:///{folder / f'cold-{model_path.name}{tag}.db'}"
+    output = folder / f"cold-{model_path.name}{tag}.jsonl"
+    seconds, outputs, _ = way_command(model_path, input_path, new_tokens, env, output, extra or [])
     return seconds, outputs
+
+
+VLLM_SCRIPT = """
+import json, sys, time
+
+began = time.perf_counter()
+from vllm import LLM, SamplingParams
+
+if __name__ == "__main__":
+    model, input_path, output_path, new_tokens = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
+    rows = [json.loads(line) for line in open(input_path)]
+    # vLLM's CPU default reserves 92 % of the machine's memory for the KV cache: more than is free beside other work.
+    llm = LLM(model=model, dtype="float32", seed=0, kv_cache_memory_bytes=1 << 30)
+    started = time.perf_counter()
+    params = SamplingParams(temperature=0.0, max_tokens=new_tokens)
+    outputs = llm.generate([row["prompt"] for row in rows], params, use_tqdm=False)
+    generated = time.perf_counter()
+    with open(output_path, "w") as out:
+        for row, output in zip(rows, outputs):
+            out.write(json.dumps({"id": row["id"], "output": output.outputs[0].text}) + "\\n")
+    tokens = sum(len(output.outputs[0].token_ids) for output in outputs)
+    print("TIMES " + json.dumps({"startup_s": started - began, "generate_s": generated - started, "tokens": tokens}))
+"""
+
+
+def way_vllm_offline(model_path: Path, input_path: Path, new_tokens: int, folder: Path) -> dict[str, Any]:
+    """Bare vLLM as a user's script: seconds from its start to the written file, start-up and generate() apart."""
+    script, output = folder / "vllm_offline.py", folder / f"vllm-{model_path.name}.jsonl"
+    script.write_text(VLLM_SCRIPT)
+    command = [sys.executable, str(script), str(model_path), str(input_path), str(output), str(new_tokens)]
+    began = time.perf_counter()
+    done = subprocess.run(command, capture_output=True, text=True)
+    seconds = time.perf_counter() - began
+    if done.returncode != 0:
+        raise RuntimeError(f"bare vLLM failed ({done.returncode}): {done.stderr[-2000:]}")
+    # vLLM logs to stdout as well: the script's own line is marked.
+    inside = json.loads(next(line for line in done.stdout.splitlines() if line.startswith("TIMES "))[6:])
+    outputs = [json.loads(line)["output"] for line in output.read_text().splitlines()]
+    return {"command_s": seconds, "outputs": outputs, **inside}
+
+
+def way_fedqueue_vllm(
+    model_path: Path, input_path: Path, new_tokens: int, procs: int, batch_size: int, folder: Path
+) -> dict[str, Any]:
+    """`fedqueue llm submit --backend vllm -o` on `procs` workers whose engines are up; seconds, outputs, start-up."""
+    import fedqueue
+    from fedqueue.config import Settings
+    from fedqueue.llm.job import JobRequest, submit_job
+    from fedqueue.llm.settings import GenerationSettings
+    from fedqueue.queue.client import open_client
+
+    tag = f"{model_path.name}-{procs}"
+    settings = Settings(
+        database_url=f"sqlite:///{folder / f'vllm-{tag}.db'}",
+        key_prefix=f"bench-vllm-{procs}",
+        threads_per_task=vllm_threads(procs),
+    )
+    generation = GenerationSettings(max_new_tokens=new_tokens, dtype="float32", backend="vllm")
+    cold = time.perf_counter()
+    with fedqueue.local_cluster(procs, settings=settings) as cluster:
+        services = open_client(cluster.settings)
+        # Warm-up: one-prompt batches until every worker has started its engine.
+        warm_input = folder / f"warm-vllm-{tag}.jsonl"
+        warm_input.write_text("".join(json.dumps({"prompt": f"warm {i}"}) + "\n" for i in range(2 * procs)))
+        warm = submit_job(services, JobRequest(warm_input, str(model_path), generation, batch_size=1, slots=procs))
+        _wait(services, warm.job_id)
+        cold_s = time.perf_counter() - cold
+        timings = services.store.task_timings(warm.job_id)
+        if len({t.worker for t in timings}) < procs:
+            print(f"WARNING: only {len({t.worker for t in timings})} of {procs} workers took a warm-up batch")
+        engine_s = max((t.load_ms for t in timings), default=0.0) / 1000
+        services.close()
+        env = {**os.environ, **cluster.settings.to_env()}
+        extra = ["--backend", "vllm", "--batch-size", str(batch_size), "--job", f"e2e-vllm-{procs}"]
+        output = folder / f"warm-vllm-{tag}.jsonl"
+        seconds, outputs, stdout = way_command(model_path, input_path, new_tokens, env, output, extra)
+    return {
+        "command_s": seconds,
+        "outputs": outputs,
+        "cold_s": cold_s,
+        "engine_s": engine_s,
+        "plan": batches_line(stdout),
+    }
+
+
+def vllm_threads(procs: int) -> int:
+    """Each worker's threads: the cores shared out (bare vLLM uses every core too: one computes, one serves)."""
+    return max(1, (os.cpu_count() or 1) // procs)
+
+
+def vllm_main(args: argparse.Namespace) -> None:
+    """fedqueue with the vLLM backend on 2 and 1 workers against bare vLLM offline in one process."""
+    info = machine()
+    print(machine_line(info))
+    import vllm
+
+    prompts = make_prompts(args.prompts)
+    rows, notes = [], []
+    load = ForeignLoad()
+    with tempfile.TemporaryDirectory(prefix="fedqueue-bench-vllm-") as name:
+        folder = Path(name)
+        # Every engine of this run shares one compile cache, filled by untimed runs before the timed ones.
+        os.environ["VLLM_CACHE_ROOT"] = str(folder / "vllm-cache")
+        input_path = folder / "prompts.jsonl"
+        input_path.write_text("".join(json.dumps({"id": i, "prompt": p}) + "\n" for i, p in enumerate(prompts)))
+        prime_path = folder / "prime.jsonl"
+        prime_path.write_text("".join(json.dumps({"id": i, "prompt": p}) + "\n" for i, p in enumerate(prompts[:8])))
+        for kind in args.models:
+            # vLLM's CPU attention needs heads of 32 or more: the tiny model gets 2 heads of 32 here.
+            model_path = build_model(kind, folder, heads=2)
+            wait_for_quiet()
+            first = way_vllm_offline(model_path, prime_path, args.new_tokens, folder)
+            bare = way_vllm_offline(model_path, input_path, args.new_tokens, folder)
+            results = {}
+            for procs in (2, 1):
+                queued = way_fedqueue_vllm(model_path, input_path, args.new_tokens, procs, args.batch_size, folder)
+                extra = ["--backend", "vllm", "--batch-size", str(args.batch_size), "--procs", str(procs)]
+                cold = (
+                    (None, None)
+                    if args.no_cold
+                    else way_cold_command(
+                        model_path, input_path, args.new_tokens, folder, extra, f"-vllm-{procs}", vllm_threads(procs)
+                    )
+                )
+                results[procs] = (queued, cold)
+            for procs, (queued, (cold_s, cold_outputs)) in results.items():
+                outputs = [queued["outputs"], *([cold_outputs] if cold_outputs else [])]
+                same = sum(all(each[i] == bare["outputs"][i] for each in outputs) for i in range(len(prompts)))
+                speedup = bare["command_s"] / queued["command_s"]
+                rows.append(
+                    [
+                        kind,
+                        procs,
+                        f"{bare['command_s']:.1f} s",
+                        f"{bare['generate_s']:.1f} s",
+                        f"{queued['command_s']:.1f} s",
+                        ratio(bare["command_s"], queued["command_s"]),
+                        f"{VLLM_TARGETS[procs]:.2f}x {verdict(speedup >= VLLM_TARGETS[procs])}",
+                        ratio(bare["generate_s"], queued["command_s"]),
+                        "–" if cold_s is None else f"{cold_s:.1f} s",
+                        ratio(bare["command_s"], cold_s),
+                        f"{same}/{len(prompts)}",
+                    ]
+                )
+                notes.append(
+                    f"{kind}, {procs} worker(s) of {vllm_threads(procs)} thread(s): cluster up and engines "
+                    f"started {queued['cold_s']:.1f} s (an engine {queued['engine_s']:.1f} s); "
+                    f"the command planned {queued['plan']}"
+                )
+            notes.append(
+                f"{kind}: bare vLLM start-up {bare['startup_s']:.1f} s (first run, compile cache empty: "
+                f"{first['startup_s']:.1f} s), generate {bare['generate_s']:.1f} s for {bare['tokens']} tokens "
+                f"({bare['tokens'] / bare['generate_s']:.0f} tokens/s)"
+            )
+    print()
+    headers = [
+        "model",
+        "workers",
+        "bare vLLM end to end",
+        "bare vLLM generate() only",
+        "fedqueue+vLLM, workers up",
+        "bare/fedqueue",
+        "target",
+        "bare generate() only/fedqueue",
+        "fedqueue+vLLM, nothing running",
+        "bare/cold",
+        "same output",
+    ]
+    print(markdown_table(headers, rows))
+    print()
+    for note in notes:
+        print(note)
+    print(
+        f"{len(prompts)} prompts, {args.new_tokens} new tokens each at most, greedy, float32, --batch-size "
+        f"{args.batch_size}; vLLM {vllm.__version__}; {os.cpu_count()} cores"
+    )
+    print(load.report())
 
 
 def way_static(model_path: Path, prompts: list[str], new_tokens: int, batch_size: int) -> tuple[float, int]:
@@ -253,13 +449,21 @@ def _wait(services: Any, job_id: str, timeout_s: float = 1800) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--prompts", type=int, default=96)
-    parser.add_argument("--new-tokens", type=int, default=32)
-    parser.add_argument("--batch-size", type=int, default=32, help="the most prompts per batch (the CLI's default)")
-    parser.add_argument("--models", nargs="+", default=["tiny", "bench"], choices=["tiny", "bench"])
+    parser.add_argument("--prompts", type=int, default=None, help="default 96; 512 with --vllm")
+    parser.add_argument("--new-tokens", type=int, default=None, help="default 32; 64 with --vllm")
+    parser.add_argument("--batch-size", type=int, default=None, help="most prompts per batch: 32 (the CLI's default)")
+    parser.add_argument("--models", nargs="+", default=None, choices=["tiny", "bench"], help="default: both")
     parser.add_argument("--no-continuous", action="store_true", help="skip the continuous-batching comparison")
     parser.add_argument("--no-cold", action="store_true", help="skip the command with nothing running")
+    parser.add_argument("--vllm", action="store_true", help="fedqueue with the vLLM backend against bare vLLM")
     args = parser.parse_args()
+    args.prompts = args.prompts or (512 if args.vllm else 96)
+    args.new_tokens = args.new_tokens or (64 if args.vllm else 32)
+    args.batch_size = args.batch_size or (128 if args.vllm else 32)
+    args.models = args.models or (["bench"] if args.vllm else ["tiny", "bench"])
+    if args.vllm:
+        vllm_main(args)
+        return
 
     info = machine()
     print(machine_line(info))
