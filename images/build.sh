@@ -40,8 +40,14 @@ if ! "$DOCKER" info >/dev/null 2>&1 && [ "$(id -u)" = 0 ] && command -v dockerd 
 fi
 "$DOCKER" info >/dev/null 2>&1 || { echo "images: no Docker engine answers (start dockerd first)" >&2; exit 1; }
 
-if [ "${FEDQUEUE_IMAGES_REBUILD:-0}" = 1 ] && exists "$DEBIAN_IMAGE"; then
-    "$DOCKER" image rm "$DEBIAN_IMAGE" >/dev/null
+NO_CACHE=()
+if [ "${FEDQUEUE_IMAGES_REBUILD:-0}" = 1 ]; then
+    # Every image again, from debootstrap on: the ones built on Debian first, then Debian itself.
+    for image in "fedqueue:$TAG" "fedqueue-python:$TAG" "fedqueue-postgres:$TAG" "fedqueue-redis:$TAG" "$DEBIAN_IMAGE"; do
+        "$DOCKER" image rm "$image" >/dev/null 2>&1 || true
+    done
+    exists "$DEBIAN_IMAGE" && { echo "images: $DEBIAN_IMAGE is in use (docker ps -a); not rebuilt" >&2; exit 1; }
+    NO_CACHE=(--no-cache)
 fi
 
 if exists "$DEBIAN_IMAGE"; then
@@ -72,7 +78,7 @@ build() {  # build IMAGE DOCKERFILE CONTEXT [ARGS...]
     log="$(mktemp)"
     previous="$("$DOCKER" image inspect -f '{{.Id}}' "$image" 2>/dev/null || true)"
     say "docker build $image"
-    if ! "$DOCKER" build --force-rm -t "$image" -f "$dockerfile" --build-arg "DEBIAN_IMAGE=$DEBIAN_IMAGE" "$@" "$context" >"$log" 2>&1; then
+    if ! "$DOCKER" build --force-rm "${NO_CACHE[@]}" -t "$image" -f "$dockerfile" --build-arg "DEBIAN_IMAGE=$DEBIAN_IMAGE" "$@" "$context" >"$log" 2>&1; then
         tail -40 "$log" >&2
         rm -f "$log"
         exit 1
