@@ -18,7 +18,8 @@ from fedqueue.queue import publish
 from fedqueue.queue.app import make_app
 
 
-def test_the_first_messages_are_on_the_queue_while_the_rest_are_built(settings: Settings) -> None:
+def _counting(settings: Settings) -> tuple[Any, redis.Redis, str, list[int]]:
+    """The app, a Redis client, the control queue, and how many messages wait there as each one is built."""
     app = make_app(settings)
     client = redis.Redis.from_url(settings.broker_url)
     queue = f"{settings.key_prefix}:{settings.queue(CONTROL_QUEUE)}"
@@ -30,6 +31,11 @@ def test_the_first_messages_are_on_the_queue_while_the_rest_are_built(settings: 
         return send_task(*args, **kwargs)
 
     app.send_task = send_counting  # type: ignore[method-assign]
+    return app, client, queue, waiting_when_built
+
+
+def test_the_first_messages_are_on_the_queue_while_the_rest_are_built(settings: Settings) -> None:
+    app, client, queue, waiting_when_built = _counting(settings)
     messages = [AggregateTask(run_id="r" * 12, round_index=index, enqueued_at=0.0) for index in range(1, 21)]
     try:
         publish.enqueue_with(app, settings)(messages)
@@ -45,6 +51,21 @@ def test_the_first_messages_are_on_the_queue_while_the_rest_are_built(settings: 
         app.close()
 
 
+def test_a_few_messages_go_out_in_one_round_trip(settings: Settings) -> None:
+    """A buffered-async refill of a few tasks: built first, then sent in one pipeline, not two."""
+    app, client, queue, waiting_when_built = _counting(settings)
+    count = publish.SPLIT_ABOVE
+    try:
+        publish.enqueue_with(app, settings)(
+            [AggregateTask(run_id="r" * 12, round_index=index, enqueued_at=0.0) for index in range(1, count + 1)]
+        )
+        assert waiting_when_built == [0] * count
+        assert client.llen(queue) == count
+    finally:
+        client.delete(queue)
+        app.close()
+
+
 def _decoded(body: dict[str, Any]) -> str:
     import base64
 
@@ -52,7 +73,7 @@ def _decoded(body: dict[str, Any]) -> str:
     return base64.b64decode(raw).decode() if body.get("properties", {}).get("body_encoding") == "base64" else raw
 
 
-@pytest.mark.parametrize("count", [1, publish.FIRST_BATCH, publish.FIRST_BATCH + 1])
+@pytest.mark.parametrize("count", [0, 1, publish.FIRST_BATCH, publish.SPLIT_ABOVE, publish.SPLIT_ABOVE + 1])
 def test_every_message_is_published_once(settings: Settings, count: int) -> None:
     app = make_app(settings)
     client = redis.Redis.from_url(settings.broker_url)
