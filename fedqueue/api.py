@@ -21,9 +21,9 @@ from fedqueue.fl.config import RunConfig, load_run_config
 if TYPE_CHECKING:
     import torch
 
-    from fedqueue.core.local import LocalCluster
     from fedqueue.core.services import WorkerSlots
     from fedqueue.core.supervisor import RunSupervisor
+    from fedqueue.queue.local import LocalCluster
     from fedqueue.store import Store
 
 ConfigLike = RunConfig | Mapping[str, Any] | str | os.PathLike[str]
@@ -183,7 +183,7 @@ def local_cluster(
     With `wait`, the block starts once every worker is up and warm; without, at once (Redis
     answers, the workers start beside the block and take what it queued when they are up).
     """
-    from fedqueue.core.local import LocalCluster
+    from fedqueue.queue.local import LocalCluster
     from fedqueue.queue.workers import detect_gpus, plan_workers
 
     settings = _settings(settings, plugin_path)

@@ -17,8 +17,8 @@ import torch
 from fedqueue import api
 from fedqueue.config import Settings
 from fedqueue.core import cluster_file
-from fedqueue.core.local import LocalCluster
 from fedqueue.errors import ServiceUnavailable
+from fedqueue.queue.local import LocalCluster
 from fedqueue.queue.workers import WorkerGroup, plan_workers
 from tests.conftest import running_workers
 from tests.helpers import assert_same_weights, reference_final_state, small_config

@@ -352,8 +352,8 @@ def up(
     """
     from fedqueue.cli.local import say_ready, start_detached
     from fedqueue.core import cluster_file
-    from fedqueue.core.local import LocalCluster
     from fedqueue.queue.client import open_client
+    from fedqueue.queue.local import LocalCluster
     from fedqueue.queue.workers import detect_gpus, plan_workers
 
     settings = Settings.from_env().with_plugin_path(plugin_path)
