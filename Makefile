@@ -49,7 +49,8 @@ lint: $(STAMP)
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
 
-# About 35 minutes on an idle 2-core machine; each benchmark first waits (up to 3 minutes) for other work to stop.
+# About 45 minutes on an idle 2-core machine (10 of them bench-vllm, which builds the vLLM venv first); each
+# benchmark first waits (up to 3 minutes) for other work to stop.
 bench: $(STAMP)
 	$(BIN)/python bench/fl_round.py
 	$(BIN)/python bench/overhead.py
@@ -62,7 +63,7 @@ bench: $(STAMP)
 	$(BIN)/python bench/startup.py
 	$(MAKE) bench-vllm
 
-# fedqueue with the vLLM backend against bare vLLM offline, 512 prompts x 64 new tokens (about 15 minutes).
+# fedqueue with the vLLM backend against bare vLLM offline, 512 prompts x 64 new tokens (about 8-10 minutes).
 bench-vllm: $(VLLM_STAMP)
 	$(VLLM_BIN)/python bench/llm_batch.py --vllm
 
