@@ -71,10 +71,8 @@ def rate(handle: Any, cluster: Any, cpu_before: float) -> dict[str, float]:
     rounds = handle.store.list_rounds(handle.id)
     done = [row for row in rounds if row.aggregated_at is not None]
     span = max(row.aggregated_at for row in done) - rounds[0].enqueued_at
-    if "buffered" in status:
-        counted = status["buffered"]["folded"]
-    else:
-        counted = sum(len(row.selected) for row in done)
+    # FedBuff counts the updates its versions folded; sync every device of an aggregated round.
+    counted = status["buffered"]["folded"] if "buffered" in status else sum(len(row.selected) for row in done)
     return {
         "updates": counted,
         "span_s": span,
@@ -106,7 +104,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="fedqueue-bench-") as tmp:
         settings = Settings(database_url=f"sqlite:///{Path(tmp) / 'async.db'}", key_prefix="bench-async-overhead")
         with fedqueue.local_cluster(procs=args.procs, settings=settings.with_plugin_path([str(BENCH_DIR)])) as cluster:
-            for way, config in runs.items():  # warm-up: imports, caches, the first fold pass
+            for config in runs.values():  # warm-up: imports, caches, the first fold pass
                 wait_run(
                     fedqueue.submit({**config, "rounds": 2, "max_model_version": 2}, settings=cluster.settings), cluster
                 )

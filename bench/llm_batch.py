@@ -51,7 +51,7 @@ TARGETS = {"tiny": 4.0, "bench": 2.5}  # (b)/(a) on a 2-core machine
 # fedqueue+vLLM end to end against bare vLLM's end to end (start-up included), by worker count: at least these.
 VLLM_TARGETS = {2: 1.5, 1: 1 / 1.1}
 COMMAND_TARGETS = {"tiny": 4.0, "bench": 3.0}  # loop command / fedqueue command with the workers up
-WORDS = "the a of to model queue worker batch token prompt answer question why how long short".split()
+WORDS = "the a of to model queue worker batch token prompt answer question why how long short".split()  # noqa: SIM905
 
 
 def make_prompts(count: int, seed: int = 0) -> list[str]:

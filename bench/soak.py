@@ -80,7 +80,7 @@ def main() -> None:
             lease_ttl_s=5,
             max_attempts=10,
         )
-        log = open(workdir / "workers.log", "w")
+        log = open(workdir / "workers.log", "w")  # noqa: SIM115 - the launcher writes to it while it runs
         launcher = subprocess.Popen(
             [sys.executable, "-m", "fedqueue.cli", "worker", "--procs", str(args.procs)],
             env=cli_env(settings),

@@ -85,9 +85,12 @@ class Browser:
         self._wait_event("Page.loadEventFired")
         for event in self._events:
             params = event.get("params", {})
-            if event.get("method") == "Network.responseReceived" and params.get("loaderId") == frame.get("loaderId"):
-                if params.get("type") == "Document":
-                    return int(params["response"]["status"])
+            if (
+                event.get("method") == "Network.responseReceived"
+                and params.get("loaderId") == frame.get("loaderId")
+                and params.get("type") == "Document"
+            ):
+                return int(params["response"]["status"])
         raise RuntimeError(f"no response seen for {url}")
 
     def text(self) -> str:

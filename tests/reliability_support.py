@@ -61,7 +61,7 @@ def ping_count(settings: Settings) -> int:
 @contextlib.contextmanager
 def launcher(settings: Settings, procs: int, cwd: Path) -> Iterator[subprocess.Popen[str]]:
     """`fedqueue worker --procs N` as a user starts it; stopped (and reaped) at the end."""
-    log = open(cwd / f"launcher-{time.monotonic_ns()}.log", "w")
+    log = open(cwd / f"launcher-{time.monotonic_ns()}.log", "w")  # noqa: SIM115 - closed when the launcher stops
     process = subprocess.Popen(
         [sys.executable, "-m", "fedqueue.cli", "worker", "--procs", str(procs)],
         cwd=cwd,

@@ -258,7 +258,7 @@ def test_concurrent_migrators_on_a_fresh_database_all_succeed(fresh_url: str) ->
         for future in [pool.submit(migrate) for _ in range(migrators)]:
             future.result(timeout=WAIT_S)
     assert revision_of(fresh_url) == head_revision()
-    assert NEW_RUN_COLUMNS <= column_names(fresh_url, "runs")
+    assert column_names(fresh_url, "runs") >= NEW_RUN_COLUMNS
 
 
 # read-only opens

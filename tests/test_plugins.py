@@ -181,7 +181,7 @@ def test_two_runs_at_once_on_the_same_workers_equal_each_alone(settings: Setting
         first_done = handles[0].store.get_run(handles[0].id).finished_at
         second_start = min(t.started_at for t in handles[1].store.task_timings(handles[1].id))
         assert second_start < first_done
-    for handle, config, report in zip(handles, (first, second), reports):
+    for handle, config, report in zip(handles, (first, second), reports, strict=True):
         assert report["state"] == "finished" and len(report["rounds"]) == 2
         assert_same_weights(handle.final_weights(), reference_final_state(config))
 

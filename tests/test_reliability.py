@@ -208,9 +208,8 @@ def test_second_signal_stops_at_once_and_the_task_is_redelivered(settings: Setti
         workers.wait(timeout=30)
         assert time.monotonic() - started < 5  # did not wait for the task
     assert handle.store.count_done(handle.id, 1) == 0
-    with launcher(settings, procs=1, cwd=tmp_path):
-        with api.scheduling(handle) as scheduler:
-            status = handle.wait(120, tick=scheduler.tick)
+    with launcher(settings, procs=1, cwd=tmp_path), api.scheduling(handle) as scheduler:
+        status = handle.wait(120, tick=scheduler.tick)
     assert status["state"] == "finished"
     interrupted = next(t for t in handle.store.device_tasks(handle.id, 1) if t.device == found[0])
     assert interrupted.attempt == 2

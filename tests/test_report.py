@@ -110,7 +110,7 @@ def example(now: float = T0 + 10.0, state: str = "running", finished_at: float |
     ]
     samples = [
         Sample("a@h", 7, "cpu", T0 + second, utilization, 2**20 * (100 + second))
-        for second, utilization in zip(range(1, 11), [10, 20, 30, 40, 50, 60, 70, 80, 90, 100])
+        for second, utilization in zip(range(1, 11), [10, 20, 30, 40, 50, 60, 70, 80, 90, 100], strict=True)
     ]
     return RunData(run=run_row(state, finished_at), rounds=rounds, spans=spans, samples=samples, now=now)
 

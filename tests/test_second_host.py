@@ -136,57 +136,57 @@ def test_a_second_host_shares_the_run_and_the_weights_match_one_host(
     from sqlalchemy.engine import make_url
 
     database = make_url(postgres_url)
-    with second_host() as (namespace, first, second):
+    with (
+        second_host() as (namespace, first, second),
+        redis_with_password(tmp_path, ["127.0.0.1", first]) as redis_port,
+        relay(first, database.port or 5432) as db_port,
+    ):
+        here = replace(
+            reliable_settings(settings),
+            broker_url=f"redis://127.0.0.1:{redis_port}/0",
+            database_url=postgres_url,
+        )
+        # The second host knows the first only by its veth address, and the Redis password.
+        there_env = {
+            **cli_env(here),
+            "FEDQUEUE_BROKER_URL": f"redis://{first}:{redis_port}/0",
+            "FEDQUEUE_REDIS_PASSWORD": PASSWORD,
+            "FEDQUEUE_DATABASE_URL": database.set(host=first, port=db_port).render_as_string(hide_password=False),
+        }
+        here_env = {**cli_env(here), "FEDQUEUE_REDIS_PASSWORD": PASSWORD}
+        here = replace(here, broker_url=f"redis://:{PASSWORD}@127.0.0.1:{redis_port}/0")
+        worker = [sys.executable, "-m", "fedqueue.cli", "worker", "--procs", "1"]
+        in_namespace = [
+            "ip",
+            "netns",
+            "exec",
+            namespace,
+            "unshare",
+            "--uts",
+            "sh",
+            "-c",
+            'hostname host2 && exec "$@"',
+            "-",
+        ]
         with (
-            redis_with_password(tmp_path, ["127.0.0.1", first]) as redis_port,
-            relay(first, database.port or 5432) as db_port,
+            worker_host(worker, here_env, tmp_path / "host1.log"),
+            worker_host([*in_namespace, *worker], there_env, tmp_path / "host2.log") as remote,
         ):
-            here = replace(
-                reliable_settings(settings),
-                broker_url=f"redis://127.0.0.1:{redis_port}/0",
-                database_url=postgres_url,
-            )
-            # The second host knows the first only by its veth address, and the Redis password.
-            there_env = {
-                **cli_env(here),
-                "FEDQUEUE_BROKER_URL": f"redis://{first}:{redis_port}/0",
-                "FEDQUEUE_REDIS_PASSWORD": PASSWORD,
-                "FEDQUEUE_DATABASE_URL": database.set(host=first, port=db_port).render_as_string(hide_password=False),
-            }
-            here_env = {**cli_env(here), "FEDQUEUE_REDIS_PASSWORD": PASSWORD}
-            here = replace(here, broker_url=f"redis://:{PASSWORD}@127.0.0.1:{redis_port}/0")
-            worker = [sys.executable, "-m", "fedqueue.cli", "worker", "--procs", "1"]
-            in_namespace = [
-                "ip",
-                "netns",
-                "exec",
-                namespace,
-                "unshare",
-                "--uts",
-                "sh",
-                "-c",
-                'hostname host2 && exec "$@"',
-                "-",
-            ]
-            with (
-                worker_host(worker, here_env, tmp_path / "host1.log"),
-                worker_host([*in_namespace, *worker], there_env, tmp_path / "host2.log") as remote,
-            ):
-                wait_until(lambda: ping_count(here) >= 2 or remote.poll() is not None, 120)
-                assert remote.poll() is None, (tmp_path / "host2.log").read_text()[-3000:]
-                config = slow_config(0.05, rounds=3, devices_per_round=8, num_devices=20)
-                handle = api.submit(config, settings=here)
-                assert handle.wait(timeout_s=240)["state"] == "finished"
-                workers = {row.worker for row in handle.store.device_tasks(handle.id)}
-                hosts = {worker.split("@")[1] for worker in workers}
-                assert "host2" in hosts and len(hosts) == 2, workers
-                assert_same_weights(handle.final_weights(), reference_final_state(config))
-                # Flower, on the first host, lists the workers of both.
-                flower_env = {**here_env, "FLOWER_BASIC_AUTH": "admin:pw"}
-                with running_flower(flower_env, free_port(), tmp_path / "flower.log") as base:
+            wait_until(lambda: ping_count(here) >= 2 or remote.poll() is not None, 120)
+            assert remote.poll() is None, (tmp_path / "host2.log").read_text()[-3000:]
+            config = slow_config(0.05, rounds=3, devices_per_round=8, num_devices=20)
+            handle = api.submit(config, settings=here)
+            assert handle.wait(timeout_s=240)["state"] == "finished"
+            workers = {row.worker for row in handle.store.device_tasks(handle.id)}
+            hosts = {worker.split("@")[1] for worker in workers}
+            assert "host2" in hosts and len(hosts) == 2, workers
+            assert_same_weights(handle.final_weights(), reference_final_state(config))
+            # Flower, on the first host, lists the workers of both.
+            flower_env = {**here_env, "FLOWER_BASIC_AUTH": "admin:pw"}
+            with running_flower(flower_env, free_port(), tmp_path / "flower.log") as base:
 
-                    def listed() -> bool:
-                        status, found = http_get(f"{base}/api/workers?refresh=1", ("admin", "pw"))
-                        return status == 200 and workers <= set(found)
+                def listed() -> bool:
+                    status, found = http_get(f"{base}/api/workers?refresh=1", ("admin", "pw"))
+                    return status == 200 and workers <= set(found)
 
-                    wait_until(listed, 60)
+                wait_until(listed, 60)

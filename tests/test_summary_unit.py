@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import random
 from urllib.parse import urlsplit
 
@@ -33,7 +34,7 @@ def brute_force_sampled(intervals: list[Interval], step: float = 1 / 64) -> int:
 def brute_force_midpoints(intervals: list[Interval]) -> int:
     """The most intervals seen at once, checking the midpoint between every pair of adjacent endpoints."""
     points = sorted({t for interval in intervals for t in interval})
-    return max((overlap_at(intervals, (a + b) / 2) for a, b in zip(points, points[1:])), default=0)
+    return max((overlap_at(intervals, (a + b) / 2) for a, b in itertools.pairwise(points)), default=0)
 
 
 def test_empty_is_zero() -> None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -84,7 +86,7 @@ def test_lanes_are_as_few_as_the_peak_overlap_and_never_overlap_inside(pairs: li
     lanes = pack_lanes(spans)
     assert sorted(s.task for lane in lanes for s in lane.spans) == sorted(s.task for s in spans)
     for lane in lanes:
-        assert all(before.finished_at <= after.started_at for before, after in zip(lane.spans, lane.spans[1:]))
+        assert all(before.finished_at <= after.started_at for before, after in itertools.pairwise(lane.spans))
     for worker in {s.worker for s in spans}:
         mine = [(s.started_at, s.finished_at) for s in spans if s.worker == worker]
         assert sum(1 for lane in lanes if lane.worker == worker) == max_concurrency(mine)

@@ -11,6 +11,7 @@ it exits the normal way.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import os
 import sys
 import threading
@@ -38,10 +39,8 @@ def exit_now(code: str | int | None = 0) -> NoReturn:
     wait_for_threads()
     run_atexit()  # logging's flush, temporary folders' removal, ...
     for stream in (sys.stdout, sys.stderr):
-        try:
+        with contextlib.suppress(OSError, ValueError):  # a closed pipe or stream: nothing left to write to
             stream.flush()
-        except (OSError, ValueError):  # a closed pipe or stream: nothing left to write to
-            pass
     os._exit(status)
 
 

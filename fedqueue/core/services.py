@@ -102,14 +102,14 @@ class Services:
         return values
 
     def attempts_of(self, task_keys: Sequence[str]) -> dict[str, int]:
-        return {key: int(value or 0) for key, value in zip(task_keys, self._many("attempts", task_keys))}
+        return {key: int(value or 0) for key, value in zip(task_keys, self._many("attempts", task_keys), strict=True)}
 
     def running_of(self, task_keys: Sequence[str]) -> dict[str, bool]:
-        return {key: value is not None for key, value in zip(task_keys, self._many("running", task_keys))}
+        return {key: value is not None for key, value in zip(task_keys, self._many("running", task_keys), strict=True)}
 
     def requeued_of(self, task_keys: Sequence[str]) -> dict[str, int | None]:
         values = self._many("requeued", task_keys)
-        return {key: None if value is None else int(value) for key, value in zip(task_keys, values)}
+        return {key: None if value is None else int(value) for key, value in zip(task_keys, values, strict=True)}
 
     def mark_requeued(self, task_key: str, attempts: int) -> None:
         self.redis.set(self.key("requeued", task_key), attempts, ex=self.settings.blob_ttl_s)

@@ -150,6 +150,18 @@ class RunConfig:
         return self.local_epochs
 
     def _check_rules(self) -> None:
+        self._check_counts()
+        self._check_names()
+        self._check_packing()
+        self._check_rates()
+        _check_clock(self.device_speed, self.communication_delay)
+        if self.mode in BUFFERED_MODES:
+            self._check_buffered_rules()
+        if self.mode == "fedrevive":
+            self._check_revive_rules()
+        self._check_data()
+
+    def _check_counts(self) -> None:
         for key in (
             "num_devices",
             "devices_per_round",
@@ -168,6 +180,16 @@ class RunConfig:
             raise ConfigError(
                 f"devices_per_round: {self.devices_per_round} selected is more than num_devices = {self.num_devices}"
             )
+        if self.min_devices_per_round > self.devices_per_round:
+            raise ConfigError(
+                f"min_devices_per_round: {self.min_devices_per_round} is more than "
+                f"devices_per_round = {self.devices_per_round}"
+            )
+        for key in ("concurrency", "max_model_version", "buffer_size", "min_refill"):
+            if getattr(self, key) is not None:
+                _positive(key, getattr(self, key))
+
+    def _check_names(self) -> None:
         for kind in ("dataset", "model", "local_step", "aggregate"):
             name = getattr(self, kind)
             if not is_valid_name(kind, name):
@@ -176,17 +198,11 @@ class RunConfig:
             raise ConfigError(f"name: at most {NAME_MAX} characters, got {len(self.name)}")
         _choice("partition", self.partition, PARTITIONS)
         _choice("on_failure", self.on_failure, FAILURE_POLICIES)
-        if self.min_devices_per_round > self.devices_per_round:
-            raise ConfigError(
-                f"min_devices_per_round: {self.min_devices_per_round} is more than "
-                f"devices_per_round = {self.devices_per_round}"
-            )
         _choice("local_optimizer", self.local_optimizer, OPTIMIZERS)
         _choice("mode", self.mode, MODES)
         _choice("staleness_weight", self.staleness_weight, STALENESS_WEIGHTS)
-        for key in ("concurrency", "max_model_version", "buffer_size", "min_refill"):
-            if getattr(self, key) is not None:
-                _positive(key, getattr(self, key))
+
+    def _check_packing(self) -> None:
         _choice("pack_mode", self.pack_mode, (*PACK_MODES, "auto"))
         if isinstance(self.pack_size, str) and self.pack_size != "auto":
             raise ConfigError(f'pack_size: a positive integer or "auto", got {self.pack_size!r}')
@@ -194,16 +210,15 @@ class RunConfig:
             _positive("pack_size", self.pack_size)
             if self.pack_size > PACK_MAX:
                 raise ConfigError(f"pack_size: at most {PACK_MAX}, got {self.pack_size}")
+
+    def _check_rates(self) -> None:
         for key in ("local_lr", "global_lr", "alpha"):
             if not getattr(self, key) > 0:
                 raise ConfigError(f"{key}: must be greater than 0, got {getattr(self, key)}")
         if not 0 <= self.local_momentum < 1:
             raise ConfigError(f"local_momentum: must be in [0, 1), got {self.local_momentum}")
-        _check_clock(self.device_speed, self.communication_delay)
-        if self.mode in BUFFERED_MODES:
-            self._check_buffered_rules()
-        if self.mode == "fedrevive":
-            self._check_revive_rules()
+
+    def _check_data(self) -> None:
         try:
             json.dumps(self.plugin, allow_nan=False)
         except (TypeError, ValueError):

@@ -7,6 +7,7 @@ launcher never imports torch.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shutil
@@ -182,7 +183,7 @@ class WorkerGroup:
         output: IO[bytes] | None = None
         if self._log_dir is not None:
             self._log_dir.mkdir(parents=True, exist_ok=True)
-            output = open(self._log_dir / f"worker-{spec.name}.log", "ab")
+            output = open(self._log_dir / f"worker-{spec.name}.log", "ab")  # noqa: SIM115 - closed in stop()
             self._logs.append(output)
         # A session of its own: a Ctrl-C in the terminal reaches this launcher only, which
         # then decides between a warm and a cold stop. If the launcher dies, so does the worker.
@@ -243,10 +244,8 @@ class WorkerGroup:
     def signal_all(self, signum: int) -> None:
         for process in self.processes:
             if process.poll() is None:
-                try:
+                with contextlib.suppress(ProcessLookupError):
                     process.send_signal(signum)
-                except ProcessLookupError:
-                    pass
 
     def alive(self) -> bool:
         return any(process.poll() is None for process in self.processes)

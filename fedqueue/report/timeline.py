@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Sequence
@@ -171,7 +172,7 @@ def dispatch_gaps(lanes: Sequence[Lane]) -> list[float]:
     """
     gaps: list[float] = []
     for lane in lanes:
-        for before, after in zip(lane.spans, lane.spans[1:]):
+        for before, after in itertools.pairwise(lane.spans):
             if after.enqueued_at <= before.finished_at:
                 gaps.append(max(0.0, after.started_at - before.finished_at))
     return gaps

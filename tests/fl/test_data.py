@@ -21,7 +21,7 @@ def test_digits_shapes_split_and_classes() -> None:
     assert tuple(fed.train.x.shape[1:]) == (1, 8, 8)
     assert len(fed.train) + len(fed.test) == 1797
     assert abs(len(fed.test) / 1797 - 0.2) < 0.01
-    assert 0.0 <= float(fed.train.x.min()) and float(fed.train.x.max()) <= 1.0
+    assert float(fed.train.x.min()) >= 0.0 and float(fed.train.x.max()) <= 1.0
     assert set(fed.train.y.tolist()) == set(range(10)) == set(fed.test.y.tolist())
     assert len(fed.partitions) == 4
 
@@ -112,7 +112,7 @@ def test_partition_matches_partition_indices() -> None:
     spec = DataSpec(dataset="digits", seed=4, num_devices=6, partition="dirichlet", alpha=0.5)
     fed = load_federated(spec)
     expected = partition_indices(fed.train.y.numpy(), 6, "dirichlet", 0.5, 4, None)
-    assert all(np.array_equal(a, b) for a, b in zip(fed.partitions, expected))
+    assert all(np.array_equal(a, b) for a, b in zip(fed.partitions, expected, strict=True))
 
 
 def test_server_split_is_held_out_of_every_partition() -> None:

@@ -25,8 +25,8 @@ def test_deterministic_for_a_seed_and_seed_matters(scheme: str) -> None:
     again = partition_indices(labels, 8, scheme, 0.5, 3, None)
     other = partition_indices(labels, 8, scheme, 0.5, 4, None)
     assert len(first) == 8
-    assert all(np.array_equal(a, b) for a, b in zip(first, again))
-    assert not all(np.array_equal(a, b) for a, b in zip(first, other))
+    assert all(np.array_equal(a, b) for a, b in zip(first, again, strict=True))
+    assert not all(np.array_equal(a, b) for a, b in zip(first, other, strict=True))
 
 
 def test_iid_covers_everything_in_near_equal_parts() -> None:

@@ -264,7 +264,9 @@ class _FoldPass:
             # A buffered update lost with Redis trains again: nothing moves until it is stored.
             complete = all((a.trip.round_index, a.trip.device) in results for a in state.buffer)
 
-            def outcome_of(trip: Trip) -> Outcome | None:
+            def outcome_of(
+                trip: Trip, results: Mapping[Any, Any] = results, complete: bool = complete
+            ) -> Outcome | None:
                 stored = results.get((trip.round_index, trip.device))
                 if stored is None or not complete:
                     return None
