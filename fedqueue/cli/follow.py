@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterable
+from typing import Any
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
@@ -19,7 +20,7 @@ def follow_run(
     console: Console,
     poll_s: float = 0.2,
     tick: Callable[[], Iterable[str]] | None = None,
-) -> dict:
+) -> dict[str, Any]:
     """Show progress until the run finishes or fails; return its summary.
 
     `tick` runs on every poll (the scheduler's lease and repairs); what it reports is printed.
@@ -70,7 +71,7 @@ def follow_run(
     return run_summary(store, run_id)
 
 
-def print_summary(console: Console, summary: dict) -> None:
+def print_summary(console: Console, summary: dict[str, Any]) -> None:
     buffered = summary.get("buffered")
     # Simulated time is shown where the run models it: async runs, and sync runs given device speeds.
     simulated = buffered is not None or summary.get("simulated_speeds", False)

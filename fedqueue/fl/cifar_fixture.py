@@ -26,7 +26,8 @@ _PIXELS = 3 * 32 * 32
 def _images(rng: np.random.Generator, prototypes: np.ndarray, labels: np.ndarray) -> np.ndarray:
     # A fixed pattern per class plus noise, so models can learn something from it.
     noise = rng.integers(0, 256, size=(len(labels), _PIXELS), dtype=np.uint16)
-    return ((prototypes[labels] + noise) // 2).astype(np.uint8)
+    images: np.ndarray = ((prototypes[labels] + noise) // 2).astype(np.uint8)
+    return images
 
 
 def _balanced_labels(rng: np.random.Generator, count: int) -> np.ndarray:

@@ -78,7 +78,8 @@ def _resnet18(input_shape: tuple[int, ...], num_classes: int) -> nn.Module:
     # Same init torchvision gives its own convolutions.
     nn.init.kaiming_normal_(model.conv1.weight, mode="fan_out", nonlinearity="relu")
     model.avgpool = _GlobalAvgPool()
-    return model
+    built: nn.Module = model
+    return built
 
 
 def mlp(input_shape: tuple[int, ...], num_classes: int, options: Options) -> nn.Module:

@@ -90,7 +90,8 @@ class Generator(nn.Module):
         x = self.body(x)
         if tuple(x.shape[-2:]) != self.shape[1:]:
             x = F.interpolate(x, size=self.shape[1:], mode="bilinear", align_corners=False)
-        return x
+        images: Tensor = x
+        return images
 
 
 class _FeatureStats:
