@@ -36,10 +36,11 @@ vllm: $(VLLM_STAMP)
 demo: $(STAMP)
 	$(BIN)/fedqueue run examples/digits_fedavg.toml
 
-test: $(STAMP) lint test-vllm
+test: $(STAMP) lint
 	$(BIN)/python -m pytest
 
 # The vLLM backend's tests, run by the vLLM venv's Python so the workers they start have vLLM; required here.
+# Apart from `make test` (its venv's first build and the tests take about 4 minutes); `.ci/run` runs both.
 test-vllm: $(VLLM_STAMP)
 	FEDQUEUE_TEST_VLLM=required $(VLLM_BIN)/python -m pytest tests/llm/test_llm_vllm.py
 
