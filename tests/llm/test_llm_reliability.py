@@ -5,7 +5,9 @@ from __future__ import annotations
 import json
 import os
 import signal
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from fedqueue import api
 from fedqueue.config import Settings
@@ -34,22 +36,33 @@ def running_batch(settings: Settings, job_id: str, batches: list[int], pending: 
     return None
 
 
-def test_a_worker_killed_mid_batch_loses_nothing(settings: Settings, tmp_path: Path, slow_model_path: Path) -> None:
-    settings = reliable_settings(settings)
-    input_path = tmp_path / "prompts.jsonl"
-    input_path.write_text("".join(json.dumps({"id": i, "prompt": f"Item {i}: " + "go " * i}) + "\n" for i in range(16)))
+@dataclass
+class KilledMidBatch:
+    """A job whose worker was SIGKILLed while it generated a batch, followed to its end."""
+
+    handle: api.RunHandle
+    status: dict[str, Any]
+    victim_batch: int
+    before: dict[str, tuple[float | None, str | None]]  # each row's (finished_at, output) at the kill
+
+
+def kill_a_worker_mid_batch(
+    settings: Settings, workers: Any, submitted: Any, found_within_s: float, finish_within_s: float
+) -> KilledMidBatch:
+    """SIGKILL the worker generating one of the job's batches, then follow the job to its end; the
+    launcher has started a fresh worker in its place."""
     services = open_client(settings)
-    with launcher(settings, procs=2, cwd=tmp_path) as workers:
-        request = JobRequest(input_path, str(slow_model_path), GENERATION, batch_size=4)
-        submitted = submit_job(services, request)
-        handle = api.RunHandle(submitted.job_id, settings)
-        indices = [batch.index for batch in submitted.batches]
+    handle = api.RunHandle(submitted.job_id, settings)
+    indices = [batch.index for batch in submitted.batches]
 
-        def pending_batches() -> set[int]:
-            return {row.batch for row in prompt_rows(services.store, submitted.job_id) if row.state == "pending"}
+    def pending_batches() -> set[int]:
+        return {row.batch for row in prompt_rows(services.store, submitted.job_id) if row.state == "pending"}
 
+    try:
         with api.scheduling(handle) as scheduler:
-            wait_until(lambda: running_batch(settings, handle.id, indices, pending_batches()) is not None, 90)
+            wait_until(
+                lambda: running_batch(settings, handle.id, indices, pending_batches()) is not None, found_within_s
+            )
             found = running_batch(settings, handle.id, indices, pending_batches())
             assert found is not None
             victim_batch, hostname = found
@@ -57,17 +70,36 @@ def test_a_worker_killed_mid_batch_loses_nothing(settings: Settings, tmp_path: P
             before = {row.key: (row.finished_at, row.output) for row in prompt_rows(services.store, handle.id)}
             workers_before = {child.pid for child in worker_children(workers)}
             os.kill(victim, signal.SIGKILL)
-            status = handle.wait(240, tick=scheduler.tick)
-        assert victim not in {child.pid for child in worker_children(workers)}
-        assert len(worker_children(workers)) == 2 and workers_before != {c.pid for c in worker_children(workers)}
-    assert status["state"] == "finished"
-    rows = prompt_rows(services.store, handle.id)
+            status = handle.wait(finish_within_s, tick=scheduler.tick)
+    finally:
+        services.close()
+    assert victim not in {child.pid for child in worker_children(workers)}
+    assert len(worker_children(workers)) == 2 and workers_before != {c.pid for c in worker_children(workers)}
+    return KilledMidBatch(handle, status, victim_batch, before)
+
+
+def assert_the_killed_batch_ran_again(store: Any, killed: KilledMidBatch) -> list[Any]:
+    """The job finished; the killed batch ran again (attempt 2) and rows stored before the kill were not
+    written again. Returns the job's rows."""
+    assert killed.status["state"] == "finished"
+    rows = prompt_rows(store, killed.handle.id)
     assert all(row.state == "done" for row in rows)
-    # The killed batch ran again (attempt 2); rows stored before the kill were not written again.
-    timing = next(t for t in services.store.task_timings(handle.id) if t.task == batch_task_name(victim_batch))
+    timing = next(t for t in store.task_timings(killed.handle.id) if t.task == batch_task_name(killed.victim_batch))
     assert timing.attempt == 2
     for row in rows:
-        if before[row.key][0] is not None:
-            assert (row.finished_at, row.output) == before[row.key]
+        if killed.before[row.key][0] is not None:
+            assert (row.finished_at, row.output) == killed.before[row.key]
+    return rows
+
+
+def test_a_worker_killed_mid_batch_loses_nothing(settings: Settings, tmp_path: Path, slow_model_path: Path) -> None:
+    settings = reliable_settings(settings)
+    input_path = tmp_path / "prompts.jsonl"
+    input_path.write_text("".join(json.dumps({"id": i, "prompt": f"Item {i}: " + "go " * i}) + "\n" for i in range(16)))
+    services = open_client(settings)
+    with launcher(settings, procs=2, cwd=tmp_path) as workers:
+        request = JobRequest(input_path, str(slow_model_path), GENERATION, batch_size=4)
+        killed = kill_a_worker_mid_batch(settings, workers, submit_job(services, request), 90, 240)
+    rows = assert_the_killed_batch_ran_again(services.store, killed)
     assert {row.key: row.output for row in rows} == expected_outputs(slow_model_path, rows, GENERATION)
     services.close()

@@ -10,7 +10,6 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
-import signal
 import subprocess
 import sys
 import textwrap
@@ -25,18 +24,16 @@ if importlib.util.find_spec("vllm") is None:
         raise RuntimeError("FEDQUEUE_TEST_VLLM=required and vllm is not installed in this Python")
     pytest.skip("vllm is not installed in this Python (make test-vllm runs these with it)", allow_module_level=True)
 
-from fedqueue import api  # noqa: E402
 from fedqueue.config import Settings  # noqa: E402
 from fedqueue.llm.job import JobRequest, submit_job  # noqa: E402
-from fedqueue.llm.messages import batch_task_name  # noqa: E402
 from fedqueue.llm.results import prompt_rows  # noqa: E402
 from fedqueue.llm.settings import GenerationSettings  # noqa: E402
 from fedqueue.llm.tiny import build_tiny_llama  # noqa: E402
 from fedqueue.queue.client import open_client  # noqa: E402
 from tests.conftest import running_workers  # noqa: E402
 from tests.helpers import wait_finished  # noqa: E402
-from tests.llm.test_llm_reliability import running_batch  # noqa: E402
-from tests.reliability_support import launcher, pid_of_worker, reliable_settings, wait_until, worker_children  # noqa: E402
+from tests.llm.test_llm_reliability import assert_the_killed_batch_ran_again, kill_a_worker_mid_batch  # noqa: E402
+from tests.reliability_support import launcher, reliable_settings, worker_children  # noqa: E402
 
 GENERATION = GenerationSettings(max_new_tokens=24, backend="vllm")  # FIRST_TOKENS
 ENGINE_START_S = 400  # two engines starting at once on two cores, torch.compile included, with room to spare
@@ -160,35 +157,10 @@ def test_a_vllm_worker_killed_mid_job_loses_nothing(
         assert len({t.worker for t in services.store.task_timings(warm.job_id)}) == 2
 
         request = JobRequest(input_path, str(vllm_model_path), generation, batch_size=256, slots=2)
-        submitted = submit_job(services, request)
-        handle = api.RunHandle(submitted.job_id, settings)
-        indices = [batch.index for batch in submitted.batches]
-
-        def pending_batches() -> set[int]:
-            return {row.batch for row in prompt_rows(services.store, submitted.job_id) if row.state == "pending"}
-
-        with api.scheduling(handle) as scheduler:
-            wait_until(lambda: running_batch(settings, handle.id, indices, pending_batches()) is not None, 120)
-            found = running_batch(settings, handle.id, indices, pending_batches())
-            assert found is not None
-            victim_batch, hostname = found
-            victim = pid_of_worker(workers, hostname)
-            before = {row.key: (row.finished_at, row.output) for row in prompt_rows(services.store, handle.id)}
-            workers_before = {child.pid for child in worker_children(workers)}
-            os.kill(victim, signal.SIGKILL)
-            status = handle.wait(ENGINE_START_S, tick=scheduler.tick)
-        assert victim not in {child.pid for child in worker_children(workers)}
-        assert len(worker_children(workers)) == 2 and workers_before != {c.pid for c in worker_children(workers)}
+        killed = kill_a_worker_mid_batch(settings, workers, submit_job(services, request), 120, ENGINE_START_S)
         # Each engine runs inside its worker: no vLLM process of its own, none left behind by the killed one.
         assert not [child for worker in worker_children(workers) for child in worker.children(recursive=True)]
-    assert status["state"] == "finished"
-    rows = prompt_rows(services.store, handle.id)
-    assert [row.line for row in rows] == list(range(1, 1025)) and all(row.state == "done" for row in rows)
-    # The killed batch ran again (attempt 2); rows stored before the kill were not written again.
-    timing = next(t for t in services.store.task_timings(handle.id) if t.task == batch_task_name(victim_batch))
-    assert timing.attempt == 2
-    for row in rows:
-        if before[row.key][0] is not None:
-            assert (row.finished_at, row.output) == before[row.key]
+    rows = assert_the_killed_batch_ran_again(services.store, killed)
+    assert [row.line for row in rows] == list(range(1, 1025))
     assert [row.output for row in rows] == offline[1]
     services.close()
