@@ -190,15 +190,15 @@ def time_pack_modes(config: RunConfig, data: FederatedData, pack: int) -> tuple[
             model = build_model(config.model, data.input_shape, data.num_classes, config.plugin)
             datas = [device_data(spec, device) for device in devices]
 
+            cpu = torch.device("cpu")
+
             def loop(steps: int) -> None:
                 trial = replace(full, local_iters=steps, local_epochs=None)
                 for device, samples in zip(devices, datas, strict=True):
-                    cpu = torch.device("cpu")
                     train_local(model, samples, trial, device, cpu, plugins.local_step, plugins.options, TrialUpdate)
 
             def stacked(steps: int) -> None:
                 trial = replace(full, local_iters=steps, local_epochs=None)
-                cpu = torch.device("cpu")
                 train_pack(model, datas, trial, devices, cpu, plugins.local_step, plugins.options, TrialUpdate)
 
             # One untimed step each (vmap traces its function on the first call) sizes the steps timed.

@@ -1,7 +1,7 @@
 """Pack modes timed at submit, remembered on this machine: a config is timed once, then gets the same choice.
 
-Timing a pack costs the submitting process its first torch optimizer (about 1.5 s of CPU, most of it
-importing torch's compiler, which every optimizer step loads) and a fraction of a second of training.
+Timing a pack costs the submitting process a fraction of a second of training (and, on its first vmapped
+step, torch's imports for it).
 The choice depends on the model, its data and the local step, on this CPU and torch: those make the
 key. Anything that cannot be read or written here only means timing again.
 """

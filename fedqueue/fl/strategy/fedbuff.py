@@ -162,7 +162,7 @@ def on_result_stored(services: Services, task: DeviceTask, worker: str, cache: W
         return
     if cache is None:
         request_fold(services, task.run_id)
-    elif services.request_once(fold_key(task.run_id), within_s=2 * services.settings.heartbeat_ttl_s):
+    elif _mark_fold_request(services, task.run_id):
         fold_here(services, cache, task.run_id, worker)
 
 
@@ -180,12 +180,16 @@ def fold_here(services: Services, cache: WorkerCache, run_id: str, worker: str) 
         request_fold(services, run_id)
 
 
+def _mark_fold_request(services: Services, run_id: str) -> bool:
+    """Mark a fold pass asked for; False when one is asked for and not yet begun (it will see this result)."""
+    return services.request_once(fold_key(run_id), within_s=2 * services.settings.heartbeat_ttl_s)
+
+
 def request_fold(services: Services, run_id: str) -> bool:
-    """Ask for a fold pass, unless one is asked for and not yet begun (it will see this result)."""
-    task = FoldTask(run_id=run_id, enqueued_at=time.time())
-    if not services.request_once(task.attempt_key, within_s=2 * services.settings.heartbeat_ttl_s):
+    """Ask for a fold pass as a fold task, unless one is asked for and not yet begun."""
+    if not _mark_fold_request(services, run_id):
         return False
-    services.enqueue([task])
+    services.enqueue([FoldTask(run_id=run_id, enqueued_at=time.time())])
     return True
 
 
@@ -262,12 +266,12 @@ class _FoldPass:
             teachers = teachers_needed(state)
 
             # A buffered update lost with Redis trains again: nothing moves until it is stored.
-            complete = all((a.trip.round_index, a.trip.device) in results for a in state.buffer)
+            complete = all(_trip_key(a.trip) in results for a in state.buffer)
 
             def outcome_of(
                 trip: Trip, results: Mapping[Any, Any] = results, complete: bool = complete
             ) -> Outcome | None:
-                stored = results.get((trip.round_index, trip.device))
+                stored = results.get(_trip_key(trip))
                 if stored is None or not complete:
                     return None
                 return Outcome(ok=stored.state == "done", samples=stored.samples)
@@ -328,7 +332,7 @@ class _FoldPass:
             if self.claim_lost():
                 raise ClaimLost()
             if isinstance(event, Arrival):
-                stored = results[(event.trip.round_index, event.trip.device)]
+                stored = results[_trip_key(event.trip)]
                 if event.fate != "folded":  # a folded update's fate is written with the version it goes into
                     fates.append(_fate_row(event))
                 if event.fate != "folded" and stored.update_key:
@@ -375,13 +379,11 @@ class _FoldPass:
             raise ClaimLost()
         self._made = []
         if self.rules.keep_recent:  # a FedRevive teacher's model is kept while a version may still distil from it
-            still = {(t.round_index, t.device) for t in teachers_needed(state)}
+            still = {_trip_key(t) for t in teachers_needed(state)}
             kept = {results[key].update_key for key in still if key in results}
-            gone = [t for t in teachers_before if (t.round_index, t.device) not in still]
+            gone = [t for t in teachers_before if _trip_key(t) not in still]
             taken = [key for key in taken if key not in kept]
-            taken += [
-                results[(t.round_index, t.device)].update_key for t in gone if (t.round_index, t.device) in results
-            ]
+            taken += [results[_trip_key(t)].update_key for t in gone if _trip_key(t) in results]
         self.services.blobs.delete(list(dict.fromkeys(taken)))
         if abort is not None:
             store.finish_run(self.run_id, "failed", abort)
@@ -404,7 +406,7 @@ class _FoldPass:
 
     def _local(self, results: Mapping[Any, Any], trip: Trip) -> Mapping[str, torch.Tensor]:
         """A folded update's trained weights (its update blob), read once per pass."""
-        key = (trip.round_index, trip.device)
+        key = _trip_key(trip)
         if key not in self._locals:
             row = results[key]
             ref = BlobRef(key=row.update_key, sha256=row.update_sha256, nbytes=row.update_nbytes)
@@ -429,7 +431,7 @@ class _FoldPass:
         from fedqueue.fl.timing import task_timing
 
         started_at, clock = time.time(), time.perf_counter()
-        stored = [results[(a.trip.round_index, a.trip.device)] for a in event.folded]
+        stored = [results[_trip_key(a.trip)] for a in event.folded]
 
         refs = [BlobRef(key=row.update_key, sha256=row.update_sha256, nbytes=row.update_nbytes) for row in stored]
         chunk = blobs_per_read(refs)
