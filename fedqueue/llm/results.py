@@ -14,11 +14,9 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from sqlalchemy import func, select, update
-from sqlalchemy.dialects.postgresql import insert as pg_insert
-from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 
 from fedqueue.store import Store
-from fedqueue.store.repo import TaskTiming, retry_transient
+from fedqueue.store.repo import TaskTiming, dialect_insert, retry_transient
 from fedqueue.store.schema import LlmPromptRow, TaskTimingRow
 
 ERROR_MAX = 4000  # characters of an error kept per row
@@ -42,7 +40,7 @@ def insert_prompts(store: Store, rows: Sequence[dict[str, Any]]) -> None:
     """Add prompt rows in one transaction; a key already there is kept as it is (a job submitted again)."""
     if not rows:
         return
-    insert = pg_insert if store.engine.dialect.name == "postgresql" else sqlite_insert
+    insert = dialect_insert(store.engine.dialect)
     statement = insert(LlmPromptRow).on_conflict_do_nothing(index_elements=["run_id", "key"])
     # One statement for many rows needs every row to name the same columns.
     columns = sorted({column for row in rows for column in row})

@@ -13,7 +13,7 @@ from typing import Any, TypeVar
 from sqlalchemy import and_, bindparam, delete, func, or_, select, update
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
-from sqlalchemy.engine import Connection, Engine, Row
+from sqlalchemy.engine import Connection, Dialect, Engine, Row
 from sqlalchemy.exc import IntegrityError, OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -48,6 +48,11 @@ def retry_transient(method: F) -> F:
 
 class _StoredBefore(Exception):
     """Rolls back an all-or-nothing store of results when one of them was stored before."""
+
+
+def dialect_insert(dialect: Dialect) -> Any:
+    """The dialect's INSERT (SQLite's or Postgres'), which can say what a conflict with an existing row does."""
+    return pg_insert if dialect.name == "postgresql" else sqlite_insert
 
 
 def _changed_one(result: Any) -> bool:
@@ -114,7 +119,7 @@ class Store:
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
         self._sessions = sessionmaker(engine, expire_on_commit=False)
-        insert = pg_insert if engine.dialect.name == "postgresql" else sqlite_insert
+        insert = dialect_insert(engine.dialect)
         self._insert_result = (
             insert(DeviceTaskRow)
             .on_conflict_do_nothing(index_elements=["run_id", "round_index", "device"])

@@ -12,11 +12,9 @@ from dataclasses import asdict, dataclass
 from typing import Any, cast
 
 from sqlalchemy import Connection, Row, Table, and_, bindparam, delete, or_, select, update
-from sqlalchemy.dialects.postgresql import insert as pg_insert
-from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.exc import IntegrityError
 
-from fedqueue.store.repo import OUTCOME_COLUMNS, Store, TaskTiming, _changed_one, retry_transient
+from fedqueue.store.repo import OUTCOME_COLUMNS, Store, TaskTiming, _changed_one, dialect_insert, retry_transient
 from fedqueue.store.schema import CheckpointRow, DeviceTaskRow, ModelVersionRow, RoundRow, RunRow, ScheduleRow
 
 SCHEDULES = cast(Table, ScheduleRow.__table__)
@@ -215,11 +213,6 @@ class MadeVersion:
     server_state: bytes | None = None
 
 
-def _insert(connection: Connection) -> Any:
-    """The dialect's INSERT, which can say what a conflict with an existing row does."""
-    return pg_insert if connection.dialect.name == "postgresql" else sqlite_insert
-
-
 def _record_version(connection: Connection, store: Store, run_id: str, made: MadeVersion) -> None:
     """Its round closed with its metrics, the pass's timing, and (unless it is the last) the version kept
     while needed, with the server's state after it, and the round that trains on it. Idempotent: a
@@ -233,7 +226,7 @@ def _record_version(connection: Connection, store: Store, run_id: str, made: Mad
     )
     if made.next_round is None:
         return
-    insert = _insert(connection)
+    insert = dialect_insert(connection.dialect)
     kept = {"sha256": made.sha256, "data": made.data, "server_state": made.server_state}
     connection.execute(
         insert(VERSIONS)
@@ -251,7 +244,7 @@ def _checkpoint(connection: Connection, run_id: str, made: MadeVersion) -> None:
     """The run's checkpoint: the newest version a pass made (one row per run)."""
     latest = {"version": made.version, "sha256": made.sha256, "data": made.data}
     connection.execute(
-        _insert(connection)(CHECKPOINTS)
+        dialect_insert(connection.dialect)(CHECKPOINTS)
         .values(run_id=run_id, **latest)
         .on_conflict_do_update(index_elements=["run_id"], set_=latest)
     )
