@@ -27,8 +27,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from fedqueue import api  # noqa: E402
 from fedqueue.config import Settings  # noqa: E402
+from fedqueue.fl import api  # noqa: E402
 from fedqueue.fl.config import RunConfig  # noqa: E402
 from fedqueue.queue.embedded import EmbeddedRedis  # noqa: E402
 from tests.helpers import reference_final_state  # noqa: E402

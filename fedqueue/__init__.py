@@ -1,27 +1,30 @@
-"""fedqueue: federated-learning rounds on a Redis queue with GPU-pinned Celery workers.
+"""fedqueue: federated-learning rounds and LLM batch jobs on a Redis queue with GPU-pinned Celery workers.
 
-The Python API (`submit`, `run`, `runs`, `local_cluster`, `RunHandle`) loads lazily, so
-importing a submodule never pulls in Celery or torch it does not need.
+The Python API loads lazily, so importing a submodule never pulls in Celery or torch it does not
+need: `run`, `submit`, `RunHandle` and `RunConfig` are FL's (fedqueue.fl.api), `runs` and
+`local_cluster` serve every kind (fedqueue.api).
 """
 
 from __future__ import annotations
 
+import importlib
 from typing import Any
 
 __all__ = ["RunConfig", "RunHandle", "Settings", "local_cluster", "run", "runs", "submit"]
 
+_HOMES = {
+    "RunConfig": "fedqueue.fl.api",
+    "RunHandle": "fedqueue.fl.api",
+    "run": "fedqueue.fl.api",
+    "submit": "fedqueue.fl.api",
+    "local_cluster": "fedqueue.api",
+    "runs": "fedqueue.api",
+    "Settings": "fedqueue.config",
+}
+
 
 def __getattr__(name: str) -> Any:
-    if name in {"RunHandle", "local_cluster", "run", "runs", "submit"}:
-        from fedqueue import api
-
-        return getattr(api, name)
-    if name == "RunConfig":
-        from fedqueue.fl.config import RunConfig
-
-        return RunConfig
-    if name == "Settings":
-        from fedqueue.config import Settings
-
-        return Settings
-    raise AttributeError(f"module 'fedqueue' has no attribute {name!r}")
+    home = _HOMES.get(name)
+    if home is None:
+        raise AttributeError(f"module 'fedqueue' has no attribute {name!r}")
+    return getattr(importlib.import_module(home), name)

@@ -1,4 +1,6 @@
-"""The Python API: what the CLI does, for scripts and sweeps.
+"""The Python API's kind-neutral part: where a run's workers are, submitting, scheduling and waiting.
+
+Every job kind builds its own front door on this; FL's is `fedqueue.run(config)` (fedqueue.fl.api):
 
 import fedqueue
 handle = fedqueue.run("examples/digits_fedavg.toml", rounds=3)
@@ -8,43 +10,34 @@ print(handle.status()["final_accuracy"])
 from __future__ import annotations
 
 import contextlib
-import os
 import time
-from collections.abc import Callable, Iterator, Mapping
-from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol
 
 from fedqueue.config import Settings
 from fedqueue.errors import ConfigError
-from fedqueue.fl.config import RunConfig, load_run_config
 
 if TYPE_CHECKING:
-    import torch
-
-    from fedqueue.core.services import WorkerSlots
+    from fedqueue.core.cluster_file import ClusterInfo
+    from fedqueue.core.services import Services, WorkerSlots
     from fedqueue.core.supervisor import RunSupervisor
     from fedqueue.queue.local import LocalCluster
     from fedqueue.store import Store
 
-ConfigLike = RunConfig | Mapping[str, Any] | str | os.PathLike[str]
 
+class Submission(Protocol):
+    """A job of some kind, ready to be checked and enqueued (an FL run config, an LLM batch job)."""
 
-def load_config(config: ConfigLike, overrides: Mapping[str, Any] | None = None) -> RunConfig:
-    """A validated RunConfig from a RunConfig, a dict or a TOML path, with overrides applied."""
-    if isinstance(config, RunConfig):
-        raw = config.to_dict()
-    elif isinstance(config, Mapping):
-        raw = dict(config)
-    elif isinstance(config, (str, os.PathLike)):
-        return load_run_config(Path(config), dict(overrides or {}))
-    else:
-        raise ConfigError(f"config: expected a dict, a path or a RunConfig, got {type(config).__name__}")
-    raw.update(overrides or {})
-    return RunConfig.from_dict(raw)
+    def check(self, settings: Settings) -> None:
+        """Refuse what would fail, before anything is written (workers may be starting meanwhile)."""
+
+    def submit(self, services: Services) -> str:
+        """Enqueue the job's first tasks (checking what is costly first); its run id."""
 
 
 class RunHandle:
-    """One submitted run, read back from the store."""
+    """One submitted run of any kind, read back from the store."""
 
     def __init__(self, run_id: str, settings: Settings) -> None:
         self.id = run_id
@@ -52,7 +45,7 @@ class RunHandle:
         self._store: Store | None = None
 
     def __repr__(self) -> str:
-        return f"RunHandle({self.id!r})"
+        return f"{type(self).__name__}({self.id!r})"
 
     @property
     def store(self) -> Store:
@@ -62,8 +55,12 @@ class RunHandle:
             self._store = open_store(self.settings.database_url)
         return self._store
 
+    @property
+    def state(self) -> str:
+        return self.store.get_run(self.id).state
+
     def status(self) -> dict[str, Any]:
-        """State, rounds done, accuracy per evaluated round, workers, max_concurrency, failures."""
+        """State, tasks, workers, max_concurrency, failures, and what the run's kind adds."""
         from fedqueue.report.summary import run_summary
 
         return run_summary(self.store, self.id)
@@ -73,7 +70,7 @@ class RunHandle:
     ) -> dict[str, Any]:
         """Block until the run finishes or fails; return its status. `tick` runs on every poll."""
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
-        while self.store.get_run(self.id).state == "running":
+        while self.state == "running":
             if deadline is not None and time.monotonic() > deadline:
                 raise TimeoutError(f"run {self.id} still running after {timeout_s} s")
             if tick is not None:
@@ -81,47 +78,103 @@ class RunHandle:
             time.sleep(poll_s)
         return self.status()
 
-    def report(self) -> dict[str, Any]:
-        """The status plus one row per round."""
-        rounds = [
-            {
-                "round": row.round_index,
-                "state": row.state,
-                "selected": len(row.selected),
-                "seconds": None if row.aggregated_at is None else row.aggregated_at - row.enqueued_at,
-                "accuracy": row.accuracy,
-                "loss": row.loss,
-                "train_loss": row.train_loss,
-            }
-            for row in self.store.list_rounds(self.id)
-        ]
-        return {**self.status(), "rounds": rounds}
 
-    def final_weights(self) -> dict[str, torch.Tensor]:
-        """The latest checkpointed global model."""
-        from fedqueue.fl.rounds import final_state
+@dataclass
+class Placement:
+    """Where a run's tasks go: the configured broker, the cluster `fedqueue up` left, or workers started here."""
 
-        return final_state(self.store, self.id)
+    settings: Settings  # with the broker the tasks go to
+    # The workers' slots by hostname, where known without asking them (a cluster started or announced here).
+    worker_slots: WorkerSlots | None = None
+    cluster: LocalCluster | None = None  # local workers this process started and stops
+    standing: ClusterInfo | None = None  # the cluster of `fedqueue up` running the workers
+
+    @property
+    def workers_known(self) -> bool:
+        """Whether workers are known to be there (started or announced) rather than hoped for on a broker."""
+        return self.cluster is not None or self.standing is not None
+
+
+def _quiet(_line: str) -> None:
+    pass
 
 
 @contextlib.contextmanager
-def scheduling(handle: RunHandle) -> Iterator[RunSupervisor]:
+def placement(
+    settings: Settings,
+    procs: int | None = None,
+    slots: int = 1,
+    *,
+    gpus_per_worker: int = 1,
+    procs_per_gpu: int = 1,
+    wait: bool = False,
+    say: Callable[[str], object] = _quiet,
+) -> Iterator[Placement]:
+    """The broker configured; else the cluster `fedqueue up` left for these settings; else an embedded
+    Redis and local workers for the block (waited for with `wait`, else started beside it)."""
+    from fedqueue.core import cluster_file
+
+    if settings.broker_url:
+        yield Placement(settings)
+        return
+    standing = cluster_file.find(settings)
+    if standing is not None:
+        say(f"using the local cluster of fedqueue up (pid {standing.pid}, {len(standing.slots)} workers)")
+        yield Placement(settings.with_broker(standing.broker_url), standing.slots.copy, standing=standing)
+        return
+    say("starting embedded Redis and local workers")
+    with local_cluster(
+        procs, slots, settings=settings, gpus_per_worker=gpus_per_worker, procs_per_gpu=procs_per_gpu, wait=wait
+    ) as cluster:
+        say(f"embedded Redis at {cluster.settings.broker_url}, {len(cluster.workers.specs)} workers")
+        yield Placement(cluster.settings, cluster.workers.slots, cluster=cluster)
+
+
+@contextlib.contextmanager
+def _client(place: Placement, services: Services | None) -> Iterator[Services]:
+    """The caller's services, or ones opened (and closed) for the block."""
+    if services is not None:
+        yield services
+        return
+    from fedqueue.queue.client import open_client
+
+    opened = open_client(place.settings, place.worker_slots)
+    try:
+        yield opened
+    finally:
+        opened.close()
+
+
+def check(submission: Submission, settings: Settings) -> None:
+    """The submission's checks, with the plugin folders of these settings importable."""
+    settings.activate_plugin_path()
+    submission.check(settings)
+
+
+def submit(submission: Submission, place: Placement, services: Services | None = None) -> RunHandle:
+    """Enqueue a checked job where `place` says and return at once (`services`: reuse the caller's)."""
+    if not place.settings.broker_url:
+        raise ConfigError(
+            "FEDQUEUE_BROKER_URL: not set (use fedqueue.run(), or submit inside fedqueue.local_cluster())"
+        )
+    with _client(place, services) as client:
+        return RunHandle(submission.submit(client), place.settings)
+
+
+@contextlib.contextmanager
+def scheduling(handle: RunHandle, services: Services | None = None) -> Iterator[RunSupervisor]:
     """Hold the run's lease for the block; the supervisor's `tick()` renews it and repairs the run.
 
     Raises LeaseHeld when another live scheduler has the run.
     """
     from fedqueue.core.supervisor import RunSupervisor
-    from fedqueue.queue.client import open_client
 
-    services = open_client(handle.settings)
-    try:
-        supervisor = RunSupervisor(services, handle.id).acquire()
+    with _client(Placement(handle.settings), services) as client:
+        supervisor = RunSupervisor(client, handle.id).acquire()
         try:
             yield supervisor
         finally:
             supervisor.release()
-    finally:
-        services.close()
 
 
 def keep_running(supervisor: RunSupervisor, cluster: LocalCluster | None = None) -> Callable[[], list[str]]:
@@ -134,37 +187,22 @@ def keep_running(supervisor: RunSupervisor, cluster: LocalCluster | None = None)
     return tick
 
 
-def _settings(settings: Settings | None, plugin_path: list[str] | None) -> Settings:
-    return (settings or Settings.from_env()).with_plugin_path(plugin_path)
-
-
-def submit(
-    config: ConfigLike,
+def run(
+    submission: Submission,
+    settings: Settings,
     *,
-    settings: Settings | None = None,
-    plugin_path: list[str] | None = None,
-    worker_slots: WorkerSlots | None = None,
-    **overrides: Any,
+    procs: int | None = None,
+    slots: int = 1,
+    timeout_s: float | None = None,
 ) -> RunHandle:
-    """Validate, enqueue round 1 on the configured broker and return at once.
-
-    `worker_slots`: the workers' slots by hostname where the caller knows them (a cluster it
-    started, whose workers may not answer yet); else a submit that sizes packs asks the workers.
-    """
-    from fedqueue.fl.rounds import submit_run
-    from fedqueue.queue.client import open_client
-
-    run_config = load_config(config, overrides)
-    settings = _settings(settings, plugin_path)
-    if not settings.broker_url:
-        raise ConfigError(
-            "FEDQUEUE_BROKER_URL: not set (use fedqueue.run(), or submit inside fedqueue.local_cluster())"
-        )
-    services = open_client(settings, worker_slots)
-    try:
-        return RunHandle(submit_run(services, run_config), settings)
-    finally:
-        services.close()
+    """Check, submit and wait, scheduling the run meanwhile: on the configured broker, the cluster
+    `fedqueue up` left running for these settings, else local workers started here (beside the submit)."""
+    with placement(settings, procs, slots) as place:
+        check(submission, place.settings)
+        handle = submit(submission, place)
+        with scheduling(handle) as supervisor:
+            handle.wait(timeout_s, tick=keep_running(supervisor, place.cluster))
+    return handle
 
 
 @contextlib.contextmanager
@@ -186,7 +224,7 @@ def local_cluster(
     from fedqueue.queue.local import LocalCluster
     from fedqueue.queue.workers import detect_gpus, plan_workers
 
-    settings = _settings(settings, plugin_path)
+    settings = with_plugins(settings, plugin_path)
     specs = plan_workers(detect_gpus(), procs, slots, gpus_per_worker, procs_per_gpu)
     cluster = LocalCluster.start(settings, specs) if wait else LocalCluster.launch(settings, specs)
     try:
@@ -195,35 +233,9 @@ def local_cluster(
         cluster.stop()
 
 
-def run(
-    config: ConfigLike,
-    *,
-    settings: Settings | None = None,
-    procs: int | None = None,
-    slots: int = 1,
-    plugin_path: list[str] | None = None,
-    timeout_s: float | None = None,
-    **overrides: Any,
-) -> RunHandle:
-    """Submit and wait. With no broker configured: on the cluster `fedqueue up` left running for
-    these settings, else on local workers started here (beside the submit) and stopped afterwards."""
-    from fedqueue.core import cluster_file
-
-    run_config = load_config(config, overrides)
-    settings = _settings(settings, plugin_path)
-    standing = None if settings.broker_url else cluster_file.find(settings)
-    if settings.broker_url or standing is not None:
-        if standing is not None:
-            settings = settings.with_broker(standing.broker_url)
-        handle = submit(run_config, settings=settings, worker_slots=standing.slots.copy if standing else None)
-        with scheduling(handle) as supervisor:
-            handle.wait(timeout_s, tick=keep_running(supervisor))
-        return handle
-    with local_cluster(procs, slots, settings=settings, wait=False) as cluster:
-        handle = submit(run_config, settings=cluster.settings, worker_slots=cluster.workers.slots)
-        with scheduling(handle) as supervisor:
-            handle.wait(timeout_s, tick=keep_running(supervisor, cluster))
-    return handle
+def with_plugins(settings: Settings | None, plugin_path: list[str] | None) -> Settings:
+    """The given settings (else the environment's) with more plugin folders."""
+    return (settings or Settings.from_env()).with_plugin_path(plugin_path)
 
 
 def runs(settings: Settings | None = None) -> list[dict[str, Any]]:

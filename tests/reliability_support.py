@@ -15,8 +15,8 @@ from typing import Any
 
 import psutil
 
-from fedqueue import api
 from fedqueue.config import Settings
+from fedqueue.fl import api
 from fedqueue.fl.config import RunConfig
 from fedqueue.queue.app import make_app
 from tests.helpers import small_config

@@ -16,9 +16,9 @@ from typing import Any
 import pytest
 import torch
 
-from fedqueue import api
 from fedqueue.config import Settings
 from fedqueue.core.codec import BlobRef
+from fedqueue.fl import api
 from fedqueue.fl.config import RunConfig
 from fedqueue.fl.messages import DeviceTask
 from fedqueue.queue.client import open_client

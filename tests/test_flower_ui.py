@@ -15,8 +15,8 @@ from typing import Any
 
 import psutil
 
-from fedqueue import api
 from fedqueue.config import Settings
+from fedqueue.fl import api
 from tests.conftest import running_workers
 from tests.reliability_support import cli_env, reliable_settings, slow_config, wait_until
 from tests.service_support import free_port, http_get, required_tool, running_flower

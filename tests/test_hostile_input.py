@@ -11,9 +11,9 @@ from hypothesis import HealthCheck, given
 from hypothesis import settings as hypothesis_settings
 from hypothesis import strategies as st
 
-from fedqueue import api
 from fedqueue.config import Settings
 from fedqueue.errors import ConfigError, DataError
+from fedqueue.fl import api
 from fedqueue.fl.config import RunConfig, load_run_config
 from fedqueue.fl.kind import TRAIN_DEVICE
 from fedqueue.queue.app import make_app

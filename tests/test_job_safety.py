@@ -12,8 +12,8 @@ import sys
 import time
 from pathlib import Path
 
-from fedqueue import api
 from fedqueue.config import Settings
+from fedqueue.fl import api
 from fedqueue.fl.rounds import select_devices
 from tests.helpers import assert_same_weights, reference_final_state, small_config
 from tests.reliability_support import (

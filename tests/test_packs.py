@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from fedqueue import api
 from fedqueue.config import Settings
 from fedqueue.errors import ConfigError
+from fedqueue.fl import api
 from fedqueue.fl.rounds import cut_packs, is_pack_sum_key, select_devices
 from fedqueue.report import write_report
 from fedqueue.report.summary import run_summary

@@ -189,7 +189,7 @@ def test_two_runs_at_once_on_the_same_workers_equal_each_alone(settings: Setting
 def test_api_accepts_dict_path_and_runconfig(tmp_path: Path) -> None:
     path = tmp_path / "run.toml"
     path.write_text("rounds = 3\n")
-    from fedqueue.api import load_config
+    from fedqueue.fl.api import load_config
 
     assert load_config(path, {"seed": 4}) == RunConfig(rounds=3, seed=4)
     assert load_config({"rounds": 3}, {"seed": 4}) == RunConfig(rounds=3, seed=4)

@@ -17,12 +17,11 @@ from typing import Any
 
 import pytest
 
-from fedqueue import api
 from fedqueue.config import Settings
 from fedqueue.core.codec import BlobRef
 from fedqueue.core.jobs import CONTROL_QUEUE
 from fedqueue.core.services import Services, open_services
-from fedqueue.fl import read_ahead
+from fedqueue.fl import api, read_ahead
 from fedqueue.fl.device_task import WorkerCache, run_device_task
 from fedqueue.fl.messages import AggregateTask, DeviceTask, aggregate_key
 from fedqueue.fl.read_ahead import ReadAhead, read_round_ahead

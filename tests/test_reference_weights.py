@@ -16,8 +16,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from fedqueue import api
 from fedqueue.config import Settings
+from fedqueue.fl import api
 from fedqueue.fl.config import RunConfig
 from fedqueue.fl.data import TensorData, device_data, load_federated
 from fedqueue.fl.experiment import data_spec

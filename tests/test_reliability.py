@@ -15,8 +15,8 @@ from typing import Any
 
 import pytest
 
-from fedqueue import api
 from fedqueue.config import Settings
+from fedqueue.fl import api
 from fedqueue.fl.rounds import select_devices
 from fedqueue.queue.embedded import EmbeddedRedis
 from tests.conftest import running_workers

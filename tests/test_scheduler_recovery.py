@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 from sqlalchemy import create_engine, text
 
-from fedqueue import api
 from fedqueue.config import Settings
 from fedqueue.errors import ServiceUnavailable
+from fedqueue.fl import api
 from fedqueue.fl.config import RunConfig
 from fedqueue.fl.weights import decode_state
 from fedqueue.store import Store, open_store

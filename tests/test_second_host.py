@@ -24,8 +24,8 @@ from pathlib import Path
 import pytest
 import redis
 
-from fedqueue import api
 from fedqueue.config import Settings
+from fedqueue.fl import api
 from tests.helpers import assert_same_weights, reference_final_state
 from tests.reliability_support import cli_env, ping_count, reliable_settings, slow_config, wait_until
 from tests.service_support import free_port, http_get, redis_answers, running_flower

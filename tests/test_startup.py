@@ -14,10 +14,10 @@ import psutil
 import pytest
 import torch
 
-from fedqueue import api
 from fedqueue.config import Settings
 from fedqueue.core import cluster_file
 from fedqueue.errors import ServiceUnavailable
+from fedqueue.fl import api
 from fedqueue.queue.local import LocalCluster
 from fedqueue.queue.workers import WorkerGroup, plan_workers
 from tests.conftest import running_workers

@@ -25,11 +25,9 @@ from fedqueue.cli.common import (
     errors,
     friendly_errors,
     warn_if_insecure,
-    warn_if_no_workers,
 )
 from fedqueue.config import Settings, mask_url
 from fedqueue.errors import FedqueueError
-from fedqueue.fl.config import RunConfig, load_run_config, parse_override
 
 app = typer.Typer(
     no_args_is_help=True,
@@ -37,203 +35,53 @@ app = typer.Typer(
     add_completion=False,
     help="Federated-learning rounds and LLM batch jobs on a Redis queue with GPU-pinned Celery workers.",
 )
-ConfigArg = Annotated[Path, typer.Argument(help="Run config (TOML); see examples/.", show_default=False)]
-SetOpt = Annotated[list[str] | None, typer.Option("--set", "-s", help="Override a config key: KEY=VALUE (repeatable).")]
-RoundsOpt = Annotated[int | None, typer.Option(help="Override `rounds`.")]
-SeedOpt = Annotated[int | None, typer.Option(help="Override `seed`.")]
-
-
-def _config(path: Path, sets: list[str] | None, rounds: int | None, seed: int | None) -> RunConfig:
-    overrides: dict[str, Any] = dict(parse_override(item) for item in sets or [])
-    if rounds is not None:
-        overrides["rounds"] = rounds
-    if seed is not None:
-        overrides["seed"] = seed
-    return load_run_config(path, overrides)
-
-
-def _follow(handle: Any, cluster: Any = None, standing: Any = None) -> dict[str, Any]:
-    """Schedule the run (lease, repairs) and show its progress until it ends.
-
-    `standing`: the cluster of `fedqueue up` that runs it; following stops if that cluster stops.
-    """
-    from fedqueue import api
-    from fedqueue.cli.follow import follow_run, print_summary
-
-    with api.scheduling(handle) as supervisor:
-        tick = api.keep_running(supervisor, cluster)
-        if standing is not None:
-            tick = _while_up(tick, standing.pid, handle.id)
-        try:
-            summary = follow_run(handle.store, handle.id, console, tick=tick)
-        except KeyboardInterrupt:
-            if cluster is None:
-                errors.print(f"stopped following; run {handle.id} goes on (fedqueue resume {handle.id})")
-            raise typer.Exit(130) from None
-    print_summary(console, summary)
-    return summary
-
-
-@app.command()
-@friendly_errors
-def run(
-    config: ConfigArg,
-    set_: SetOpt = None,
-    rounds: RoundsOpt = None,
-    seed: SeedOpt = None,
-    procs: ProcsOpt = None,
-    slots: SlotsOpt = 1,
-    plugin_path: PluginPathOpt = None,
-) -> None:
-    """Submit a run and follow it to the end. With no broker configured, start Redis and workers here."""
-    from fedqueue import api
-
-    run_config = _config(config, set_, rounds, seed)
-    settings = Settings.from_env().with_plugin_path(plugin_path)
-    warn_if_insecure(settings)
-    settings.activate_plugin_path()
-    standing = None if settings.broker_url else _standing(settings)
-    if settings.broker_url or standing is not None:
-        _check(run_config, settings)
-        handle = api.submit(
-            run_config,
-            settings=settings.with_broker(standing.broker_url) if standing else settings,
-            worker_slots=standing.slots.copy if standing else None,
-        )
-        _announce(handle.id, run_config)
-        if standing is None:
-            warn_if_no_workers(settings)
-        summary = _follow(handle, standing=standing)
-    else:
-        console.print("starting embedded Redis and local workers")
-        # Started first, not waited for: the workers boot (imports, warm-up) while this process
-        # checks plugins, migrates the store and builds the first model; round 1 waits on the queue.
-        with api.local_cluster(procs, slots, settings=settings, wait=False) as cluster:
-            console.print(f"embedded Redis at {cluster.settings.broker_url}, {len(cluster.workers.specs)} workers")
-            _check(run_config, settings)
-            handle = api.submit(run_config, settings=cluster.settings, worker_slots=cluster.workers.slots)
-            _announce(handle.id, run_config)
-            summary = _follow(handle, cluster)
-    if summary["state"] != "finished":
-        raise typer.Exit(1)
-
-
-def _check(run_config: RunConfig, settings: Settings) -> None:
-    """A plugin that does not import, or a bad database, fails before anything is written."""
-    from fedqueue.fl.experiment import check_plugins  # imports torch: after the workers were started
-    from fedqueue.store import open_store
-
-    check_plugins(run_config)
-    open_store(settings.database_url, migrate=True).close()
-
-
-def _standing(settings: Settings) -> Any:
-    """The cluster `fedqueue up` left running for these settings, announced; None when there is none."""
-    from fedqueue.core import cluster_file
-
-    info = cluster_file.find(settings)
-    if info is not None:
-        console.print(f"using the local cluster of fedqueue up (pid {info.pid}, {len(info.slots)} workers)")
-    return info
-
-
-def _while_up(tick: Any, pid: int, run_id: str) -> Any:
-    """A tick that fails once the `fedqueue up` running the workers is gone: nothing would train the run."""
-    from fedqueue.core.cluster_file import pid_alive
-
-    def checked() -> Any:
-        if not pid_alive(pid):
-            raise FedqueueError(f"the local cluster (fedqueue up, pid {pid}) stopped; fedqueue resume {run_id} goes on")
-        return tick()
-
-    return checked
-
-
-def _announce(run_id: str, run_config: RunConfig) -> None:
-    console.print(
-        f"run [bold]{run_id}[/bold] submitted ({run_config.rounds} rounds, "
-        f"{run_config.devices_per_round} of {run_config.num_devices} devices per round)"
-    )
+RunArg = Annotated[str, typer.Argument(help="Run id.")]
 
 
 @app.command()
 @friendly_errors
 def resume(
-    run_id: Annotated[str, typer.Argument(help="Run id.")],
+    run_id: RunArg,
     procs: ProcsOpt = None,
     slots: SlotsOpt = 1,
     plugin_path: PluginPathOpt = None,
 ) -> None:
-    """Take over scheduling a run (after its scheduler died) and follow it to the end."""
+    """Take over scheduling a run of any kind (after its scheduler died) and follow it to the end."""
     from fedqueue import api
+    from fedqueue.cli.launch import exit_unless_finished, follow_to_end, show_run
 
     settings = Settings.from_env().with_plugin_path(plugin_path)
     settings.activate_plugin_path()
     handle = api.RunHandle(run_id, settings)
-    state = handle.store.get_run(run_id).state  # an unknown id fails here, before anything starts
+    state = handle.state  # an unknown id fails here, before anything starts
     if state != "running":
         console.print(f"run {run_id} is already {state}")
-        summary = handle.status()
-    elif settings.broker_url:
-        summary = _follow(handle)
-    elif (standing := _standing(settings)) is not None:
-        summary = _follow(api.RunHandle(run_id, settings.with_broker(standing.broker_url)), standing=standing)
+        show_run(handle.store, run_id, as_json=False)
     else:
-        console.print("starting embedded Redis and local workers")
-        with api.local_cluster(procs, slots, settings=settings) as cluster:
-            handle = api.RunHandle(run_id, cluster.settings)
-            summary = _follow(handle, cluster)
-    if summary["state"] != "finished":
-        raise typer.Exit(1)
+        with api.placement(settings, procs, slots, wait=True, say=console.print) as place:
+            handle = api.RunHandle(run_id, place.settings)
+            follow_to_end(handle, place)
+    exit_unless_finished(handle)
 
 
 @app.command()
 @friendly_errors
-def submit(
-    config: ConfigArg,
-    set_: SetOpt = None,
-    rounds: RoundsOpt = None,
-    seed: SeedOpt = None,
-    plugin_path: PluginPathOpt = None,
-) -> None:
-    """Enqueue a run on the configured broker, print its id and return."""
-    from fedqueue import api
-
-    run_config = _config(config, set_, rounds, seed)
-    settings = Settings.from_env().with_plugin_path(plugin_path)
-    if not settings.broker_url:
-        raise FedqueueError("FEDQUEUE_BROKER_URL: not set (start `fedqueue up` and export the URL it prints)")
-    warn_if_insecure(settings)
-    handle = api.submit(run_config, settings=settings)
-    warn_if_no_workers(settings)
-    print(handle.id)
-
-
-@app.command()
-@friendly_errors
-def status(run_id: Annotated[str, typer.Argument(help="Run id.")], json_: JsonOpt = False) -> None:
-    """Show one run's progress, accuracy, workers and overlap of tasks."""
-    from fedqueue.cli.follow import print_summary
-    from fedqueue.core import jobs as job_kinds
-    from fedqueue.report.summary import run_summary
+def status(run_id: RunArg, json_: JsonOpt = False) -> None:
+    """Show one run's progress, workers and overlap of tasks, and what its kind adds (accuracy, tokens)."""
+    from fedqueue.cli.launch import show_run
     from fedqueue.store import open_store
 
     store = open_store(Settings.from_env().database_url)
-    kind = job_kinds.get(store.get_run(run_id).kind)
-    if kind.show_status is not None:
-        kind.show_status(store, run_id, json_)
-        return
-    summary = run_summary(store, run_id)
-    if json_:
-        print(json.dumps(summary, indent=2))
-    else:
-        print_summary(console, summary)
+    try:
+        show_run(store, run_id, json_)
+    finally:
+        store.close()
 
 
 @app.command()
 @friendly_errors
 def report(
-    run_id: Annotated[str, typer.Argument(help="Run id.")],
+    run_id: RunArg,
     out: Annotated[
         Path | None, typer.Option("--out", "-o", help="Folder to write into (default: fedqueue-report/RUN_ID).")
     ] = None,
@@ -466,7 +314,11 @@ def _add_kind_commands() -> None:
     from fedqueue.core import jobs as job_kinds
 
     for kind in job_kinds.kinds().values():
-        if kind.commands is not None:
+        if kind.commands is None:
+            continue
+        if kind.commands_at_top:  # listed first: what a user of that kind starts with (`fedqueue run`)
+            app.registered_commands[:0] = kind.commands().registered_commands
+        else:
             app.add_typer(kind.commands(), name=kind.name)
 
 

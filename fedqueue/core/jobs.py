@@ -60,6 +60,27 @@ class TaskHandler:
     give_up: Callable[[TaskContext, Any, int, str], None]
 
 
+@dataclass(frozen=True)
+class ProgressBar:
+    """One bar a follower shows: a round, a version, a job's prompts."""
+
+    key: str  # the same bar across polls
+    label: str
+    completed: int
+    total: int | None  # None: not known yet
+    unit: str = ""
+    note: str = ""
+    finished: bool = False
+
+
+class RunProgress(Protocol):
+    """What a follower of one run reads on every poll, and how it waits for the next."""
+
+    def bars(self) -> list[ProgressBar]: ...
+
+    def wait(self, seconds: float) -> None: ...
+
+
 def _no_scope(_settings: Settings) -> AbstractContextManager[None]:
     return contextlib.nullcontext()
 
@@ -82,6 +103,10 @@ class JobKind:
     warm_up: Callable[[Settings], None] | None = None
     # The kind's own commands, a Typer app the CLI adds as `fedqueue NAME ...` (imported only when asked for).
     commands: Callable[[], Any] | None = None
+    # Its commands go at the top (`fedqueue run CONFIG`) instead of under `fedqueue NAME`.
+    commands_at_top: bool = False
+    # The bars a follower (`fedqueue run`, `resume`) shows of a run of this kind: (services, run id).
+    progress: Callable[[Services, str], RunProgress] | None = None
     # Prints a run of this kind for `fedqueue status RUN [--json]`: (store, run id, as JSON).
     show_status: Callable[[Any, str, bool], None] | None = None
     # The kind's own numbers of a run, for `fedqueue report` (store, run id) -> JSON-able dict.

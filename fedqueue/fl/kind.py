@@ -6,9 +6,11 @@ import contextlib
 import time
 import uuid
 from collections.abc import Iterator
+from typing import Any
 
 from fedqueue.config import Settings
-from fedqueue.core.jobs import CONTROL_QUEUE, JobKind, TaskContext, TaskHandler
+from fedqueue.core.jobs import CONTROL_QUEUE, JobKind, RunProgress, TaskContext, TaskHandler
+from fedqueue.core.services import Services
 from fedqueue.fl.device_task import WorkerCache, give_up_on, run_device_task
 from fedqueue.fl.messages import DEVICES_QUEUE, KIND_NAME, AggregateTask, DeviceTask, FoldTask
 from fedqueue.fl.repair import reconcile
@@ -96,6 +98,24 @@ def _warm_up(settings: Settings) -> None:
     warm_up()
 
 
+def _commands() -> Any:
+    from fedqueue.fl.cli import app
+
+    return app
+
+
+def _progress(services: Services, run_id: str) -> RunProgress:
+    from fedqueue.fl.progress import RoundProgress
+
+    return RoundProgress(services.store, run_id)
+
+
+def _show_status(store: Any, run_id: str, as_json: bool) -> None:
+    from fedqueue.fl.cli import show_status
+
+    show_status(store, run_id, as_json)
+
+
 KIND = JobKind(
     name=KIND_NAME,
     handlers=(
@@ -107,4 +127,8 @@ KIND = JobKind(
     new_cache=WorkerCache,
     task_scope=_deterministic,
     warm_up=_warm_up,
+    commands=_commands,
+    commands_at_top=True,
+    progress=_progress,
+    show_status=_show_status,
 )

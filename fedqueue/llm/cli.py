@@ -6,16 +6,13 @@ import importlib.util
 import json
 import os
 import tempfile
-import time
-from collections.abc import Callable, Iterable
 from concurrent.futures import Future
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from fedqueue.cli.common import (
     GpusPerWorkerOpt,
@@ -26,16 +23,16 @@ from fedqueue.cli.common import (
     console,
     errors,
     friendly_errors,
-    warn_if_insecure,
 )
+from fedqueue.cli.launch import exit_unless_finished, submit_and_follow, submit_detached
 from fedqueue.config import Settings
 from fedqueue.core.services import Services
 from fedqueue.errors import ConfigError
 from fedqueue.llm.job import JobRequest, Submitted, check_request, submit_job
-from fedqueue.llm.results import job_counts, prompt_rows
+from fedqueue.llm.results import prompt_rows
 from fedqueue.llm.settings import GenerationSettings
 from fedqueue.llm.summary import job_summary
-from fedqueue.store import Store
+from fedqueue.store import Store, open_store
 
 app = typer.Typer(
     no_args_is_help=True,
@@ -78,12 +75,10 @@ def submit(
 ) -> None:
     """Submit a job and follow it to the end. Submitting the same input and model again generates only what is missing.
 
-    With no broker configured, an embedded Redis and local workers run it here. Batches are sized for
-    the worker slots that will run them: the local workers', or those answering on the broker.
+    With no broker configured, the cluster `fedqueue up` left, else an embedded Redis and local workers
+    run it here. Batches are sized for the worker slots that will run them: those workers', or those
+    answering on the broker.
     """
-    from fedqueue import api
-    from fedqueue.store import open_store
-
     generation = GenerationSettings(
         max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, seed=seed, dtype=dtype, backend=backend
     )
@@ -100,61 +95,61 @@ def submit(
     if out is not None:
         _check_out_folder(out)
     settings = Settings.from_env().with_plugin_path(plugin_path)
-    _check_backend(backend, workers_here=not settings.broker_url)
-    warn_if_insecure(settings)
     if detach and not settings.broker_url:
         raise ConfigError("--detach: needs FEDQUEUE_BROKER_URL (start `fedqueue up` and export the URL it prints)")
     if detach and out is not None:
         raise ConfigError("--out: the job is not followed with --detach; use `fedqueue llm export` later")
+    # vLLM and the model where the workers start here; a bad database before any worker starts.
+    _check_backend(backend, workers_here=not settings.broker_url)
+    submission = JobSubmission(request)
     if settings.broker_url:
         from fedqueue.llm.slots import answering_slots_later
 
-        answering = answering_slots_later(settings)  # the workers answer while this process connects
+        submission.answering = answering_slots_later(settings)  # the workers answer while this process connects
         _check_model_here(request.model, must_exist=False)
-        summary = _run(settings, request, lambda: _answered(answering), detach=detach, out=out)
     else:
         _check_model_here(request.model, must_exist=True)
-        open_store(settings.database_url, migrate=True).close()  # a bad database fails before any worker starts
-        console.print("starting embedded Redis and local workers")
-        with api.local_cluster(procs, slots, settings=settings, gpus_per_worker=gpus_per_worker) as cluster:
-            console.print(f"embedded Redis at {cluster.settings.broker_url}, {len(cluster.workers.specs)} workers")
-            cluster_slots = sum(spec.slots for spec in cluster.workers.specs)
-            summary = _run(cluster.settings, request, lambda: cluster_slots, cluster=cluster, out=out)
-    if summary is not None and summary["state"] != "finished":
-        raise typer.Exit(1)
+        open_store(settings.database_url, migrate=True).close()
+    if detach:
+        print(submit_detached(submission, settings))
+        return
+    handle = submit_and_follow(
+        submission, settings, procs=procs, slots=slots, gpus_per_worker=gpus_per_worker, wait_for_workers=True
+    )
+    if out is not None:
+        export_job(handle.store, handle.id, out)
+    exit_unless_finished(handle)
 
 
-def _run(
-    settings: Settings,
-    request: JobRequest,
-    slots: Callable[[], int | None],
-    cluster: Any = None,
-    detach: bool = False,
-    out: Path | None = None,
-) -> dict[str, Any] | None:
-    """Submit the job planned for `slots()` worker slots, then follow it on the same connections (None if detached)."""
-    from fedqueue.queue.client import open_client
+@dataclass
+class JobSubmission:
+    """An LLM batch job to submit: its batches are planned for the worker slots that will run them."""
 
-    services = open_client(settings)
-    try:
-        submitted = _submit(services, replace(request, slots=slots()))
-        if detach:
-            print(submitted.job_id)
-            return None
-        return _follow(services, submitted.job_id, cluster, out)
-    finally:
-        services.close()
+    request: JobRequest
+    # The slots of the workers answering on a configured broker, asked while the rest is checked;
+    # None where the workers were started here or by `fedqueue up`.
+    answering: Future[int | None] | None = None
+
+    def check(self, settings: Settings) -> None:
+        """The input, the model and the backend were checked before any worker started."""
+
+    def submit(self, services: Services) -> str:
+        if self.answering is not None:
+            slots = _answered(self.answering)
+        else:  # workers started here or by `fedqueue up`: their slots are known
+            slots = sum(services.worker_slots().values()) or None
+        submitted = submit_job(services, replace(self.request, slots=slots))
+        _announce(submitted)
+        return submitted.job_id
 
 
 def _answered(answering: Future[int | None]) -> int | None:
-    """The slots the workers on the broker offer; a warning (and the default plan) when none answers."""
+    """The slots the workers on the broker offer; None (the default plan) when none answers."""
     try:
         found = answering.result()
     except Exception as error:  # a broker that answers the publisher but not a broadcast: plan by default
         found = None
         errors.print(f"warning: could not ask the workers for their slots ({error})", highlight=False)
-    if found is None:
-        errors.print("warning: no worker answers on this broker yet; its tasks wait for one (fedqueue worker)")
     return found
 
 
@@ -199,8 +194,7 @@ def _check_backend(backend: str, workers_here: bool) -> None:
     errors.print("warning: --backend vllm: vllm is not installed here; the workers must have it", highlight=False)
 
 
-def _submit(services: Services, request: JobRequest) -> Submitted:
-    submitted = submit_job(services, request)
+def _announce(submitted: Submitted) -> None:
     what = "continued" if submitted.resumed else "submitted"
     console.print(
         f"job [bold]{submitted.job_id}[/bold] {what}: {submitted.prompts} prompts, "
@@ -211,74 +205,6 @@ def _submit(services: Services, request: JobRequest) -> Submitted:
         errors.print(f"[yellow]skipped[/yellow] {error}", highlight=False)
     if len(submitted.input_errors) > 5:
         errors.print(f"... {len(submitted.input_errors) - 5} more bad lines (stored as failed rows)")
-    return submitted
-
-
-def _follow(services: Services, job_id: str, cluster: Any = None, out: Path | None = None) -> dict[str, Any]:
-    """Hold the job's lease (repairs) and show its progress until it ends; export it to `out` if given."""
-    from fedqueue import api
-    from fedqueue.core.supervisor import RunSupervisor
-    from fedqueue.llm.progress import stored_waiter
-
-    supervisor = RunSupervisor(services, job_id).acquire()
-    try:
-        wait = stored_waiter(services.redis, services.settings.key_prefix, job_id)
-        follow_job(services.store, job_id, console, tick=api.keep_running(supervisor, cluster), wait=wait)
-    except KeyboardInterrupt:
-        errors.print(f"stopped following; job {job_id} goes on (submit it again to follow it)")
-        raise typer.Exit(130) from None
-    finally:
-        supervisor.release()
-    summary = job_summary(services.store, job_id)
-    print_job(console, summary)
-    if out is not None:
-        export_job(services.store, job_id, out)
-    return summary
-
-
-def follow_job(
-    store: Store,
-    job_id: str,
-    out: Console,
-    poll_s: float = 0.3,
-    tick: Callable[[], Iterable[str]] | None = None,
-    wait: Callable[[float], object] = time.sleep,
-) -> None:
-    """A progress bar of prompts stored, with generated tokens per second, until the job ends.
-
-    `wait` returns early when a batch is stored (see fedqueue.llm.progress), so the end is seen at once;
-    repairs (`tick`) still run at most once per `poll_s`.
-    """
-    progress = Progress(
-        TextColumn("[bold]prompts"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-        TextColumn("{task.fields[note]}"),
-        console=out,
-    )
-    started = time.monotonic()
-    ticked = started
-    first_tokens: int | None = None
-    with progress:
-        bar = progress.add_task("", total=None, note="")
-        while True:
-            state = store.get_run(job_id).state
-            counts = job_counts(store, job_id)
-            tokens = counts.get("generated_tokens", 0)
-            first_tokens = tokens if first_tokens is None else first_tokens
-            elapsed = time.monotonic() - started
-            rate = (tokens - first_tokens) / elapsed if elapsed > 0 else 0.0
-            note = f"{rate:,.0f} tokens/s" + (f" · {counts['failed']} failed" if counts.get("failed") else "")
-            stored = counts.get("done", 0) + counts.get("failed", 0)
-            progress.update(bar, total=counts.get("total", 0), completed=stored, note=note)
-            if state != "running":
-                break
-            if tick is not None and time.monotonic() - ticked >= poll_s:
-                ticked = time.monotonic()
-                for action in tick():
-                    progress.console.print(f"[yellow]repair:[/yellow] {action}", highlight=False)
-            wait(poll_s)
 
 
 def print_job(out: Console, summary: dict[str, Any]) -> None:
@@ -315,8 +241,6 @@ def show_status(store: Store, job_id: str, as_json: bool) -> None:
 @friendly_errors
 def status(job: JobArg, json_: JsonOpt = False) -> None:
     """Prompts done, failed and pending, tokens per second per worker, padding, the first errors."""
-    from fedqueue.store import open_store
-
     store = open_store(Settings.from_env().database_url)
     try:
         _require_llm_job(store, job)
@@ -332,8 +256,6 @@ def export(
     out: Annotated[Path, typer.Option("--out", "-o", help="JSONL file to write (replaced whole, never half-written).")],
 ) -> None:
     """Write one JSON line per input line, in input order: id, line, state, output, tokens, finish reason, error."""
-    from fedqueue.store import open_store
-
     store = open_store(Settings.from_env().database_url)
     try:
         _require_llm_job(store, job)

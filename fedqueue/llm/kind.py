@@ -7,7 +7,8 @@ from collections.abc import Iterator
 from typing import Any
 
 from fedqueue.config import Settings
-from fedqueue.core.jobs import JobKind, TaskContext, TaskHandler
+from fedqueue.core.jobs import JobKind, RunProgress, TaskContext, TaskHandler
+from fedqueue.core.services import Services
 from fedqueue.llm.messages import KIND_NAME, LLM_QUEUE, GenerateBatch
 from fedqueue.llm.repair import reconcile
 from fedqueue.llm.worker import ModelCache, fail_batch, run_batch
@@ -56,6 +57,12 @@ def _show_status(store: Any, run_id: str, as_json: bool) -> None:
     show_status(store, run_id, as_json)
 
 
+def _progress(services: Services, run_id: str) -> RunProgress:
+    from fedqueue.llm.follow import PromptProgress
+
+    return PromptProgress(services, run_id)
+
+
 KIND = JobKind(
     name=KIND_NAME,
     handlers=(TaskHandler(GENERATE_BATCH, LLM_QUEUE, GenerateBatch, _generate, _batch_failed),),
@@ -65,4 +72,5 @@ KIND = JobKind(
     commands=_commands,
     show_status=_show_status,
     report_numbers=_report_numbers,
+    progress=_progress,
 )

@@ -1,0 +1,118 @@
+"""Submit a job of any kind and follow it to the end, or submit it and return: what the kinds' commands share."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from typing import Any
+
+import typer
+
+from fedqueue import api
+from fedqueue.cli.common import console, errors, warn_if_insecure, warn_if_no_workers
+from fedqueue.config import Settings
+from fedqueue.errors import FedqueueError
+
+
+def submit_and_follow(
+    submission: api.Submission,
+    settings: Settings,
+    *,
+    procs: int | None = None,
+    slots: int = 1,
+    gpus_per_worker: int = 1,
+    wait_for_workers: bool = False,
+) -> api.RunHandle:
+    """Submit where the tasks can run (the broker, `fedqueue up`'s cluster, or workers started here) and
+    follow the run (its lease, repairs, bars) to the end; then print what its kind shows of it."""
+    warn_if_insecure(settings)
+    # Local workers are started first, not waited for (unless asked): they boot (imports, warm-up)
+    # while this process checks plugins, migrates the store and plans the job; its tasks wait on the queue.
+    with api.placement(
+        settings, procs, slots, gpus_per_worker=gpus_per_worker, wait=wait_for_workers, say=console.print
+    ) as place:
+        from fedqueue.queue.client import open_client
+        from fedqueue.store import open_store
+
+        api.check(submission, place.settings)
+        open_store(place.settings.database_url, migrate=True).close()  # a bad database before a bad broker
+        services = open_client(place.settings, place.worker_slots)
+        try:
+            handle = api.submit(submission, place, services)
+            if not place.workers_known:
+                warn_if_no_workers(place.settings)
+            follow_to_end(handle, place, services)
+        finally:
+            services.close()
+    return handle
+
+
+def submit_detached(submission: api.Submission, settings: Settings) -> str:
+    """Enqueue on the configured broker and return the run id; the workers and their launcher see it through."""
+    if not settings.broker_url:
+        raise FedqueueError("FEDQUEUE_BROKER_URL: not set (start `fedqueue up` and export the URL it prints)")
+    warn_if_insecure(settings)
+    api.check(submission, settings)
+    handle = api.submit(submission, api.Placement(settings))
+    warn_if_no_workers(settings)
+    return handle.id
+
+
+def follow_to_end(handle: api.RunHandle, place: api.Placement, services: Any = None) -> None:
+    """Schedule the run (lease, repairs) and show its progress until it ends; then its summary.
+
+    With the cluster of `fedqueue up` running the workers, following stops if that cluster stops.
+    """
+    from fedqueue.cli.follow import follow
+
+    with api.scheduling(handle, services) as supervisor:
+        tick = api.keep_running(supervisor, place.cluster)
+        if place.standing is not None:
+            tick = _while_up(tick, place.standing.pid, handle.id)
+        try:
+            follow(supervisor.services, handle.id, console, tick=tick)
+        except KeyboardInterrupt:
+            if place.cluster is None:
+                errors.print(f"stopped following; run {handle.id} goes on (fedqueue resume {handle.id})")
+            raise typer.Exit(130) from None
+    show_run(handle.store, handle.id, as_json=False)
+
+
+def _while_up(tick: Callable[[], list[str]], pid: int, run_id: str) -> Callable[[], list[str]]:
+    """A tick that fails once the `fedqueue up` running the workers is gone: nothing would run the tasks."""
+    from fedqueue.core.cluster_file import pid_alive
+
+    def checked() -> list[str]:
+        if not pid_alive(pid):
+            raise FedqueueError(f"the local cluster (fedqueue up, pid {pid}) stopped; fedqueue resume {run_id} goes on")
+        return tick()
+
+    return checked
+
+
+def show_run(store: Any, run_id: str, as_json: bool) -> None:
+    """What `fedqueue status` prints: the kind's own view of the run, else the tasks' summary."""
+    from fedqueue.core import jobs
+    from fedqueue.report.summary import run_summary
+
+    kind = jobs.kinds().get(store.get_run(run_id).kind)
+    if kind is not None and kind.show_status is not None:
+        kind.show_status(store, run_id, as_json)
+        return
+    summary = run_summary(store, run_id)
+    if as_json:
+        print(json.dumps(summary, indent=2))
+        return
+    console.print(
+        f"run {summary['id']} ({summary['state']}): wall {summary['wall_s']:.2f} s · {summary['tasks_done']} tasks"
+        f" ({summary['tasks_failed']} failed) · max_concurrency {summary['max_concurrency']}"
+        f" · {len(summary['workers'])} workers",
+        highlight=False,
+    )
+    if summary["error"]:
+        console.print(f"[red]run {summary['state']}:[/red] {summary['error']}", highlight=False)
+
+
+def exit_unless_finished(handle: api.RunHandle) -> None:
+    if handle.state != "finished":
+        raise typer.Exit(1)

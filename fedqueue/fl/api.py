@@ -1,0 +1,141 @@
+"""FL's Python API: `fedqueue.run(config)` and friends, over the kind-neutral one in fedqueue.api.
+
+import fedqueue
+handle = fedqueue.run("examples/digits_fedavg.toml", rounds=3)
+print(handle.status()["final_accuracy"])
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from fedqueue.api import Placement, check, keep_running, local_cluster, runs, scheduling, with_plugins
+from fedqueue.api import RunHandle as AnyRunHandle
+from fedqueue.api import run as run_job
+from fedqueue.api import submit as submit_job
+from fedqueue.config import Settings
+from fedqueue.errors import ConfigError
+from fedqueue.fl.config import RunConfig, load_run_config
+
+if TYPE_CHECKING:
+    import torch
+
+    from fedqueue.core.services import Services, WorkerSlots
+
+__all__ = [
+    "ConfigLike",
+    "RunConfig",
+    "RunHandle",
+    "RunSubmission",
+    "keep_running",
+    "load_config",
+    "local_cluster",
+    "run",
+    "runs",
+    "scheduling",
+    "submit",
+]
+
+ConfigLike = RunConfig | Mapping[str, Any] | str | os.PathLike[str]
+
+
+def load_config(config: ConfigLike, overrides: Mapping[str, Any] | None = None) -> RunConfig:
+    """A validated RunConfig from a RunConfig, a dict or a TOML path, with overrides applied."""
+    if isinstance(config, RunConfig):
+        raw = config.to_dict()
+    elif isinstance(config, Mapping):
+        raw = dict(config)
+    elif isinstance(config, (str, os.PathLike)):
+        return load_run_config(Path(config), dict(overrides or {}))
+    else:
+        raise ConfigError(f"config: expected a dict, a path or a RunConfig, got {type(config).__name__}")
+    raw.update(overrides or {})
+    return RunConfig.from_dict(raw)
+
+
+@dataclass(frozen=True)
+class RunSubmission:
+    """An FL run config as a job to submit; `announce` hears of the run once it is enqueued."""
+
+    config: RunConfig
+    announce: Callable[[str, RunConfig], object] | None = None
+
+    def check(self, settings: Settings) -> None:
+        """Every plugin the config names imports and takes its options (the config was checked when loaded)."""
+        from fedqueue.fl.experiment import check_plugins  # imports torch: after the workers were started
+
+        check_plugins(self.config)
+
+    def submit(self, services: Services) -> str:
+        from fedqueue.fl.rounds import submit_run
+
+        run_id = submit_run(services, self.config)
+        if self.announce is not None:
+            self.announce(run_id, self.config)
+        return run_id
+
+
+class RunHandle(AnyRunHandle):
+    """One submitted FL run: its status, its rounds and its final model."""
+
+    def report(self) -> dict[str, Any]:
+        """The status plus one row per round."""
+        rounds = [
+            {
+                "round": row.round_index,
+                "state": row.state,
+                "selected": len(row.selected),
+                "seconds": None if row.aggregated_at is None else row.aggregated_at - row.enqueued_at,
+                "accuracy": row.accuracy,
+                "loss": row.loss,
+                "train_loss": row.train_loss,
+            }
+            for row in self.store.list_rounds(self.id)
+        ]
+        return {**self.status(), "rounds": rounds}
+
+    def final_weights(self) -> dict[str, torch.Tensor]:
+        """The latest checkpointed global model."""
+        from fedqueue.fl.rounds import final_state
+
+        return final_state(self.store, self.id)
+
+
+def submit(
+    config: ConfigLike,
+    *,
+    settings: Settings | None = None,
+    plugin_path: list[str] | None = None,
+    worker_slots: WorkerSlots | None = None,
+    **overrides: Any,
+) -> RunHandle:
+    """Validate, enqueue round 1 on the configured broker and return at once.
+
+    `worker_slots`: the workers' slots by hostname where the caller knows them (a cluster it
+    started, whose workers may not answer yet); else a submit that sizes packs asks the workers.
+    """
+    submission = RunSubmission(load_config(config, overrides))
+    settings = with_plugins(settings, plugin_path)
+    check(submission, settings)
+    return RunHandle(submit_job(submission, Placement(settings, worker_slots)).id, settings)
+
+
+def run(
+    config: ConfigLike,
+    *,
+    settings: Settings | None = None,
+    procs: int | None = None,
+    slots: int = 1,
+    plugin_path: list[str] | None = None,
+    timeout_s: float | None = None,
+    **overrides: Any,
+) -> RunHandle:
+    """Submit and wait. With no broker configured: on the cluster `fedqueue up` left running for
+    these settings, else on local workers started here (beside the submit) and stopped afterwards."""
+    submission = RunSubmission(load_config(config, overrides))
+    handle = run_job(submission, with_plugins(settings, plugin_path), procs=procs, slots=slots, timeout_s=timeout_s)
+    return RunHandle(handle.id, handle.settings)

@@ -1,0 +1,133 @@
+"""FL's commands, `fedqueue run CONFIG` and `fedqueue submit CONFIG`, and how an FL run is shown."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from fedqueue.cli.common import PluginPathOpt, ProcsOpt, SlotsOpt, console, friendly_errors
+from fedqueue.cli.launch import exit_unless_finished, submit_and_follow, submit_detached
+from fedqueue.config import Settings
+from fedqueue.fl.api import RunSubmission
+from fedqueue.fl.config import RunConfig, load_run_config, parse_override
+from fedqueue.store import Store
+
+app = typer.Typer(no_args_is_help=True, pretty_exceptions_enable=False)
+
+ConfigArg = Annotated[Path, typer.Argument(help="Run config (TOML); see examples/.", show_default=False)]
+SetOpt = Annotated[list[str] | None, typer.Option("--set", "-s", help="Override a config key: KEY=VALUE (repeatable).")]
+RoundsOpt = Annotated[int | None, typer.Option(help="Override `rounds`.")]
+SeedOpt = Annotated[int | None, typer.Option(help="Override `seed`.")]
+
+
+def _config(path: Path, sets: list[str] | None, rounds: int | None, seed: int | None) -> RunConfig:
+    overrides: dict[str, Any] = dict(parse_override(item) for item in sets or [])
+    if rounds is not None:
+        overrides["rounds"] = rounds
+    if seed is not None:
+        overrides["seed"] = seed
+    return load_run_config(path, overrides)
+
+
+def _announce(run_id: str, run_config: RunConfig) -> None:
+    console.print(
+        f"run [bold]{run_id}[/bold] submitted ({run_config.rounds} rounds, "
+        f"{run_config.devices_per_round} of {run_config.num_devices} devices per round)"
+    )
+
+
+@app.command()
+@friendly_errors
+def run(
+    config: ConfigArg,
+    set_: SetOpt = None,
+    rounds: RoundsOpt = None,
+    seed: SeedOpt = None,
+    procs: ProcsOpt = None,
+    slots: SlotsOpt = 1,
+    plugin_path: PluginPathOpt = None,
+) -> None:
+    """Submit a run and follow it to the end. With no broker configured, start Redis and workers here."""
+    submission = RunSubmission(_config(config, set_, rounds, seed), announce=_announce)
+    settings = Settings.from_env().with_plugin_path(plugin_path)
+    exit_unless_finished(submit_and_follow(submission, settings, procs=procs, slots=slots))
+
+
+@app.command()
+@friendly_errors
+def submit(
+    config: ConfigArg,
+    set_: SetOpt = None,
+    rounds: RoundsOpt = None,
+    seed: SeedOpt = None,
+    plugin_path: PluginPathOpt = None,
+) -> None:
+    """Enqueue a run on the configured broker, print its id and return."""
+    submission = RunSubmission(_config(config, set_, rounds, seed))
+    print(submit_detached(submission, Settings.from_env().with_plugin_path(plugin_path)))
+
+
+def show_status(store: Store, run_id: str, as_json: bool) -> None:
+    """What `fedqueue status` prints for an FL run."""
+    from fedqueue.report.summary import run_summary
+
+    summary = run_summary(store, run_id)
+    if as_json:
+        print(json.dumps(summary, indent=2))
+    else:
+        print_summary(console, summary)
+
+
+def print_summary(out: Console, summary: dict[str, Any]) -> None:
+    buffered = summary.get("buffered")
+    # Simulated time is shown where the run models it: async runs, and sync runs given device speeds.
+    simulated = buffered is not None or summary.get("simulated_speeds", False)
+    table = Table(title=f"run {summary['id']} ({summary['state']})")
+    table.add_column("version" if buffered else "round", justify="right")
+    table.add_column("seconds", justify="right")
+    if simulated:
+        table.add_column("sim s", justify="right")
+    table.add_column("accuracy", justify="right")
+    table.add_column("loss", justify="right")
+    for index, seconds in summary["round_seconds"].items():
+        accuracy = summary["accuracy"].get(index)
+        loss = summary["loss"].get(index)
+        sim = summary["sim_time"].get(index)
+        cells = [index, f"{seconds:.2f}"]
+        if simulated:
+            cells.append("" if sim is None else f"{sim:.1f}")
+        cells += ["" if accuracy is None else f"{accuracy:.4f}", "" if loss is None else f"{loss:.4f}"]
+        table.add_row(*cells)
+    out.print(table)
+    if buffered:
+        histogram = ", ".join(f"{s}: {n}" for s, n in buffered["staleness"].items()) or "none"
+        out.print(
+            f"updates: {buffered['folded']} folded, {buffered['stale']} dropped as stale,"
+            f" {buffered['failed']} failed (buffer_size {buffered['buffer_size']}) · staleness {histogram}",
+            highlight=False,
+        )
+    sim_end = max(summary["sim_time"].values(), default=None) if simulated else None
+    out.print(
+        ("" if sim_end is None else f"simulated {sim_end:.1f} s · ")
+        + f"wall {summary['wall_s']:.2f} s · {summary['tasks_done']} device tasks"
+        f" ({summary['tasks_failed']} failed) · mean train {summary['mean_train_ms']} ms"
+        f" · max_concurrency {summary['max_concurrency']} · {len(summary['workers'])} workers"
+    )
+    if summary["error"]:
+        out.print(f"[red]run {summary['state']}:[/red] {summary['error']}", highlight=False)
+    for failure in summary["failures"][:5]:
+        last_line = (failure["error"] or "").strip().splitlines()[-1:] or ["?"]
+        out.print(
+            f"[yellow]device {failure['device']} failed[/yellow] in round {failure['round']} on {failure['worker']}"
+            f" after {failure['attempts']} attempts: {last_line[0]}",
+            highlight=False,
+        )
+    if len(summary["failures"]) > 5:
+        out.print(f"... {len(summary['failures']) - 5} more failed devices (fedqueue status RUN --json)")
+    if summary["final_accuracy"] is not None:
+        out.print(f"final accuracy {summary['final_accuracy']:.4f}")
