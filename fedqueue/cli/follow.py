@@ -10,7 +10,8 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from fedqueue.report.summary import is_buffered, run_summary
+from fedqueue.fl.summary import is_buffered
+from fedqueue.report.summary import run_summary
 from fedqueue.store import Store
 
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 import contextlib
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
+from typing import Any
 
 from fedqueue.config import Settings
 from fedqueue.core.jobs import CONTROL_QUEUE, JobKind, TaskContext, TaskHandler
@@ -96,6 +97,33 @@ def _warm_up(settings: Settings) -> None:
     warm_up()
 
 
+# The FL parts of a run's status, report and `fedqueue runs` line (imported when asked for).
+
+
+def _summary(store: Any, run: Any, spans: Sequence[Any]) -> dict[str, Any]:
+    from fedqueue.fl.summary import run_status
+
+    return run_status(store, run, spans)
+
+
+def _report_numbers(store: Any, data: Any, numbers: dict[str, Any]) -> dict[str, Any]:
+    from fedqueue.fl.report import report_numbers
+
+    return report_numbers(store, data, numbers)
+
+
+def _report_page(numbers: dict[str, Any]) -> Any:
+    from fedqueue.fl.report import report_page
+
+    return report_page(numbers)
+
+
+def _run_columns(store: Any, runs: Sequence[Any]) -> dict[str, dict[str, Any]]:
+    from fedqueue.fl.summary import run_columns
+
+    return run_columns(store, runs)
+
+
 KIND = JobKind(
     name=KIND_NAME,
     handlers=(
@@ -107,4 +135,8 @@ KIND = JobKind(
     new_cache=WorkerCache,
     task_scope=_deterministic,
     warm_up=_warm_up,
+    summary=_summary,
+    report_numbers=_report_numbers,
+    report_page=_report_page,
+    run_columns=_run_columns,
 )
