@@ -240,13 +240,11 @@ def with_plugins(settings: Settings | None, plugin_path: list[str] | None) -> Se
 
 def runs(settings: Settings | None = None) -> list[dict[str, Any]]:
     """Every run in the store, oldest first."""
-    from fedqueue.report.summary import run_line
+    from fedqueue.report.summary import run_lines
     from fedqueue.store import open_store
 
     store = open_store((settings or Settings.from_env()).database_url)
     try:
-        rows = store.list_runs()
-        rounds = store.round_rows_for([row.id for row in rows])
-        return [run_line(row, sum(1 for r in rounds[row.id] if r.state == "done")) for row in rows]
+        return run_lines(store, store.list_runs())
     finally:
         store.close()

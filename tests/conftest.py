@@ -18,6 +18,7 @@ import redis
 from fedqueue.config import Settings
 from fedqueue.queue.embedded import EmbeddedRedis
 from fedqueue.queue.workers import WorkerGroup, plan_workers
+from fedqueue.store import Store, open_store
 
 SERVICE_REDIS = os.environ.get("FEDQUEUE_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
 SERVICE_POSTGRES = os.environ.get("FEDQUEUE_TEST_POSTGRES_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/postgres")
@@ -95,6 +96,14 @@ def database_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
     if request.param == "sqlite":
         return f"sqlite:///{tmp_path / 'store.db'}"
     return request.getfixturevalue("postgres_url")
+
+
+@pytest.fixture
+def store(database_url: str) -> Iterator[Store]:
+    """A store on `database_url`, its schema brought up to date."""
+    opened = open_store(database_url, migrate=True)
+    yield opened
+    opened.close()
 
 
 @pytest.fixture

@@ -8,6 +8,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -17,6 +18,7 @@ from sqlalchemy import update
 import fedqueue
 from fedqueue.config import Settings
 from fedqueue.errors import NotFound
+from fedqueue.fl.report import report_page, rounds_report
 from fedqueue.report import RunData, build_report, compute_report, write_report
 from fedqueue.report.html import render_html
 from fedqueue.report.timeline import Span
@@ -97,8 +99,10 @@ def task(
     )
 
 
-def example(now: float = T0 + 10.0, state: str = "running", finished_at: float | None = None) -> RunData:
-    """Round 1 done (5 selected: 4 done, one retried, one failed); round 2 still training; two single-slot workers."""
+def example(now: float = T0 + 10.0, state: str = "running", finished_at: float | None = None) -> dict[str, Any]:
+    """Round 1 done (5 selected: 4 done, one retried, one failed); round 2 still training; two single-slot workers.
+
+    The report's numbers: the core's, and the FL kind's from the rounds, as `build_report` merges them."""
     rounds = [round_row(1, T0, T0 + 4.0, [0, 1, 2, 3, 4]), round_row(2, T0 + 4.5, None, [5, 6])]
     spans = [
         task(1, 0, "a@h", 0.5, 1.5),
@@ -112,11 +116,13 @@ def example(now: float = T0 + 10.0, state: str = "running", finished_at: float |
         Sample("a@h", 7, "cpu", T0 + second, utilization, 2**20 * (100 + second))
         for second, utilization in zip(range(1, 11), [10, 20, 30, 40, 50, 60, 70, 80, 90, 100], strict=True)
     ]
-    return RunData(run=run_row(state, finished_at), rounds=rounds, spans=spans, samples=samples, now=now)
+    data = RunData(run=run_row(state, finished_at), spans=spans, samples=samples, now=now)
+    numbers = compute_report(data)
+    return {**numbers, **rounds_report(data, rounds, {}, numbers)}
 
 
 def test_round_numbers_of_a_run_still_going() -> None:
-    report = compute_report(example())
+    report = example()
     assert report["slots"] == 2 and report["state"] == "running"
     assert report["wall_s"] == approx(10.0)  # measured up to now
     first, second = report["rounds"]
@@ -138,7 +144,7 @@ def test_round_numbers_of_a_run_still_going() -> None:
 
 
 def test_slowest_devices_and_utilization() -> None:
-    report = compute_report(example())
+    report = example()
     assert [s["task"] for s in report["slowest"]] == [
         "round 2 device 5",
         "round 1 device 2",
@@ -155,15 +161,13 @@ def test_slowest_devices_and_utilization() -> None:
 
 
 def test_a_finished_run_is_measured_to_its_end_not_to_now() -> None:
-    report = compute_report(example(now=T0 + 1000, state="finished", finished_at=T0 + 9.0))
+    report = example(now=T0 + 1000, state="finished", finished_at=T0 + 9.0)
     assert report["wall_s"] == approx(9.0)
 
 
 def test_html_escapes_user_strings_and_shows_pictures_and_the_round_table() -> None:
-    data = example()
-    data.run.name = "<script>alert('x')</script>"
-    data.run.error = "round 2: <b>boom</b>"
-    page = render_html(compute_report(data))
+    report = {**example(), "name": "<script>alert('x')</script>", "error": "round 2: <b>boom</b>"}
+    page = render_html(report, report_page(report))
     assert "<script>" not in page and "<b>boom" not in page
     assert "&lt;script&gt;" in page and "&lt;b&gt;boom" in page
     assert re.findall(r'<img src="([a-z]+\.png)"', page) == ["timeline.png", "concurrency.png", "accuracy.png"]

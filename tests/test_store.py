@@ -31,13 +31,6 @@ from fedqueue.store.schema import Base, CheckpointRow, RoundRow
 TABLES = {"runs", "rounds", "task_timings", "device_tasks", "checkpoints"}
 
 
-@pytest.fixture
-def store(database_url: str):
-    store = open_store(database_url, migrate=True)
-    yield store
-    store.close()
-
-
 def new_run(store: Store, rounds_total: int = 3, **config: object) -> str:
     run_id = uuid.uuid4().hex  # 32 characters: the width of runs.id
     store.create_run(run_id, f"name-{run_id[:6]}", {"dataset": "digits", **config}, rounds_total)

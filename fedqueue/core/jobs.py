@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from importlib.metadata import entry_points
@@ -109,8 +109,18 @@ class JobKind:
     progress: Callable[[Services, str], RunProgress] | None = None
     # Prints a run of this kind for `fedqueue status RUN [--json]`: (store, run id, as JSON).
     show_status: Callable[[Any, str, bool], None] | None = None
-    # The kind's own numbers of a run, for `fedqueue report` (store, run id) -> JSON-able dict.
-    report_numbers: Callable[[Any, str], dict[str, Any]] | None = None
+    # The kind's numbers of a run for `fedqueue report`, merged over the core's (its own section goes under "job"):
+    # (store, the run's fedqueue.report.RunData, the core's numbers) -> JSON-able dict.
+    report_numbers: Callable[[Any, Any, dict[str, Any]], dict[str, Any]] | None = None
+    # Keys the kind adds to a run's status (`fedqueue status RUN --json`, `RunHandle.status()`), merged over the
+    # core's: (store, run row, the run's task spans) -> JSON-able dict.
+    summary: Callable[[Any, Any, Sequence[Any]], dict[str, Any]] | None = None
+    # The kind's part of report.html: (the report's numbers) -> fedqueue.report.html.KindPage (headline rows,
+    # sections, rounds to mark on the timeline, and its own pictures).
+    report_page: Callable[[dict[str, Any]], Any] | None = None
+    # The kind's columns of `fedqueue runs` (rounds, dataset, model), merged over the core's blanks:
+    # (store, this kind's run rows) -> {run id: columns}.
+    run_columns: Callable[[Any, Sequence[Any]], dict[str, dict[str, Any]]] | None = None
 
     @property
     def queues(self) -> tuple[str, ...]:

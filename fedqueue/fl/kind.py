@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 from fedqueue.config import Settings
@@ -116,6 +116,33 @@ def _show_status(store: Any, run_id: str, as_json: bool) -> None:
     show_status(store, run_id, as_json)
 
 
+# The FL parts of a run's status, report and `fedqueue runs` line (imported when asked for).
+
+
+def _summary(store: Any, run: Any, spans: Sequence[Any]) -> dict[str, Any]:
+    from fedqueue.fl.summary import run_status
+
+    return run_status(store, run, spans)
+
+
+def _report_numbers(store: Any, data: Any, numbers: dict[str, Any]) -> dict[str, Any]:
+    from fedqueue.fl.report import report_numbers
+
+    return report_numbers(store, data, numbers)
+
+
+def _report_page(numbers: dict[str, Any]) -> Any:
+    from fedqueue.fl.report import report_page
+
+    return report_page(numbers)
+
+
+def _run_columns(store: Any, runs: Sequence[Any]) -> dict[str, dict[str, Any]]:
+    from fedqueue.fl.summary import run_columns
+
+    return run_columns(store, runs)
+
+
 KIND = JobKind(
     name=KIND_NAME,
     handlers=(
@@ -131,4 +158,8 @@ KIND = JobKind(
     commands_at_top=True,
     progress=_progress,
     show_status=_show_status,
+    summary=_summary,
+    report_numbers=_report_numbers,
+    report_page=_report_page,
+    run_columns=_run_columns,
 )

@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 
 from fedqueue.core.jobs import ProgressBar
-from fedqueue.report.summary import is_buffered
+from fedqueue.fl.summary import is_buffered
 from fedqueue.store import Store
 from fedqueue.store.schema import RoundRow
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 from fedqueue.config import Settings
@@ -45,10 +45,10 @@ def _commands() -> Any:
     return app
 
 
-def _report_numbers(store: Any, run_id: str) -> dict[str, Any]:
+def _report_numbers(store: Any, data: Any, numbers: dict[str, Any]) -> dict[str, Any]:
     from fedqueue.llm.summary import job_summary
 
-    return job_summary(store, run_id)
+    return {"job": job_summary(store, data.run.id)}
 
 
 def _show_status(store: Any, run_id: str, as_json: bool) -> None:
@@ -63,6 +63,11 @@ def _progress(services: Services, run_id: str) -> RunProgress:
     return PromptProgress(services, run_id)
 
 
+def _run_columns(store: Any, runs: Sequence[Any]) -> dict[str, dict[str, Any]]:
+    """`fedqueue runs`: a job's input file and model (it runs in no rounds)."""
+    return {run.id: {"dataset": run.config.get("input"), "model": run.config.get("model")} for run in runs}
+
+
 KIND = JobKind(
     name=KIND_NAME,
     handlers=(TaskHandler(GENERATE_BATCH, LLM_QUEUE, GenerateBatch, _generate, _batch_failed),),
@@ -73,4 +78,5 @@ KIND = JobKind(
     show_status=_show_status,
     report_numbers=_report_numbers,
     progress=_progress,
+    run_columns=_run_columns,
 )

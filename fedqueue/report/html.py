@@ -1,11 +1,18 @@
-"""report.html: the pictures (referenced relatively, beside the page) and the tables. Every value is escaped."""
+"""report.html: the pictures (referenced relatively, beside the page) and the tables. Every value is escaped.
+
+The run's job kind adds its part of the page (`JobKind.report_page`): headline rows, sections, its pictures.
+"""
 
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from html import escape
+from pathlib import Path
 from typing import Any
+
+from fedqueue.report.timeline import RoundMark
 
 STYLE = """
 body { font: 14px/1.45 system-ui, sans-serif; margin: 24px auto; max-width: 1320px; color: #222; padding: 0 16px; }
@@ -18,7 +25,18 @@ img { max-width: 100%; border: 1px solid #eee; margin: 6px 0; }
 """
 
 
-def _fmt(value: Any, digits: int = 3) -> str:
+@dataclass(frozen=True)
+class KindPage:
+    """A job kind's part of report.html, made from the report's numbers."""
+
+    headline: Sequence[tuple[str, Any]] = ()  # rows of the headline table, after the run's state
+    breakdown: Sequence[tuple[str, float | None]] = ()  # phases run in one process while every slot waits
+    sections: str = ""  # HTML after the time breakdown and the job's own numbers
+    rounds: Sequence[RoundMark] = ()  # marked on the timeline and concurrency pictures
+    draw: Callable[[Path, str], None] | None = None  # draws the kind's pictures: (folder, the run's title)
+
+
+def fmt(value: Any, digits: int = 3) -> str:
     if value is None:
         return "–"
     if isinstance(value, float):
@@ -26,7 +44,7 @@ def _fmt(value: Any, digits: int = 3) -> str:
     return str(value)
 
 
-def _pct(value: float | None) -> str:
+def percent(value: float | None) -> str:
     return "–" if value is None else f"{100 * value:.1f} %"
 
 
@@ -43,7 +61,7 @@ def _bytes(value: int | None) -> str:
     return f"{amount:.1f} {unit}"
 
 
-def _table(headers: Sequence[str], rows: Sequence[Sequence[Any]], text_columns: Sequence[int] = ()) -> str:
+def html_table(headers: Sequence[str], rows: Sequence[Sequence[Any]], text_columns: Sequence[int] = ()) -> str:
     head = "".join(
         f'<th class="text">{escape(name)}</th>' if index in text_columns else f"<th>{escape(name)}</th>"
         for index, name in enumerate(headers)
@@ -60,15 +78,13 @@ def _table(headers: Sequence[str], rows: Sequence[Sequence[Any]], text_columns: 
     return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
 
 
-def _headline(report: dict[str, Any]) -> str:
+def _headline(report: dict[str, Any], page: KindPage) -> str:
     rows = [
         ("state", report["state"]),
-        ("rounds", f"{report['rounds_done']} of {report['rounds_total']} done"),
-        ("dataset / model", f"{report['dataset']} / {report['model']}"),
-        *_packing_rows(report.get("packing")),
-        ("wall time", f"{_fmt(report['wall_s'], 2)} s"),
+        *page.headline,
+        ("wall time", f"{fmt(report['wall_s'], 2)} s"),
         ("slots", report["slots"]),
-        ("parallel efficiency", _pct(report["parallel_efficiency"])),
+        ("parallel efficiency", percent(report["parallel_efficiency"])),
         (
             "tasks",
             f"{report['tasks_done']} done, {report['tasks_failed']} failed, {report['tasks_retried']} retried",
@@ -77,8 +93,8 @@ def _headline(report: dict[str, Any]) -> str:
             (f"{task_type} tasks", f"{counts['done']} done, {counts['failed']} failed")
             for task_type, counts in report["tasks_by_type"].items()
         ),
-        ("tasks per second", _fmt(report["tasks_per_s"], 2)),
-        ("task busy time", f"{_fmt(report['task_busy_s'], 2)} s (summed over slots)"),
+        ("tasks per second", fmt(report["tasks_per_s"], 2)),
+        ("task busy time", f"{fmt(report['task_busy_s'], 2)} s (summed over slots)"),
     ]
     return (
         '<table class="headline">'
@@ -90,22 +106,13 @@ def _headline(report: dict[str, Any]) -> str:
     )
 
 
-def _packing_rows(packing: dict[str, Any] | None) -> list[tuple[str, str]]:
-    if not packing or packing["pack_size"] == 1:
-        return []
-    rows = [("packs", f"{packing['pack_size']} devices per task, {packing['pack_mode']}")]
-    if packing.get("chosen"):
-        rows.append(("packs chosen by auto", packing["chosen"]))
-    return rows
-
-
-def _breakdown(report: dict[str, Any]) -> str:
+def _breakdown(report: dict[str, Any], page: KindPage) -> str:
     spent = report["time"]
     slots = report["slots"]
     capacity = (report["wall_s"] or 0) * slots
 
     def share(seconds: float | None) -> str:
-        return "–" if not capacity or seconds is None else _pct(seconds / capacity)
+        return "–" if not capacity or seconds is None else percent(seconds / capacity)
 
     rows = [
         ("model and data load (in tasks)", spent["load_s"], share(spent["load_s"])),
@@ -118,98 +125,16 @@ def _breakdown(report: dict[str, Any]) -> str:
             share(spent["between_tasks_s"]),
         ),
         ("slots idle: nothing queued for them", spent["slots_idle_s"], share(spent["slots_idle_s"])),
-        # Aggregation and evaluation run in one process while every slot waits: they cost slots x their time.
-        ("of which aggregation (one process)", spent["aggregation_s"], share(spent["aggregation_s"] * slots)),
-        ("of which evaluation (one process)", spent["evaluation_s"], share(spent["evaluation_s"] * slots)),
+        # A kind's phases (FL's aggregation, evaluation) run in one process while every slot waits: they cost
+        # slots x their time.
+        *((label, seconds, share(None if seconds is None else seconds * slots)) for label, seconds in page.breakdown),
     ]
-    table = _table(["where", "seconds", "share of slot time"], [(a, _fmt(b), c) for a, b, c in rows], (0,))
-    waits = f"queue wait per task: mean {_fmt(spent['queue_wait_mean_s'])} s, max {_fmt(spent['queue_wait_max_s'])} s"
+    table = html_table(["where", "seconds", "share of slot time"], [(a, fmt(b), c) for a, b, c in rows], (0,))
+    waits = f"queue wait per task: mean {fmt(spent['queue_wait_mean_s'])} s, max {fmt(spent['queue_wait_max_s'])} s"
     return (
         table + f'<p class="note">{escape(waits)}. Slot time = wall time × slots; '
         "task phases add up over slots running side by side.</p>"
     )
-
-
-def _rounds(report: dict[str, Any]) -> str:
-    headers = [
-        "round",
-        "state",
-        "selected",
-        "done",
-        "failed",
-        "retried",
-        "wall s",
-        "queue wait s (mean)",
-        "load s",
-        "compute s",
-        "upload s",
-        "between tasks s",
-        "slots idle s",
-        "aggregation s",
-        "evaluation s",
-        "efficiency",
-        "tasks/s",
-        "accuracy",
-        "loss",
-    ]
-    rows = [
-        (
-            r["round"],
-            r["state"],
-            r["selected"],
-            r["done"],
-            r["failed"],
-            r["retried"],
-            _fmt(r["wall_s"]),
-            _fmt(r["time"]["queue_wait_mean_s"]),
-            _fmt(r["time"]["load_s"]),
-            _fmt(r["time"]["compute_s"]),
-            _fmt(r["time"]["upload_s"]),
-            _fmt(r["time"]["between_tasks_s"]),
-            _fmt(r["time"]["slots_idle_s"]),
-            _fmt(r["time"]["aggregation_s"]),
-            _fmt(r["time"]["evaluation_s"]),
-            _pct(r["parallel_efficiency"]),
-            _fmt(r["tasks_per_s"], 1),
-            _fmt(r["accuracy"], 4),
-            _fmt(r["loss"], 4),
-        )
-        for r in report["rounds"]
-    ]
-    return _table(headers, rows, (1,))
-
-
-def _rounds_section(report: dict[str, Any]) -> str:
-    if not report["rounds"]:  # a job kind without rounds (LLM batches)
-        return ""
-    return f"""<h2>Rounds</h2>
-{_rounds(report)}
-<img src="accuracy.png" alt="accuracy and loss per round">
-"""
-
-
-def _simulated(report: dict[str, Any]) -> str:
-    simulated = report.get("simulated")
-    if not simulated:
-        return ""
-    rows = [
-        ("simulated seconds", _fmt(simulated["sim_s"], 1)),
-        ("wall seconds", _fmt(simulated["wall_s"], 2)),
-        ("simulated seconds per wall second", _fmt(simulated["sim_per_wall_s"], 1)),
-    ]
-    buffered = simulated.get("buffered")
-    if buffered:
-        rows += [
-            ("updates folded", buffered["folded"]),
-            ("updates dropped as stale", buffered["stale"]),
-            ("updates failed", buffered["failed"]),
-        ]
-    return f"""<h2>Simulated time</h2>
-{_table(["", "value"], rows, (0,))}
-<p class="note">Device speeds and delays are modelled from the seed, never slept: workers train back to back
-while the run's clock advances by the modelled times.</p>
-<img src="simulated.png" alt="accuracy against simulated time">
-"""
 
 
 def _job(report: dict[str, Any]) -> str:
@@ -217,13 +142,13 @@ def _job(report: dict[str, Any]) -> str:
     job = report.get("job")
     if not job:
         return ""
-    scalars = [(key, _fmt(value, 4) if isinstance(value, float) else value) for key, value in job.items()]
+    scalars = [(key, fmt(value, 4) if isinstance(value, float) else value) for key, value in job.items()]
     scalars = [(key, value) for key, value in scalars if isinstance(value, (str, int, float)) or value is None]
-    parts = ["<h2>Job</h2>", _table(["", "value"], [(key, "" if v is None else v) for key, v in scalars], (0, 1))]
+    parts = ["<h2>Job</h2>", html_table(["", "value"], [(key, "" if v is None else v) for key, v in scalars], (0, 1))]
     workers = job.get("workers") or []
     if workers:
         headers = list(workers[0])
-        parts.append(_table(headers, [tuple(row[h] for h in headers) for row in workers], (0,)))
+        parts.append(html_table(headers, [tuple(row[h] for h in headers) for row in workers], (0,)))
     return "\n".join(parts) + "\n"
 
 
@@ -234,16 +159,16 @@ def _slowest(report: dict[str, Any]) -> str:
             s["worker"],
             s["pid"],
             s["device_used"],
-            _fmt(s["seconds"]),
-            _fmt(s["load_ms"], 1),
-            _fmt(s["compute_ms"], 1),
-            _fmt(s["upload_ms"], 1),
+            fmt(s["seconds"]),
+            fmt(s["load_ms"], 1),
+            fmt(s["compute_ms"], 1),
+            fmt(s["upload_ms"], 1),
             s["attempt"],
         )
         for s in report["slowest"]
     ]
     headers = ["task", "worker", "pid", "device used", "seconds", "load ms", "compute ms", "upload ms", "attempt"]
-    return _table(headers, rows, (0, 1, 3))
+    return html_table(headers, rows, (0, 1, 3))
 
 
 def _utilization(report: dict[str, Any]) -> str:
@@ -258,20 +183,21 @@ def _utilization(report: dict[str, Any]) -> str:
             u["pid"],
             u["device_used"],
             u["samples"],
-            _fmt(u["utilization_mean"], 1),
-            _fmt(u["utilization_p95"], 1),
+            fmt(u["utilization_mean"], 1),
+            fmt(u["utilization_p95"], 1),
             _bytes(u["memory_peak_bytes"]),
         )
         for u in report["utilization"]
     ]
-    table = _table(["worker", "pid", "device", "samples", "mean %", "p95 %", "peak memory"], rows, (0, 2))
+    table = html_table(["worker", "pid", "device", "samples", "mean %", "p95 %", "peak memory"], rows, (0, 2))
     return (
         table + '<p class="note">GPU: NVML utilization and board memory. CPU: the worker process\'s CPU % '
         "(100 = one core) and resident memory. One sample a second.</p>"
     )
 
 
-def render_html(report: dict[str, Any]) -> str:
+def render_html(report: dict[str, Any], page: KindPage | None = None) -> str:
+    page = page or KindPage()
     title = f"fedqueue run {report['id']}" + (f" ({report['name']})" if report["name"] else "")
     created = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(report["created_at"]))
     error = f'<p class="error">{escape(report["error"])}</p>' if report["error"] else ""
@@ -281,14 +207,14 @@ def render_html(report: dict[str, Any]) -> str:
 <h1>{escape(title)}</h1>
 <p class="note">submitted {escape(created)}</p>
 {error}
-{_headline(report)}
+{_headline(report, page)}
 <p class="note">{escape(report["slots_note"])}.</p>
 <h2>Timeline</h2>
 <img src="timeline.png" alt="tasks per worker slot over time, coloured by round, aggregations dark">
 <img src="concurrency.png" alt="tasks running at once against the number of slots">
 <h2>Where the time went</h2>
-{_breakdown(report)}
-{_job(report)}{_rounds_section(report)}{_simulated(report)}
+{_breakdown(report, page)}
+{_job(report)}{page.sections}
 <h2>Slowest tasks</h2>
 {_slowest(report)}
 <h2>Device utilization</h2>

@@ -15,8 +15,7 @@ from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
 
 from fedqueue.core.utilization import INTERVAL_S as SAMPLE_INTERVAL_S
-from fedqueue.report.timeline import Lane, Span
-from fedqueue.store.schema import RoundRow
+from fedqueue.report.timeline import Lane, RoundMark, Span
 from fedqueue.store.utilization import Sample
 
 DPI = 110
@@ -83,7 +82,7 @@ def _rows(lanes: Sequence[Lane], spans: Sequence[Span], samples: Sequence[Sample
     return rows
 
 
-def _round_marks(ax: Axes, rounds: Sequence[RoundRow], origin: float) -> None:
+def _round_marks(ax: Axes, rounds: Sequence[RoundMark], origin: float) -> None:
     """Dashed line where a round was enqueued (labelled), dotted where it was aggregated; thinned out for many."""
     every_line = max(1, math.ceil(len(rounds) / MAX_ROUND_LINES))
     every_label = max(1, math.ceil(len(rounds) / MAX_ROUND_LABELS))
@@ -110,7 +109,7 @@ def timeline(
     path: Path,
     lanes: Sequence[Lane],
     spans: Sequence[Span],
-    rounds: Sequence[RoundRow],
+    rounds: Sequence[RoundMark],
     samples: Sequence[Sample],
     origin: float,
     end: float,
@@ -234,7 +233,7 @@ def concurrency(
     path: Path,
     steps: Sequence[tuple[float, int]],
     slots: int,
-    rounds: Sequence[RoundRow],
+    rounds: Sequence[RoundMark],
     origin: float,
     end: float,
     title: str = "",
@@ -255,74 +254,4 @@ def concurrency(
     ax.set_ylabel("tasks running")
     ax.set_title(title or "tasks running at once", loc="left", fontsize=10, pad=14)
     ax.legend(loc="upper left", bbox_to_anchor=(1.005, 1.0), fontsize=8, frameon=False)
-    figure.savefig(path)
-
-
-def accuracy(path: Path, rounds: Sequence[RoundRow], title: str = "") -> None:
-    """Held-out accuracy, held-out loss and mean training loss per round."""
-    figure = Figure(figsize=(12, 3.6), dpi=DPI, layout="constrained")
-    left, right = figure.subplots(1, 2)
-    evaluated = [row for row in rounds if row.accuracy is not None]
-    trained = [row for row in rounds if row.train_loss is not None]
-    if evaluated:
-        left.plot(
-            [row.round_index for row in evaluated], [row.accuracy for row in evaluated], marker="o", color="#2ca02c"
-        )
-        right.plot(
-            [row.round_index for row in evaluated],
-            [row.loss for row in evaluated],
-            marker="o",
-            color="#d62728",
-            label="held-out loss",
-        )
-    else:
-        left.text(0.5, 0.5, "no round evaluated yet", ha="center", va="center", transform=left.transAxes)
-    if trained:
-        right.plot(
-            [row.round_index for row in trained],
-            [row.train_loss for row in trained],
-            marker=".",
-            linestyle="--",
-            color="#ff7f0e",
-            label="mean training loss",
-        )
-    if evaluated or trained:
-        right.legend(fontsize=8, frameon=False)
-    for ax, label in ((left, "accuracy (held out)"), (right, "loss")):
-        ax.set_xlabel("round")
-        ax.set_ylabel(label)
-        ax.xaxis.get_major_locator().set_params(integer=True)
-        ax.grid(color="0.9")
-    left.set_title(title or "accuracy and loss per round", loc="left", fontsize=10)
-    figure.savefig(path)
-
-
-def simulated(path: Path, rounds: Sequence[RoundRow], staleness: dict[str, int] | None, title: str = "") -> None:
-    """Accuracy against simulated time; beside it, a buffered-async run's staleness histogram, or how long
-    each synchronous round lasted in simulated time (its slowest selected device)."""
-    figure = Figure(figsize=(12, 3.6), dpi=DPI, layout="constrained")
-    left, right = figure.subplots(1, 2)
-    timed = [row for row in rounds if row.sim_time is not None and row.accuracy is not None]
-    if timed:
-        left.plot([row.sim_time for row in timed], [row.accuracy for row in timed], marker="o", color="#2ca02c")
-    else:
-        left.text(0.5, 0.5, "no version evaluated yet", ha="center", va="center", transform=left.transAxes)
-    left.set_xlabel("simulated time (s)")
-    left.set_ylabel("accuracy (held out)")
-    if staleness is not None:
-        ages = [int(age) for age in staleness]
-        right.bar(ages, [staleness[str(age)] for age in ages], color="#1f77b4")
-        right.set_xlabel("staleness (versions made while the update trained)")
-        right.set_ylabel("updates")
-    else:
-        ends = [(row.round_index, row.sim_time) for row in rounds if row.sim_time is not None]
-        lengths = [end - (ends[i - 1][1] if i else 0.0) for i, (_, end) in enumerate(ends)]
-        right.bar([index for index, _ in ends], lengths, color="#9467bd")
-        right.set_xlabel("round")
-        right.set_ylabel("simulated seconds (slowest device)")
-    for ax in (left, right):
-        ax.set_axisbelow(True)
-        ax.grid(color="0.9")
-    right.xaxis.get_major_locator().set_params(integer=True)
-    left.set_title(title or "simulated time", loc="left", fontsize=10)
     figure.savefig(path)

@@ -63,6 +63,15 @@ class Lane:
         return f"{self.worker} pid {self.pid} {self.device_used} #{self.slot}"
 
 
+@dataclass(frozen=True)
+class RoundMark:
+    """A round of a kind that runs in rounds, as the timeline marks it: enqueued (dashed), aggregated (dotted)."""
+
+    round_index: int
+    enqueued_at: float
+    aggregated_at: float | None = None
+
+
 def span_of(row: TaskTimingRow) -> Span:
     return Span(
         task=row.task,

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -19,15 +18,8 @@ from fedqueue.llm.results import (
     record_outcomes,
     settle_copies,
 )
-from fedqueue.store import Store, open_store
+from fedqueue.store import Store
 from fedqueue.store.repo import TaskTiming
-
-
-@pytest.fixture
-def store(database_url: str) -> Iterator[Store]:
-    opened = open_store(database_url, migrate=True)
-    yield opened
-    opened.close()
 
 
 @pytest.fixture
