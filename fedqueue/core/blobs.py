@@ -12,6 +12,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
+from fedqueue.core import keys
 from fedqueue.core.codec import BlobRef
 from fedqueue.errors import BlobIntegrityError
 
@@ -51,11 +52,11 @@ def _ref(key: str, data: bytes) -> BlobRef:
 
 
 class RedisBlobStore:
-    """Blobs as Redis strings under `<prefix>:blob:`, expiring after `ttl_s`."""
+    """Blobs as Redis strings under `keys.blob_prefix`, expiring after `ttl_s`."""
 
     def __init__(self, client: redis.Redis, prefix: str, ttl_s: int) -> None:
         self._client = client
-        self._prefix = f"{prefix}:blob:"
+        self._prefix = keys.blob_prefix(prefix)
         self._ttl_s = ttl_s
 
     def put(self, key: str, data: bytes) -> BlobRef:

@@ -22,6 +22,7 @@ import numpy as np
 
 from fedqueue.core.blobs import blobs_per_read
 from fedqueue.core.codec import BlobRef
+from fedqueue.core.keys import global_key, is_pack_sum_key
 from fedqueue.core.services import Services
 from fedqueue.fl.config import RunConfig
 from fedqueue.fl.messages import AggregateTask, DeviceTask
@@ -39,7 +40,6 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 UPDATES_READ_AHEAD = 4  # updates fetched and checked in the background while one is summed
-PACK_SUM_MARK = "pack-"  # in an update's key: the blob is a pack's pre-summed update
 
 
 def select_devices(seed: int, round_index: int, num_devices: int, per_round: int) -> list[int]:
@@ -83,24 +83,6 @@ def tasks_of_packs(
         )
         for pack in packs
     ]
-
-
-def global_key(run_id: str, version: int) -> str:
-    return f"{run_id}/global/{version}"
-
-
-def update_key(run_id: str, round_index: int, device: int) -> str:
-    # A fresh suffix per attempt: a duplicate delivery never overwrites the stored winner's blob.
-    return f"{run_id}/update/{round_index}/{device}/{uuid.uuid4().hex[:8]}"
-
-
-def pack_sum_key(run_id: str, round_index: int, devices: Sequence[int]) -> str:
-    """Where a vmapped pack's pre-summed update goes: one blob for all its devices' rows."""
-    return f"{run_id}/update/{round_index}/{PACK_SUM_MARK}{devices[0]}-{devices[-1]}/{uuid.uuid4().hex[:8]}"
-
-
-def is_pack_sum_key(key: str) -> bool:
-    return key.split("/")[-2].startswith(PACK_SUM_MARK)
 
 
 def new_run_id() -> str:

@@ -11,19 +11,16 @@ from collections.abc import Callable
 
 import redis
 
+from fedqueue.core import keys
+
 log = logging.getLogger(__name__)
 
-STORED = "llm-stored"
 KEEP_S = 3600  # a list nobody follows goes away on its own
-
-
-def stored_key(key_prefix: str, run_id: str) -> str:
-    return f"{key_prefix}:{STORED}:{run_id}"
 
 
 def announce_stored(client: redis.Redis, key_prefix: str, run_id: str) -> None:
     """Wake the job's follower; a failure only delays it until its next poll, so it is logged, not raised."""
-    key = stored_key(key_prefix, run_id)
+    key = keys.llm_stored(key_prefix, run_id)
     try:
         with client.pipeline() as pipe:
             pipe.rpush(key, 1)
@@ -35,7 +32,7 @@ def announce_stored(client: redis.Redis, key_prefix: str, run_id: str) -> None:
 
 def stored_waiter(client: redis.Redis, key_prefix: str, run_id: str) -> Callable[[float], None]:
     """A wait of at most `timeout_s` that returns as soon as a batch of the job is stored."""
-    key = stored_key(key_prefix, run_id)
+    key = keys.llm_stored(key_prefix, run_id)
 
     def wait(timeout_s: float) -> None:
         if client.blpop([key], timeout=timeout_s):

@@ -5,8 +5,9 @@ from __future__ import annotations
 import time
 
 from fedqueue.config import Settings
+from fedqueue.core.keys import llm_stored
 from fedqueue.core.services import connect_redis
-from fedqueue.llm.progress import announce_stored, stored_key, stored_waiter
+from fedqueue.llm.progress import announce_stored, stored_waiter
 from fedqueue.llm.slots import answering_slots, llm_slots
 
 LLM = "fq.llm"
@@ -41,6 +42,6 @@ def test_a_stored_batch_wakes_the_follower_before_its_timeout(settings: Settings
         began = time.monotonic()
         wait(30.0)
         assert time.monotonic() - began < 5.0
-        assert not client.exists(stored_key(settings.key_prefix, "job-1"))  # both stores woke it once
+        assert not client.exists(llm_stored(settings.key_prefix, "job-1"))  # both stores woke it once
     finally:
         client.close()

@@ -24,12 +24,14 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from fedqueue.core import keys
 from fedqueue.core.blobs import blobs_per_read
 from fedqueue.core.codec import BlobRef
+from fedqueue.core.keys import global_key
 from fedqueue.core.services import Services
 from fedqueue.fl.config import RunConfig
 from fedqueue.fl.messages import AggregateTask, DeviceTask, FoldTask, fold_key
-from fedqueue.fl.rounds import ClaimLost, evaluate_version, global_key, renewing, tasks_of_packs
+from fedqueue.fl.rounds import ClaimLost, evaluate_version, renewing, tasks_of_packs
 from fedqueue.fl.strategy import schedule
 from fedqueue.fl.strategy.schedule import Arrival, Dispatch, NewVersion, Outcome, Rules, ScheduleState, Trip
 from fedqueue.fl.weights import decode_state, encode_state
@@ -122,7 +124,7 @@ def dispatch_tasks(
 
 
 def _head_key(services: Services, run_id: str) -> str:
-    return services.key("fold-head", run_id)
+    return keys.fold_head(services.settings.key_prefix, run_id)
 
 
 def _trip_name(round_index: int, device: int) -> str:
