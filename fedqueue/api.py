@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from fedqueue.config import Settings
+from fedqueue.config import DEFAULT_GPUS_PER_WORKER, DEFAULT_PROCS_PER_GPU, DEFAULT_WORKER_SLOTS, Settings
 from fedqueue.errors import ConfigError
 from fedqueue.fl.config import RunConfig, load_run_config
 
@@ -170,12 +170,12 @@ def submit(
 @contextlib.contextmanager
 def local_cluster(
     procs: int | None = None,
-    slots: int = 1,
+    slots: int = DEFAULT_WORKER_SLOTS,
     *,
     settings: Settings | None = None,
     plugin_path: list[str] | None = None,
-    gpus_per_worker: int = 1,
-    procs_per_gpu: int = 1,
+    gpus_per_worker: int = DEFAULT_GPUS_PER_WORKER,
+    procs_per_gpu: int = DEFAULT_PROCS_PER_GPU,
     wait: bool = True,
 ) -> Iterator[LocalCluster]:
     """An embedded Redis (unless a broker is configured) and local workers, for the `with` block.
@@ -200,7 +200,7 @@ def run(
     *,
     settings: Settings | None = None,
     procs: int | None = None,
-    slots: int = 1,
+    slots: int = DEFAULT_WORKER_SLOTS,
     plugin_path: list[str] | None = None,
     timeout_s: float | None = None,
     **overrides: Any,

@@ -40,6 +40,7 @@ from fedqueue.llm.results import (
 from fedqueue.llm.settings import GenerationSettings
 from fedqueue.store.schema import LlmPromptRow
 
+DEFAULT_BATCH_SIZE = 32  # `--batch-size`: most prompts per batch
 JOB_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,31}")
 
 
@@ -50,7 +51,7 @@ class JobRequest:
     input_path: Path
     model: str
     generation: GenerationSettings = field(default_factory=GenerationSettings)
-    batch_size: int | None = 32
+    batch_size: int | None = DEFAULT_BATCH_SIZE
     max_batch_tokens: int | None = None
     job: str | None = None  # a name of the user's choosing; derived from the input and model when None
     strict: bool = False
