@@ -20,7 +20,8 @@ from fedqueue.core.services import Services
 from fedqueue.fl.config import RunConfig
 from fedqueue.fl.device_task import give_up_on
 from fedqueue.fl.messages import DEVICES_QUEUE, DeviceTask, aggregate_key
-from fedqueue.fl.rounds import pack_tasks, request_aggregation, round_key, start_next, start_round
+from fedqueue.fl.requests import request_aggregation
+from fedqueue.fl.rounds import pack_tasks, round_key, start_next, start_round
 from fedqueue.fl.strategy import strategy_for
 from fedqueue.store.schema import RoundRow
 

@@ -25,7 +25,7 @@ from fedqueue.core.codec import BlobRef
 from fedqueue.core.keys import global_key, is_pack_sum_key
 from fedqueue.core.services import Services
 from fedqueue.fl.config import RunConfig
-from fedqueue.fl.messages import AggregateTask, DeviceTask
+from fedqueue.fl.messages import DeviceTask
 from fedqueue.fl.read_ahead import ReadAhead, read_round_ahead
 from fedqueue.fl.weights import decode_state, encode_state
 from fedqueue.store import Store
@@ -147,15 +147,6 @@ def start_round(services: Services, run_id: str, config: RunConfig, round_index:
         return False
     services.enqueue(pack_tasks(run_id, round_index, config, selected, ref, now))
     services.mark_enqueued(round_key(run_id, round_index))
-    return True
-
-
-def request_aggregation(services: Services, run_id: str, round_index: int) -> bool:
-    """Enqueue the round's aggregation task, unless it was requested within the last two claim periods."""
-    task = AggregateTask(run_id=run_id, round_index=round_index, enqueued_at=time.time())
-    if not services.request_once(task.attempt_key, within_s=2 * services.settings.heartbeat_ttl_s):
-        return False
-    services.enqueue([task])
     return True
 
 
