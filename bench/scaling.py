@@ -71,9 +71,10 @@ class PeakMemory:
 
 
 def scheduler_steps(url: str, folder: Path, devices: int) -> dict[str, float]:
+    from fedqueue.core.keys import update_key
     from fedqueue.fl.config import RunConfig
     from fedqueue.fl.messages import device_task_name
-    from fedqueue.fl.rounds import aggregate_round, final_state, submit_run, update_key
+    from fedqueue.fl.rounds import aggregate_round, final_state, submit_run
     from fedqueue.fl.weights import encode_state
     from fedqueue.queue.client import open_client
     from fedqueue.store.repo import DeviceResult, TaskTiming
