@@ -139,7 +139,7 @@ def scheduler_steps(url: str, folder: Path, devices: int) -> dict[str, float]:
         finish_s = time.perf_counter() - began
     if services.store.get_run(run_id).state != "finished":
         raise RuntimeError(f"scheduler run for {devices} devices did not finish")
-    services.redis.delete(f"{settings.key_prefix}:{settings.queue('devices')}")  # no worker reads this queue
+    services.ledger.redis.delete(f"{settings.key_prefix}:{settings.queue('devices')}")  # no worker reads this queue
     services.close()
     return {
         "submit_s": submit_s,

@@ -113,7 +113,7 @@ def submit_run(services: Services, config: RunConfig, run_id: str | None = None)
     config = resolve_packing(config, data, services.worker_slots)
     encoded = encode_state(state)
     services.store.create_run(
-        run_id, config.name, config.to_dict(), config.last_version, broker_id=services.broker_id()
+        run_id, config.name, config.to_dict(), config.last_version, broker_id=services.ledger.broker_id()
     )
     checkpoint_version(services, run_id, 0, encoded)
     strategy_for(config).start(services, run_id, config, encoded)
@@ -146,7 +146,7 @@ def start_round(services: Services, run_id: str, config: RunConfig, round_index:
     if not recorded:
         return False
     services.enqueue(pack_tasks(run_id, round_index, config, selected, ref, now))
-    services.mark_enqueued(round_key(run_id, round_index))
+    services.ledger.mark_enqueued(round_key(run_id, round_index))
     return True
 
 

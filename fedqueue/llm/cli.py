@@ -223,7 +223,7 @@ def _follow(services: Services, job_id: str, cluster: Any = None, out: Path | No
 
     supervisor = RunSupervisor(services, job_id).acquire()
     try:
-        wait = stored_waiter(services.redis, services.settings.key_prefix, job_id)
+        wait = stored_waiter(services, job_id)
         follow_job(services.store, job_id, console, tick=api.keep_running(supervisor, cluster), wait=wait)
     except KeyboardInterrupt:
         errors.print(f"stopped following; job {job_id} goes on (submit it again to follow it)")

@@ -154,7 +154,7 @@ def _open_job(services: Services, job_id: str, config: dict[str, Any]) -> bool:
         run = services.store.get_run(job_id)
     except NotFound:
         name = config["input"][:200]
-        services.store.create_run(job_id, name, config, 0, kind=KIND_NAME, broker_id=services.broker_id())
+        services.store.create_run(job_id, name, config, 0, kind=KIND_NAME, broker_id=services.ledger.broker_id())
         return False
     if run.kind != KIND_NAME:
         raise ConfigError(f"--job {job_id}: that id belongs to a run of kind {run.kind!r}; choose another")
