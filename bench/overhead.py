@@ -243,8 +243,8 @@ def breakdown(url: str, folder: Path, tasks: int) -> dict[str, Any]:
     try:
         for message in messages:
             task = DeviceTask.from_dict(message)
-            attempt = services.start_attempt(task.attempt_key, "bench@local")
-            with services.heartbeat(task.attempt_key, "bench@local"):
+            attempt = services.ledger.start_attempt(task.attempt_key, "bench@local")
+            with services.ledger.heartbeat(task.attempt_key, "bench@local"):
                 run_device_task(services, cache, task, "bench@local", attempt)
     finally:
         total_s = time.perf_counter() - began
@@ -258,7 +258,7 @@ def breakdown(url: str, folder: Path, tasks: int) -> dict[str, Any]:
     per_task_s = total_s / tasks
     parts = {label: value / tasks for label, value in timers.seconds.items()}
     parts["other (message decode, load_state_dict, seeds, timing)"] = per_task_s - sum(parts.values())
-    services.redis.delete(f"{settings.key_prefix}:{settings.queue('devices')}")
+    services.ledger.redis.delete(f"{settings.key_prefix}:{settings.queue('devices')}")
     services.close()
     return {
         "parts": parts,

@@ -71,9 +71,10 @@ class PeakMemory:
 
 
 def scheduler_steps(url: str, folder: Path, devices: int) -> dict[str, float]:
+    from fedqueue.core.keys import update_key
     from fedqueue.fl.config import RunConfig
     from fedqueue.fl.messages import device_task_name
-    from fedqueue.fl.rounds import aggregate_round, final_state, submit_run, update_key
+    from fedqueue.fl.rounds import aggregate_round, final_state, submit_run
     from fedqueue.fl.weights import encode_state
     from fedqueue.queue.client import open_client
     from fedqueue.store.repo import DeviceResult, TaskTiming
@@ -138,7 +139,7 @@ def scheduler_steps(url: str, folder: Path, devices: int) -> dict[str, float]:
         finish_s = time.perf_counter() - began
     if services.store.get_run(run_id).state != "finished":
         raise RuntimeError(f"scheduler run for {devices} devices did not finish")
-    services.redis.delete(f"{settings.key_prefix}:{settings.queue('devices')}")  # no worker reads this queue
+    services.ledger.redis.delete(f"{settings.key_prefix}:{settings.queue('devices')}")  # no worker reads this queue
     services.close()
     return {
         "submit_s": submit_s,

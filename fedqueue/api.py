@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
-from fedqueue.config import Settings
+from fedqueue.config import DEFAULT_GPUS_PER_WORKER, DEFAULT_PROCS_PER_GPU, DEFAULT_WORKER_SLOTS, Settings
 from fedqueue.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -103,10 +103,10 @@ def _quiet(_line: str) -> None:
 def placement(
     settings: Settings,
     procs: int | None = None,
-    slots: int = 1,
+    slots: int = DEFAULT_WORKER_SLOTS,
     *,
-    gpus_per_worker: int = 1,
-    procs_per_gpu: int = 1,
+    gpus_per_worker: int = DEFAULT_GPUS_PER_WORKER,
+    procs_per_gpu: int = DEFAULT_PROCS_PER_GPU,
     wait: bool = False,
     say: Callable[[str], object] = _quiet,
 ) -> Iterator[Placement]:
@@ -192,7 +192,7 @@ def run(
     settings: Settings,
     *,
     procs: int | None = None,
-    slots: int = 1,
+    slots: int = DEFAULT_WORKER_SLOTS,
     timeout_s: float | None = None,
 ) -> RunHandle:
     """Check, submit and wait, scheduling the run meanwhile: on the configured broker, the cluster
@@ -208,12 +208,12 @@ def run(
 @contextlib.contextmanager
 def local_cluster(
     procs: int | None = None,
-    slots: int = 1,
+    slots: int = DEFAULT_WORKER_SLOTS,
     *,
     settings: Settings | None = None,
     plugin_path: list[str] | None = None,
-    gpus_per_worker: int = 1,
-    procs_per_gpu: int = 1,
+    gpus_per_worker: int = DEFAULT_GPUS_PER_WORKER,
+    procs_per_gpu: int = DEFAULT_PROCS_PER_GPU,
     wait: bool = True,
 ) -> Iterator[LocalCluster]:
     """An embedded Redis (unless a broker is configured) and local workers, for the `with` block.

@@ -10,7 +10,21 @@ from urllib.parse import parse_qsl, quote, urlencode, urlsplit, urlunsplit
 
 from fedqueue.errors import ConfigError
 
-DEFAULT_DATABASE_URL = "sqlite:///fedqueue.db"
+# Defaults of the settings users can change, each with the variable (or option) that changes it.
+DEFAULT_DATABASE_URL = "sqlite:///fedqueue.db"  # FEDQUEUE_DATABASE_URL: a SQLite file in the working folder
+DEFAULT_KEY_PREFIX = "fedqueue"  # FEDQUEUE_KEY_PREFIX: starts every Redis key and queue name
+# FEDQUEUE_BLOB_TTL_S: how long blobs, attempt counts and requeue marks stay in Redis.
+DEFAULT_BLOB_TTL_S = 7 * 24 * 3600
+DEFAULT_THREADS_PER_TASK = 1  # FEDQUEUE_THREADS_PER_TASK: torch threads of one task
+DEFAULT_TASK_TIME_LIMIT_S = 3600  # FEDQUEUE_TASK_TIME_LIMIT_S: a task running longer ends its worker process
+DEFAULT_MAX_ATTEMPTS = 3  # FEDQUEUE_MAX_ATTEMPTS: deliveries of a task before it is stored failed
+# FEDQUEUE_HEARTBEAT_TTL_S: a running task's heartbeat key lives this long; a task whose key expired has lost its worker.
+DEFAULT_HEARTBEAT_TTL_S = 15
+DEFAULT_LEASE_TTL_S = 15  # FEDQUEUE_LEASE_TTL_S: how long a scheduler's lease on a run outlives its last renewal
+# Worker processes (`--slots`, `--gpus-per-worker`, `--procs-per-gpu` and `fedqueue.api.local_cluster`).
+DEFAULT_WORKER_SLOTS = 1  # concurrent tasks per worker process
+DEFAULT_GPUS_PER_WORKER = 1  # GPUs one worker process spreads a model over
+DEFAULT_PROCS_PER_GPU = 1  # worker processes sharing one GPU
 
 
 def _int(env: Mapping[str, str], name: str, default: int, minimum: int = 1) -> int:
@@ -36,16 +50,14 @@ class Settings:
 
     broker_url: str | None = None
     database_url: str = DEFAULT_DATABASE_URL
-    key_prefix: str = "fedqueue"
+    key_prefix: str = DEFAULT_KEY_PREFIX
     blob_dir: str | None = None
-    blob_ttl_s: int = 7 * 24 * 3600
-    threads_per_task: int = 1
-    task_time_limit_s: int = 3600
-    max_attempts: int = 3
-    # A running task's heartbeat key lives this long; a task whose key expired has lost its worker.
-    heartbeat_ttl_s: int = 15
-    # How long a scheduler's lease on a run outlives its last renewal.
-    lease_ttl_s: int = 15
+    blob_ttl_s: int = DEFAULT_BLOB_TTL_S
+    threads_per_task: int = DEFAULT_THREADS_PER_TASK
+    task_time_limit_s: int = DEFAULT_TASK_TIME_LIMIT_S
+    max_attempts: int = DEFAULT_MAX_ATTEMPTS
+    heartbeat_ttl_s: int = DEFAULT_HEARTBEAT_TTL_S
+    lease_ttl_s: int = DEFAULT_LEASE_TTL_S
     # None: above the task time limit (the safe default). Shorter only to provoke redelivery in tests.
     visibility_timeout_override_s: int | None = None
     # Folders searched for plugin modules, by workers and by the submitting process.
@@ -56,7 +68,7 @@ class Settings:
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
         env = os.environ if env is None else env
-        prefix = env.get("FEDQUEUE_KEY_PREFIX") or "fedqueue"
+        prefix = env.get("FEDQUEUE_KEY_PREFIX") or DEFAULT_KEY_PREFIX
         if not prefix.replace("-", "").replace("_", "").replace(".", "").isalnum():
             raise ConfigError(f"FEDQUEUE_KEY_PREFIX: only letters, digits, '-', '_' and '.' allowed, got {prefix!r}")
         return cls(

@@ -321,6 +321,8 @@ def test_a_fold_pass_failing_in_the_worker_that_ran_it_goes_on_as_fold_tasks_tha
     rows = handle.store.device_tasks(handle.id)
     services = open_client(settings)
     try:  # one device per task (small_config): no device task was delivered twice for the pass's failure
-        assert rows and all(services.attempts(f"{handle.id}:{row.round_index}:{row.device}") == 1 for row in rows)
+        assert rows and all(
+            services.ledger.attempts(f"{handle.id}:{row.round_index}:{row.device}") == 1 for row in rows
+        )
     finally:
         services.close()

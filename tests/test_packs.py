@@ -16,9 +16,10 @@ import pytest
 import torch
 
 from fedqueue.config import Settings
+from fedqueue.core.keys import is_pack_sum_key
 from fedqueue.errors import ConfigError
 from fedqueue.fl import api
-from fedqueue.fl.rounds import cut_packs, is_pack_sum_key, select_devices
+from fedqueue.fl.rounds import cut_packs, select_devices
 from fedqueue.report import write_report
 from fedqueue.report.summary import run_summary
 from tests.conftest import running_workers

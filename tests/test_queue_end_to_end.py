@@ -77,7 +77,9 @@ def test_two_rounds_stored_aggregated_and_evaluated(backend_settings: Settings, 
     summary = run_summary(store, run_id)
     assert summary["rounds_done"] == 2 and summary["tasks_done"] == 16
     # Aggregated updates are deleted; only the final global model stays (until its TTL).
-    blobs = sorted(key.decode() for key in services.redis.scan_iter(match=f"{backend_settings.key_prefix}:blob:*"))
+    blobs = sorted(
+        key.decode() for key in services.ledger.redis.scan_iter(match=f"{backend_settings.key_prefix}:blob:*")
+    )
     assert blobs == [f"{backend_settings.key_prefix}:blob:{run_id}/global/2"]
     assert len(summary["workers"]) == 2
     services.close()
@@ -118,7 +120,7 @@ def test_task_delivered_twice_is_stored_and_aggregated_once(settings: Settings, 
         # (Later rounds are enqueued by the workers, which send each task once.)
         deadline = time.monotonic() + 30
         while True:
-            attempts = {services.attempts(f"{run_id}:1:{t.device}") for t in tasks if t.round_index == 1}
+            attempts = {services.ledger.attempts(f"{run_id}:1:{t.device}") for t in tasks if t.round_index == 1}
             if attempts == {2} or time.monotonic() > deadline:
                 break
             time.sleep(0.1)

@@ -115,13 +115,13 @@ def test_the_read_ahead_holds_the_stored_updates_when_the_round_completes(tail: 
 def test_work_waiting_on_a_queue_takes_the_slot_back(tail: Tail) -> None:
     services, run_id, _, _ = tail
     queue = f"{services.settings.key_prefix}:{services.settings.queue(CONTROL_QUEUE)}"
-    services.redis.lpush(queue, "another run's aggregation")
+    services.ledger.redis.lpush(queue, "another run's aggregation")
     try:
         assert read_round_ahead(services, run_id, 1, 3) is None
     finally:
-        services.redis.delete(queue)
+        services.ledger.redis.delete(queue)
     # The request is forgotten, so the round's last result requests the aggregation again.
-    assert services.request_once(aggregate_key(run_id, 1), within_s=30)
+    assert services.ledger.request_once(aggregate_key(run_id, 1), within_s=30)
 
 
 def test_a_stopped_run_takes_the_slot_back(tail: Tail) -> None:
@@ -134,4 +134,4 @@ def test_a_tail_longer_than_its_limit_takes_the_slot_back(tail: Tail, monkeypatc
     services, run_id, _, _ = tail
     monkeypatch.setattr(read_ahead, "TAIL_MARGIN_S", 0.3)
     assert read_round_ahead(services, run_id, 1, 3) is None
-    assert services.request_once(aggregate_key(run_id, 1), within_s=30)
+    assert services.ledger.request_once(aggregate_key(run_id, 1), within_s=30)

@@ -26,7 +26,7 @@ from fedqueue.cli.common import (
     friendly_errors,
     warn_if_insecure,
 )
-from fedqueue.config import Settings, mask_url
+from fedqueue.config import DEFAULT_GPUS_PER_WORKER, DEFAULT_PROCS_PER_GPU, DEFAULT_WORKER_SLOTS, Settings, mask_url
 from fedqueue.errors import FedqueueError
 
 app = typer.Typer(
@@ -43,7 +43,7 @@ RunArg = Annotated[str, typer.Argument(help="Run id.")]
 def resume(
     run_id: RunArg,
     procs: ProcsOpt = None,
-    slots: SlotsOpt = 1,
+    slots: SlotsOpt = DEFAULT_WORKER_SLOTS,
     plugin_path: PluginPathOpt = None,
 ) -> None:
     """Take over scheduling a run of any kind (after its scheduler died) and follow it to the end."""
@@ -144,14 +144,14 @@ JobsOpt = Annotated[
 @friendly_errors
 def worker(
     procs: ProcsOpt = None,
-    slots: SlotsOpt = 1,
+    slots: SlotsOpt = DEFAULT_WORKER_SLOTS,
     gpus: Annotated[
         str | None, typer.Option(help="GPUs to use, by index or UUID, e.g. 0,1 (default: all found).")
     ] = None,
     plugin_path: PluginPathOpt = None,
     jobs: JobsOpt = None,
-    gpus_per_worker: GpusPerWorkerOpt = 1,
-    procs_per_gpu: ProcsPerGpuOpt = 1,
+    gpus_per_worker: GpusPerWorkerOpt = DEFAULT_GPUS_PER_WORKER,
+    procs_per_gpu: ProcsPerGpuOpt = DEFAULT_PROCS_PER_GPU,
     name: Annotated[
         str | None,
         typer.Option(help="Name of the one worker process, before '@' (e.g. gpu1 in a container that sees one GPU)."),
@@ -184,10 +184,10 @@ def worker(
 @friendly_errors
 def up(
     procs: ProcsOpt = None,
-    slots: SlotsOpt = 1,
+    slots: SlotsOpt = DEFAULT_WORKER_SLOTS,
     plugin_path: PluginPathOpt = None,
-    gpus_per_worker: GpusPerWorkerOpt = 1,
-    procs_per_gpu: ProcsPerGpuOpt = 1,
+    gpus_per_worker: GpusPerWorkerOpt = DEFAULT_GPUS_PER_WORKER,
+    procs_per_gpu: ProcsPerGpuOpt = DEFAULT_PROCS_PER_GPU,
     detach: Annotated[
         bool, typer.Option("--detach", "-d", help="Return once the workers are ready; `fedqueue down` stops them.")
     ] = False,

@@ -10,7 +10,7 @@ import typer
 
 from fedqueue import api
 from fedqueue.cli.common import console, errors, warn_if_insecure, warn_if_no_workers
-from fedqueue.config import Settings
+from fedqueue.config import DEFAULT_GPUS_PER_WORKER, DEFAULT_WORKER_SLOTS, Settings
 from fedqueue.errors import FedqueueError
 
 
@@ -19,8 +19,8 @@ def submit_and_follow(
     settings: Settings,
     *,
     procs: int | None = None,
-    slots: int = 1,
-    gpus_per_worker: int = 1,
+    slots: int = DEFAULT_WORKER_SLOTS,
+    gpus_per_worker: int = DEFAULT_GPUS_PER_WORKER,
     wait_for_workers: bool = False,
 ) -> api.RunHandle:
     """Submit where the tasks can run (the broker, `fedqueue up`'s cluster, or workers started here) and

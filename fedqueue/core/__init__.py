@@ -1,4 +1,4 @@
-"""What every job kind shares: the job-kind registry, blobs, message codec, heartbeats, services, local clusters.
+"""What every job kind shares: the job-kind registry, blobs, the task ledger, message codec, heartbeats, services.
 
 Nothing here imports a job kind (`fedqueue.fl`, `fedqueue.llm`): kinds register themselves.
 """

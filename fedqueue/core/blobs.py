@@ -12,6 +12,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
+from fedqueue.core import keys
 from fedqueue.core.codec import BlobRef
 from fedqueue.errors import BlobIntegrityError
 
@@ -38,7 +39,7 @@ def blobs_per_read(refs: Sequence[BlobRef]) -> int:
     return max(1, min(READ_CHUNK_MAX, READ_CHUNK_BYTES // max(largest, 1)))
 
 
-def _checked(ref: BlobRef, data: bytes | None) -> bytes:
+def checked_blob(ref: BlobRef, data: bytes | None) -> bytes:
     if data is None:
         raise BlobIntegrityError(f"blob {ref.key!r} is missing (expired or deleted)")
     if hashlib.sha256(data).hexdigest() != ref.sha256:
@@ -46,21 +47,21 @@ def _checked(ref: BlobRef, data: bytes | None) -> bytes:
     return data
 
 
-def _ref(key: str, data: bytes) -> BlobRef:
+def blob_ref(key: str, data: bytes) -> BlobRef:
     return BlobRef(key=key, sha256=hashlib.sha256(data).hexdigest(), nbytes=len(data))
 
 
 class RedisBlobStore:
-    """Blobs as Redis strings under `<prefix>:blob:`, expiring after `ttl_s`."""
+    """Blobs as Redis strings under `keys.blob_prefix`, expiring after `ttl_s`."""
 
     def __init__(self, client: redis.Redis, prefix: str, ttl_s: int) -> None:
         self._client = client
-        self._prefix = f"{prefix}:blob:"
+        self._prefix = keys.blob_prefix(prefix)
         self._ttl_s = ttl_s
 
     def put(self, key: str, data: bytes) -> BlobRef:
         self._client.set(self._prefix + key, data, ex=self._ttl_s)
-        return _ref(key, data)
+        return blob_ref(key, data)
 
     def put_many(self, items: Sequence[tuple[str, bytes]]) -> list[BlobRef]:
         """Several blobs in one round trip (a pack's updates)."""
@@ -68,18 +69,18 @@ class RedisBlobStore:
             for key, data in items:
                 pipe.set(self._prefix + key, data, ex=self._ttl_s)
             pipe.execute()
-        return [_ref(key, data) for key, data in items]
+        return [blob_ref(key, data) for key, data in items]
 
     def get(self, ref: BlobRef) -> bytes:
         data: bytes | None = self._client.get(self._prefix + ref.key)  # type: ignore[assignment]
-        return _checked(ref, data)
+        return checked_blob(ref, data)
 
     def get_many(self, refs: Sequence[BlobRef]) -> list[bytes]:
         """Several blobs in one round trip (small updates, read for an aggregation)."""
         if not refs:
             return []
         found: list[bytes | None] = self._client.mget([self._prefix + ref.key for ref in refs])  # type: ignore[assignment]
-        return [_checked(ref, data) for ref, data in zip(refs, found, strict=True)]
+        return [checked_blob(ref, data) for ref, data in zip(refs, found, strict=True)]
 
     def delete(self, keys: Iterable[str]) -> None:
         names = [self._prefix + key for key in keys]
@@ -109,7 +110,7 @@ class DirBlobStore:
         with tempfile.NamedTemporaryFile(dir=path.parent, delete=False) as tmp:
             tmp.write(data)
         os.replace(tmp.name, path)
-        return _ref(key, data)
+        return blob_ref(key, data)
 
     def put_many(self, items: Sequence[tuple[str, bytes]]) -> list[BlobRef]:
         return [self.put(key, data) for key, data in items]
@@ -119,7 +120,7 @@ class DirBlobStore:
             data = self._path(ref.key).read_bytes()
         except FileNotFoundError:
             data = None
-        return _checked(ref, data)
+        return checked_blob(ref, data)
 
     def get_many(self, refs: Sequence[BlobRef]) -> list[bytes]:
         return [self.get(ref) for ref in refs]

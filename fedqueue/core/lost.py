@@ -39,11 +39,11 @@ def find_lost(
     `requeue_unstarted` (the broker lost its queue, or the tasks were never all enqueued)
     counts tasks that never started as lost too.
     """
-    queue_empty = services.queue_length(queue) == 0  # read before the attempts, as the tasks were listed
+    queue_empty = services.ledger.queue_length(queue) == 0  # read before the attempts, as the tasks were listed
     keys = [task.attempt_key for task in tasks]
-    attempts = services.attempts_of(keys)
-    running = services.running_of(keys)
-    requeued = services.requeued_of(keys)
+    attempts = services.ledger.attempts_of(keys)
+    running = services.ledger.running_of(keys)
+    requeued = services.ledger.requeued_of(keys)
     unstored = unstored_now()
     found: LostTasks[T] = LostTasks()
     for task in tasks:
@@ -56,14 +56,14 @@ def find_lost(
         elif tries == 0:
             # Never started: waiting its turn on the queue, unless the queue is empty and it
             # stays unstarted (its worker died holding the message).
-            if not (queue_empty and services.stranded_long_enough(key)):
+            if not (queue_empty and services.ledger.stranded_long_enough(key)):
                 continue
         elif requeued[key] == tries:
             # Already enqueued again after the last lost attempt: wait for that delivery.
             continue
         if tries >= services.settings.max_attempts:
-            found.exhausted.append((task, tries, services.lost_reason(key, tries)))
+            found.exhausted.append((task, tries, services.ledger.lost_reason(key, tries)))
             continue
         found.requeue.append(task)
-        services.mark_requeued(key, tries)
+        services.ledger.mark_requeued(key, tries)
     return found

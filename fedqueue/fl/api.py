@@ -17,7 +17,7 @@ from fedqueue.api import Placement, check, keep_running, local_cluster, runs, sc
 from fedqueue.api import RunHandle as AnyRunHandle
 from fedqueue.api import run as run_job
 from fedqueue.api import submit as submit_job
-from fedqueue.config import Settings
+from fedqueue.config import DEFAULT_WORKER_SLOTS, Settings
 from fedqueue.errors import ConfigError
 from fedqueue.fl.config import RunConfig, load_run_config
 
@@ -129,7 +129,7 @@ def run(
     *,
     settings: Settings | None = None,
     procs: int | None = None,
-    slots: int = 1,
+    slots: int = DEFAULT_WORKER_SLOTS,
     plugin_path: list[str] | None = None,
     timeout_s: float | None = None,
     **overrides: Any,

@@ -12,7 +12,7 @@ from rich.table import Table
 
 from fedqueue.cli.common import PluginPathOpt, ProcsOpt, SlotsOpt, console, friendly_errors
 from fedqueue.cli.launch import exit_unless_finished, submit_and_follow, submit_detached
-from fedqueue.config import Settings
+from fedqueue.config import DEFAULT_WORKER_SLOTS, Settings
 from fedqueue.fl.api import RunSubmission
 from fedqueue.fl.config import RunConfig, load_run_config, parse_override
 from fedqueue.store import Store
@@ -49,7 +49,7 @@ def run(
     rounds: RoundsOpt = None,
     seed: SeedOpt = None,
     procs: ProcsOpt = None,
-    slots: SlotsOpt = 1,
+    slots: SlotsOpt = DEFAULT_WORKER_SLOTS,
     plugin_path: PluginPathOpt = None,
 ) -> None:
     """Submit a run and follow it to the end. With no broker configured, start Redis and workers here."""

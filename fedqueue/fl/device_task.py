@@ -12,11 +12,11 @@ from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 from fedqueue.core.codec import BlobRef
+from fedqueue.core.keys import pack_sum_key, update_key
 from fedqueue.core.services import Services
 from fedqueue.errors import BlobIntegrityError
 from fedqueue.fl.config import RunConfig
 from fedqueue.fl.messages import DeviceTask
-from fedqueue.fl.rounds import pack_sum_key, update_key
 from fedqueue.fl.strategy import strategy_for
 from fedqueue.fl.timing import task_timing
 from fedqueue.fl.weights import decode_state, encode_state

@@ -42,7 +42,7 @@ def _aggregate(context: TaskContext, task: AggregateTask) -> None:
     if started_at is None:
         # Nothing attempted (the round was taken, or its tail gave the slot back): attempts count
         # failed and lost aggregations, not requests that found nothing to do.
-        context.services.take_back_attempt(task.attempt_key)
+        context.services.ledger.take_back_attempt(task.attempt_key)
     else:
         took_ms = (time.time() - started_at) * 1000
         timing = task_timing(
@@ -65,13 +65,13 @@ def _fold(context: TaskContext, task: FoldTask) -> None:
 
     fold_updates(context.services, context.cache, task.run_id, context.worker, context.attempt)
     # A run's fold passes share one attempt key: a pass that went through clears the failures before it.
-    context.services.reset_attempts(task.attempt_key)
+    context.services.ledger.reset_attempts(task.attempt_key)
 
 
 def _fold_failed(context: TaskContext, task: FoldTask, attempts: int, error: str) -> None:
     reason = error.strip().splitlines()[-1:] or ["unknown error"]
     if context.services.store.finish_run(task.run_id, "failed", f"fold pass failed {attempts} times: {reason[0]}"):
-        context.services.reset_attempts(task.attempt_key)
+        context.services.ledger.reset_attempts(task.attempt_key)
 
 
 @contextlib.contextmanager

@@ -54,7 +54,7 @@ class ReadAhead:
 
 def tail_started(services: Services, stored: int, round_size: int) -> bool:
     """After a result is stored: is the round in its tail (results missing, no device task waiting)?"""
-    return stored < round_size and services.queue_length(DEVICES_QUEUE) == 0
+    return stored < round_size and services.ledger.queue_length(DEVICES_QUEUE) == 0
 
 
 def _served_queues() -> list[str]:
@@ -97,13 +97,13 @@ def read_round_ahead(
         now = time.monotonic()
         if now - renewed >= renew_every_s:
             # While this aggregator waits, the round's last result must not request a second one.
-            services.renew_request(request, within_s=2 * services.settings.heartbeat_ttl_s)
+            services.ledger.renew_request(request, within_s=2 * services.settings.heartbeat_ttl_s)
             renewed = now
-        give_up = now - began > limit_s or any(services.queue_length(queue) for queue in queues)
+        give_up = now - began > limit_s or any(services.ledger.queue_length(queue) for queue in queues)
         if not give_up and now - run_checked >= RUN_CHECK_S:
             give_up, run_checked = services.store.get_run(run_id).state != "running", now
         if give_up:
-            services.forget_request(request)
+            services.ledger.forget_request(request)
             # A last result stored before the request was forgotten found it still set: take the round now.
             if services.store.count_done(run_id, round_index) >= round_size:
                 return ahead

@@ -20,7 +20,8 @@ from fedqueue.core.services import Services
 from fedqueue.fl.config import RunConfig
 from fedqueue.fl.device_task import give_up_on
 from fedqueue.fl.messages import DEVICES_QUEUE, DeviceTask, aggregate_key
-from fedqueue.fl.rounds import pack_tasks, request_aggregation, round_key, start_next, start_round
+from fedqueue.fl.requests import request_aggregation
+from fedqueue.fl.rounds import pack_tasks, round_key, start_next, start_round
 from fedqueue.fl.strategy import strategy_for
 from fedqueue.store.schema import RoundRow
 
@@ -38,7 +39,7 @@ def reconcile(services: Services, run_id: str) -> list[str]:
     config = RunConfig.from_dict(run.config)
     actions: list[str] = []
     # Redis's own run_id changes when it restarts; without persistence its queue and blobs are gone.
-    broker_id = services.broker_id()
+    broker_id = services.ledger.broker_id()
     broker_lost = run.broker_id is not None and run.broker_id != broker_id
     if broker_lost:
         actions.append("broker restarted (its run_id changed): checking the current round")
@@ -73,7 +74,7 @@ def repair_rounds(services: Services, run_id: str, config: RunConfig, broker_los
     actions = _repair_training_round(services, run_id, config, current, broker_lost)
     if broker_lost:
         # An aggregation request may have been lost with the queue.
-        services.forget_request(aggregate_key(run_id, current.round_index))
+        services.ledger.forget_request(aggregate_key(run_id, current.round_index))
     complete = services.store.count_done(run_id, current.round_index) >= len(current.selected)
     if complete and request_aggregation(services, run_id, current.round_index):
         actions.append(f"round {current.round_index}: all results stored; aggregation requested")
@@ -90,7 +91,7 @@ def _repair_training_round(
         actions.append(f"round {current.round_index}: global model {current.version} republished")
     # A round recorded but not (fully) enqueued: its starter died in between.
     group = round_key(run_id, current.round_index)
-    unsent = not services.was_enqueued(group) and time.time() - current.enqueued_at > ENQUEUE_GRACE_S
+    unsent = not services.ledger.was_enqueued(group) and time.time() - current.enqueued_at > ENQUEUE_GRACE_S
     if unsent:
         actions.append(f"round {current.round_index} was never fully enqueued")
     waiting = set(_unstored(services, run_id, current, check_blobs=broker_lost))
@@ -114,7 +115,7 @@ def _repair_training_round(
         listed = ", ".join(str(device) for device in devices[:20]) + (" ..." if len(devices) > 20 else "")
         actions.append(f"round {current.round_index}: enqueued again {len(devices)} devices: {listed}")
     if broker_lost or unsent:
-        services.mark_enqueued(group)
+        services.ledger.mark_enqueued(group)
     return actions
 
 
@@ -132,7 +133,7 @@ def _expected_tasks(
         if waiting.intersection(task.devices)
     ]
     keys = [task.attempt_key for task in packs if len(task.devices) > 1]
-    attempts, running = services.attempts_of(keys), services.running_of(keys)
+    attempts, running = services.ledger.attempts_of(keys), services.ledger.running_of(keys)
     tasks: list[DeviceTask] = []
     for task in packs:
         key = task.attempt_key

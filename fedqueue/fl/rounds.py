@@ -22,9 +22,10 @@ import numpy as np
 
 from fedqueue.core.blobs import blobs_per_read
 from fedqueue.core.codec import BlobRef
+from fedqueue.core.keys import global_key, is_pack_sum_key
 from fedqueue.core.services import Services
 from fedqueue.fl.config import RunConfig
-from fedqueue.fl.messages import AggregateTask, DeviceTask
+from fedqueue.fl.messages import DeviceTask
 from fedqueue.fl.read_ahead import ReadAhead, read_round_ahead
 from fedqueue.fl.weights import decode_state, encode_state
 from fedqueue.store import Store
@@ -39,7 +40,6 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 UPDATES_READ_AHEAD = 4  # updates fetched and checked in the background while one is summed
-PACK_SUM_MARK = "pack-"  # in an update's key: the blob is a pack's pre-summed update
 
 
 def select_devices(seed: int, round_index: int, num_devices: int, per_round: int) -> list[int]:
@@ -85,24 +85,6 @@ def tasks_of_packs(
     ]
 
 
-def global_key(run_id: str, version: int) -> str:
-    return f"{run_id}/global/{version}"
-
-
-def update_key(run_id: str, round_index: int, device: int) -> str:
-    # A fresh suffix per attempt: a duplicate delivery never overwrites the stored winner's blob.
-    return f"{run_id}/update/{round_index}/{device}/{uuid.uuid4().hex[:8]}"
-
-
-def pack_sum_key(run_id: str, round_index: int, devices: Sequence[int]) -> str:
-    """Where a vmapped pack's pre-summed update goes: one blob for all its devices' rows."""
-    return f"{run_id}/update/{round_index}/{PACK_SUM_MARK}{devices[0]}-{devices[-1]}/{uuid.uuid4().hex[:8]}"
-
-
-def is_pack_sum_key(key: str) -> bool:
-    return key.split("/")[-2].startswith(PACK_SUM_MARK)
-
-
 def new_run_id() -> str:
     return uuid.uuid4().hex[:12]
 
@@ -131,7 +113,7 @@ def submit_run(services: Services, config: RunConfig, run_id: str | None = None)
     config = resolve_packing(config, data, services.worker_slots)
     encoded = encode_state(state)
     services.store.create_run(
-        run_id, config.name, config.to_dict(), config.last_version, broker_id=services.broker_id()
+        run_id, config.name, config.to_dict(), config.last_version, broker_id=services.ledger.broker_id()
     )
     checkpoint_version(services, run_id, 0, encoded)
     strategy_for(config).start(services, run_id, config, encoded)
@@ -164,16 +146,7 @@ def start_round(services: Services, run_id: str, config: RunConfig, round_index:
     if not recorded:
         return False
     services.enqueue(pack_tasks(run_id, round_index, config, selected, ref, now))
-    services.mark_enqueued(round_key(run_id, round_index))
-    return True
-
-
-def request_aggregation(services: Services, run_id: str, round_index: int) -> bool:
-    """Enqueue the round's aggregation task, unless it was requested within the last two claim periods."""
-    task = AggregateTask(run_id=run_id, round_index=round_index, enqueued_at=time.time())
-    if not services.request_once(task.attempt_key, within_s=2 * services.settings.heartbeat_ttl_s):
-        return False
-    services.enqueue([task])
+    services.ledger.mark_enqueued(round_key(run_id, round_index))
     return True
 
 

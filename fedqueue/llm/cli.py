@@ -25,10 +25,10 @@ from fedqueue.cli.common import (
     friendly_errors,
 )
 from fedqueue.cli.launch import exit_unless_finished, submit_and_follow, submit_detached
-from fedqueue.config import Settings
+from fedqueue.config import DEFAULT_GPUS_PER_WORKER, DEFAULT_WORKER_SLOTS, Settings
 from fedqueue.core.services import Services
 from fedqueue.errors import ConfigError
-from fedqueue.llm.job import JobRequest, Submitted, check_request, submit_job
+from fedqueue.llm.job import DEFAULT_BATCH_SIZE, JobRequest, Submitted, check_request, submit_job
 from fedqueue.llm.results import prompt_rows
 from fedqueue.llm.settings import GenerationSettings
 from fedqueue.llm.summary import job_summary
@@ -41,6 +41,7 @@ app = typer.Typer(
 )
 
 JobArg = Annotated[str, typer.Argument(help="Job id (printed by `fedqueue llm submit`).")]
+_DEFAULT = GenerationSettings()  # the generation options' defaults
 
 
 @app.command()
@@ -50,13 +51,13 @@ def submit(
         Path, typer.Argument(metavar="INPUT", help="Prompts: JSONL ({prompt} or {messages}, optional id) or .txt.")
     ],
     model: Annotated[str, typer.Option(help="Model folder, cached hub id or .gguf file (read from local files).")],
-    max_new_tokens: Annotated[int, typer.Option(help="Most tokens generated per prompt.")] = 64,
-    temperature: Annotated[float, typer.Option(help="0 decodes greedily; above 0 samples.")] = 0.0,
-    top_p: Annotated[float, typer.Option(help="Nucleus sampling mass (with --temperature above 0).")] = 1.0,
-    seed: Annotated[int, typer.Option(help="Sampling seed; each prompt draws from its own generator.")] = 0,
-    dtype: Annotated[str, typer.Option(help="auto, float32, bfloat16 or float16.")] = "auto",
-    backend: Annotated[str, typer.Option(help="transformers (or vllm where installed).")] = "transformers",
-    batch_size: Annotated[int, typer.Option(help="Most prompts per batch.")] = 32,
+    max_new_tokens: Annotated[int, typer.Option(help="Most tokens generated per prompt.")] = _DEFAULT.max_new_tokens,
+    temperature: Annotated[float, typer.Option(help="0 decodes greedily; above 0 samples.")] = _DEFAULT.temperature,
+    top_p: Annotated[float, typer.Option(help="Nucleus sampling mass (with --temperature above 0).")] = _DEFAULT.top_p,
+    seed: Annotated[int, typer.Option(help="Sampling seed; each prompt draws from its own generator.")] = _DEFAULT.seed,
+    dtype: Annotated[str, typer.Option(help="auto, float32, bfloat16 or float16.")] = _DEFAULT.dtype,
+    backend: Annotated[str, typer.Option(help="transformers (or vllm where installed).")] = _DEFAULT.backend,
+    batch_size: Annotated[int, typer.Option(help="Most prompts per batch.")] = DEFAULT_BATCH_SIZE,
     max_batch_tokens: Annotated[
         int | None, typer.Option(help="Most tokens per batch: prompts x (longest prompt + max new tokens).")
     ] = None,
@@ -69,8 +70,8 @@ def submit(
         Path | None, typer.Option("--out", "-o", help="Export the outputs to this JSONL file when the job ends.")
     ] = None,
     procs: ProcsOpt = None,
-    slots: SlotsOpt = 1,
-    gpus_per_worker: GpusPerWorkerOpt = 1,
+    slots: SlotsOpt = DEFAULT_WORKER_SLOTS,
+    gpus_per_worker: GpusPerWorkerOpt = DEFAULT_GPUS_PER_WORKER,
     plugin_path: PluginPathOpt = None,
 ) -> None:
     """Submit a job and follow it to the end. Submitting the same input and model again generates only what is missing.

@@ -17,7 +17,7 @@ class PromptProgress:
     def __init__(self, services: Services, run_id: str) -> None:
         self.store = services.store
         self.run_id = run_id
-        self.wait = stored_waiter(services.redis, services.settings.key_prefix, run_id)
+        self.wait = stored_waiter(services, run_id)
         self.started = time.monotonic()
         self.first_tokens: int | None = None
 

@@ -40,6 +40,7 @@ from fedqueue.llm.results import (
 from fedqueue.llm.settings import GenerationSettings
 from fedqueue.store.schema import LlmPromptRow
 
+DEFAULT_BATCH_SIZE = 32  # `--batch-size`: most prompts per batch
 JOB_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,31}")
 
 
@@ -50,7 +51,7 @@ class JobRequest:
     input_path: Path
     model: str
     generation: GenerationSettings = field(default_factory=GenerationSettings)
-    batch_size: int | None = 32
+    batch_size: int | None = DEFAULT_BATCH_SIZE
     max_batch_tokens: int | None = None
     job: str | None = None  # a name of the user's choosing; derived from the input and model when None
     strict: bool = False
@@ -153,7 +154,7 @@ def _open_job(services: Services, job_id: str, config: dict[str, Any]) -> bool:
         run = services.store.get_run(job_id)
     except NotFound:
         name = config["input"][:200]
-        services.store.create_run(job_id, name, config, 0, kind=KIND_NAME, broker_id=services.broker_id())
+        services.store.create_run(job_id, name, config, 0, kind=KIND_NAME, broker_id=services.ledger.broker_id())
         return False
     if run.kind != KIND_NAME:
         raise ConfigError(f"--job {job_id}: that id belongs to a run of kind {run.kind!r}; choose another")

@@ -23,7 +23,7 @@ def reconcile(services: Services, run_id: str) -> list[str]:
     if run.state != "running":
         return []
     actions: list[str] = []
-    broker_id = services.broker_id()
+    broker_id = services.ledger.broker_id()
     broker_lost = run.broker_id is not None and run.broker_id != broker_id
     if broker_lost:
         actions.append("broker restarted (its run_id changed): enqueueing pending batches again")

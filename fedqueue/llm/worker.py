@@ -107,7 +107,7 @@ def run_batch(services: Services, cache: ModelCache, task: GenerateBatch, worker
     left = record_outcomes(services.store, task.run_id, task.batch, worker, outcomes, timing)
     if left == 0 and services.store.finish_run(task.run_id, "finished"):
         log.info("job %s: every prompt stored; finished", task.run_id)
-    announce_stored(services.redis, services.settings.key_prefix, task.run_id)
+    announce_stored(services, task.run_id)
 
 
 def fail_batch(services: Services, task: GenerateBatch, worker: str, attempts: int, error: str) -> None:
@@ -120,7 +120,7 @@ def fail_batch(services: Services, task: GenerateBatch, worker: str, attempts: i
     left = record_outcomes(services.store, task.run_id, task.batch, worker, outcomes, timing)
     if left == 0:
         services.store.finish_run(task.run_id, "finished")
-    announce_stored(services.redis, services.settings.key_prefix, task.run_id)
+    announce_stored(services, task.run_id)
 
 
 def _timing(

@@ -5,6 +5,7 @@ from __future__ import annotations
 from celery import Celery
 
 from fedqueue.config import Settings
+from fedqueue.core import keys
 from fedqueue.core.jobs import CONTROL_QUEUE
 from fedqueue.errors import ConfigError
 
@@ -14,7 +15,7 @@ def make_app(settings: Settings) -> Celery:
         raise ConfigError("FEDQUEUE_BROKER_URL: not set (workers need the broker's URL)")
     transport_options: dict[str, object] = {
         "visibility_timeout": settings.visibility_timeout_s,
-        "global_keyprefix": f"{settings.key_prefix}:",
+        "global_keyprefix": keys.celery_prefix(settings.key_prefix),
         "socket_connect_timeout": 5,
         # Queues are read in the order a worker lists them, control first: an aggregation
         # never waits behind a long queue of device tasks, only for the next free slot.

@@ -14,6 +14,7 @@ from collections.abc import Callable
 import redis
 
 from fedqueue.config import Settings
+from fedqueue.core import keys
 
 # Set by the launcher in each worker's environment: the list its workers push their names onto.
 READY_KEY_ENV = "FEDQUEUE_READY_KEY"
@@ -23,7 +24,7 @@ CHECK_EVERY_S = 0.5
 
 
 def new_ready_key(settings: Settings) -> str:
-    return f"{settings.key_prefix}:ready:{uuid.uuid4().hex[:12]}"
+    return keys.ready(settings.key_prefix, uuid.uuid4().hex[:12])
 
 
 def _client(settings: Settings) -> redis.Redis:

@@ -80,22 +80,22 @@ def _register(
         key = message.attempt_key
         try:
             services = state.services()
-            attempt = services.start_attempt(key, worker)
+            attempt = services.ledger.start_attempt(key, worker)
         except Exception as err:  # nothing stored and nothing counted: the message must not be acked
             log.warning("%s %s: services unavailable (%s); message put back", handler.name, key, err)
             raise _requeue(str(err)) from None
         context = jobs.TaskContext(services=services, worker=worker, attempt=attempt, cache=state.cache(kind))
 
         def on_timeout() -> None:
-            services.mark_timed_out(key)
+            services.ledger.mark_timed_out(key)
             if attempt >= settings.max_attempts:
                 handler.give_up(context, message, attempt, f"time limit exceeded ({settings.task_time_limit_s} s)")
 
         try:
-            with services.heartbeat(key, worker):
+            with services.ledger.heartbeat(key, worker):
                 # A task that keeps killing its worker comes back with no exception to count: cap it here.
                 if attempt > settings.max_attempts:
-                    handler.give_up(context, message, attempt - 1, services.lost_reason(key, attempt - 1))
+                    handler.give_up(context, message, attempt - 1, services.ledger.lost_reason(key, attempt - 1))
                     return
                 with state.watchdog.watching(f"{handler.name} {message.label}", on_timeout), kind.task_scope(settings):
                     handler.run(context, message)
@@ -117,7 +117,7 @@ def _after_failure(
     try:
         if context.attempt < settings.max_attempts:
             log.warning("%s %s failed (attempt %d), retrying: %s", handler.name, key, context.attempt, err)
-            services.hold(key, context.worker)
+            services.ledger.hold(key, context.worker)
             raise task.retry(exc=err, countdown=1, max_retries=None)
         handler.give_up(context, message, context.attempt, "".join(traceback.format_exception(err)))
     except Retry:

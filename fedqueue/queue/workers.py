@@ -20,7 +20,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import IO
 
-from fedqueue.config import Settings
+from fedqueue.config import DEFAULT_GPUS_PER_WORKER, DEFAULT_PROCS_PER_GPU, Settings
 from fedqueue.core import jobs
 from fedqueue.core.watchdog import TIMEOUT_EXIT_CODE
 from fedqueue.errors import ConfigError, ServiceUnavailable
@@ -65,7 +65,11 @@ def detect_gpus() -> list[str]:
 
 
 def plan_workers(
-    gpus: list[str], procs: int | None, slots: int, gpus_per_worker: int = 1, procs_per_gpu: int = 1
+    gpus: list[str],
+    procs: int | None,
+    slots: int,
+    gpus_per_worker: int = DEFAULT_GPUS_PER_WORKER,
+    procs_per_gpu: int = DEFAULT_PROCS_PER_GPU,
 ) -> list[WorkerSpec]:
     """One worker per GPU, or per group of `gpus_per_worker` GPUs (a model too large for one), or per core.
 

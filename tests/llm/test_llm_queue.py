@@ -186,8 +186,8 @@ def test_a_batch_delivered_twice_is_stored_once(settings: Settings, tmp_path: Pa
         wait_finished(services.store, submitted.job_id, 120)
         stored = {row.key: (row.finished_at, row.worker) for row in prompt_rows(services.store, submitted.job_id)}
         # Every second delivery reaches a worker too (the attempt counter sees both), and finds nothing pending.
-        wait_until(lambda: all(services.attempts(key) == 2 for key in keys), 60)
-        wait_until(lambda: not any(services.running_of(keys).values()), 60)
+        wait_until(lambda: all(services.ledger.attempts(key) == 2 for key in keys), 60)
+        wait_until(lambda: not any(services.ledger.running_of(keys).values()), 60)
     after = {row.key: (row.finished_at, row.worker) for row in prompt_rows(services.store, submitted.job_id)}
     assert after == stored
     assert len(services.store.task_timings(submitted.job_id)) == len(submitted.batches)

@@ -5,8 +5,9 @@ from __future__ import annotations
 import time
 
 from fedqueue.config import Settings
-from fedqueue.core.services import connect_redis
-from fedqueue.llm.progress import announce_stored, stored_key, stored_waiter
+from fedqueue.core.keys import llm_stored
+from fedqueue.core.services import open_services
+from fedqueue.llm.progress import announce_stored, stored_waiter
 from fedqueue.llm.slots import answering_slots, llm_slots
 
 LLM = "fq.llm"
@@ -33,14 +34,14 @@ def test_no_worker_on_the_broker_answers_none(settings: Settings) -> None:
 
 
 def test_a_stored_batch_wakes_the_follower_before_its_timeout(settings: Settings) -> None:
-    client = connect_redis(settings.broker_url or "")
+    services = open_services(settings, lambda messages: None, migrate=True)
     try:
-        wait = stored_waiter(client, settings.key_prefix, "job-1")
-        announce_stored(client, settings.key_prefix, "job-1")
-        announce_stored(client, settings.key_prefix, "job-1")
+        wait = stored_waiter(services, "job-1")
+        announce_stored(services, "job-1")
+        announce_stored(services, "job-1")
         began = time.monotonic()
         wait(30.0)
         assert time.monotonic() - began < 5.0
-        assert not client.exists(stored_key(settings.key_prefix, "job-1"))  # both stores woke it once
+        assert not services.ledger.redis.exists(llm_stored(settings.key_prefix, "job-1"))  # both stores woke it once
     finally:
-        client.close()
+        services.close()

@@ -141,7 +141,7 @@ class SquaresJob:
         ensure_schema(services.store)
         run_id = f"toy-{uuid.uuid4().hex[:8]}"
         config = {"count": self.count, "sleep_s": self.sleep_s}
-        services.store.create_run(run_id, "squares", config, 0, kind=KIND_NAME, broker_id=services.broker_id())
+        services.store.create_run(run_id, "squares", config, 0, kind=KIND_NAME, broker_id=services.ledger.broker_id())
         now = time.time()
         services.enqueue([Square(run_id, number, self.count, self.sleep_s, now) for number in range(self.count)])
         print(f"toy job {run_id} submitted: {self.count} numbers")

@@ -53,13 +53,15 @@ def repair_buffered(services: Services, run_id: str, config: RunConfig, broker_l
     actions: list[str] = []
     key = fold_key(run_id)
     if broker_lost:
-        services.forget_request(key)
+        services.ledger.forget_request(key)
         actions += _republish(services, run_id, state)
         actions += _forget_lost_updates(services, run_id, _waiting_trips(state))
     claimed = row.claim_owner is not None
     stale = claimed and (row.claimed_at or 0) < time.time() - services.settings.heartbeat_ttl_s
     head_stored = bool(state.in_flight) and not _unstored(services, run_id, state.in_flight[:1])
-    if (stale or (head_stored and not claimed and not services.is_requested(key))) and request_fold(services, run_id):
+    if (stale or (head_stored and not claimed and not services.ledger.is_requested(key))) and request_fold(
+        services, run_id
+    ):
         actions.append("fold pass " + ("no longer renewed; taken over" if stale else "was not asked for: asked"))
     actions += _resend_lost(services, run_id, config, state, broker_lost)
     return actions
@@ -160,6 +162,6 @@ def _split_if_exhausted(
     if len(task.devices) == 1:
         return [task]
     key = task.attempt_key
-    if services.attempts(key) >= services.settings.max_attempts and not services.running_of([key])[key]:
+    if services.ledger.attempts(key) >= services.settings.max_attempts and not services.ledger.running_of([key])[key]:
         return [task.alone(device, now) for device in task.devices if (task.round_index, device) in waiting]
     return [task]

@@ -24,12 +24,14 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from fedqueue.core import keys
 from fedqueue.core.blobs import blobs_per_read
 from fedqueue.core.codec import BlobRef
+from fedqueue.core.keys import global_key
 from fedqueue.core.services import Services
 from fedqueue.fl.config import RunConfig
 from fedqueue.fl.messages import AggregateTask, DeviceTask, FoldTask, fold_key
-from fedqueue.fl.rounds import ClaimLost, evaluate_version, global_key, renewing, tasks_of_packs
+from fedqueue.fl.rounds import ClaimLost, evaluate_version, renewing, tasks_of_packs
 from fedqueue.fl.strategy import schedule
 from fedqueue.fl.strategy.schedule import Arrival, Dispatch, NewVersion, Outcome, Rules, ScheduleState, Trip
 from fedqueue.fl.weights import decode_state, encode_state
@@ -82,7 +84,7 @@ def start_buffered(services: Services, run_id: str, config: RunConfig, model: by
     if head is not None and schedules.stored_results(services.store, run_id, [head.round_index], [head.device]):
         # Its result came before the schedule it folds into: the pass it asked for found none, and its
         # request may still be marked. Ask again.
-        services.forget_request(fold_key(run_id))
+        services.ledger.forget_request(fold_key(run_id))
         request_fold(services, run_id)
 
 
@@ -122,7 +124,7 @@ def dispatch_tasks(
 
 
 def _head_key(services: Services, run_id: str) -> str:
-    return services.key("fold-head", run_id)
+    return keys.fold_head(services.settings.key_prefix, run_id)
 
 
 def _trip_name(round_index: int, device: int) -> str:
@@ -144,9 +146,9 @@ def publish_head(services: Services, run_id: str, head: Trip | None) -> None:
     """Name the first trip in simulated order: only its result lets a fold pass go on (None: any result may)."""
     key = _head_key(services, run_id)
     if head is not None:
-        services.redis.set(key, _trip_name(head.round_index, head.device), ex=services.settings.blob_ttl_s)
+        services.ledger.put_note(key, _trip_name(head.round_index, head.device))
     else:
-        services.redis.delete(key)
+        services.ledger.drop_note(key)
 
 
 def on_result_stored(services: Services, task: DeviceTask, worker: str, cache: WorkerCache | None) -> None:
@@ -156,8 +158,7 @@ def on_result_stored(services: Services, task: DeviceTask, worker: str, cache: W
     A result behind the head waits: the pass that the head's result starts takes it too. A head
     stored while a pass runs is seen by that pass (it looks once it has named the new head).
     """
-    head = services.redis.get(_head_key(services, task.run_id))
-    named = head.decode() if isinstance(head, bytes) else head
+    named = services.ledger.note(_head_key(services, task.run_id))
     if named is not None and named not in {_trip_name(task.round_index, device) for device in task.devices}:
         return
     if cache is None:
@@ -176,13 +177,13 @@ def fold_here(services: Services, cache: WorkerCache, run_id: str, worker: str) 
         fold_updates(services, cache, run_id, worker, attempt=1)
     except Exception:  # whatever it was, the fold task's attempts decide whether the run fails
         log.exception("run %s: fold pass failed in the worker that asked for it; sent as a fold task", run_id)
-        services.forget_request(fold_key(run_id))
+        services.ledger.forget_request(fold_key(run_id))
         request_fold(services, run_id)
 
 
 def _mark_fold_request(services: Services, run_id: str) -> bool:
     """Mark a fold pass asked for; False when one is asked for and not yet begun (it will see this result)."""
-    return services.request_once(fold_key(run_id), within_s=2 * services.settings.heartbeat_ttl_s)
+    return services.ledger.request_once(fold_key(run_id), within_s=2 * services.settings.heartbeat_ttl_s)
 
 
 def request_fold(services: Services, run_id: str) -> bool:
@@ -213,12 +214,12 @@ def fold_updates(services: Services, cache: WorkerCache, run_id: str, worker: st
             if row is None:
                 # Asked for before the run's schedule was written: the start asks again for a head stored by
                 # then, and a head stored later asks for itself, as long as this request's mark is gone.
-                services.forget_request(key)
+                services.ledger.forget_request(key)
                 return made
             if row.claim_owner is None:
                 continue  # written, or let go, since the claim was tried: try again
             return made  # held by a live pass: it looks for this request once it lets go
-        services.forget_request(key)  # results stored from here on ask again
+        services.ledger.forget_request(key)  # results stored from here on ask again
         try:
             renew = functools.partial(schedules.renew_schedule, services.store, run_id, owner)
             with renewing(services, renew, f"run {run_id} fold") as lost:
@@ -229,7 +230,7 @@ def fold_updates(services: Services, cache: WorkerCache, run_id: str, worker: st
             return made
         finally:
             schedules.release_schedule(services.store, run_id, owner)
-        if not services.is_requested(key):
+        if not services.ledger.is_requested(key):
             return made
 
 

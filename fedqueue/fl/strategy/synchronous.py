@@ -8,7 +8,7 @@ from fedqueue.core.services import Services
 from fedqueue.fl.config import RunConfig
 from fedqueue.fl.messages import DeviceTask
 from fedqueue.fl.read_ahead import tail_started
-from fedqueue.fl.rounds import request_aggregation, start_round
+from fedqueue.fl.requests import request_aggregation
 
 if TYPE_CHECKING:
     from fedqueue.fl.device_task import WorkerCache
@@ -20,6 +20,8 @@ class SynchronousRounds:
     presums_packs = True
 
     def start(self, services: Services, run_id: str, config: RunConfig, model: bytes) -> None:
+        from fedqueue.fl.rounds import start_round  # the scheduler's side: a worker storing results never loads it
+
         start_round(services, run_id, config, 1, model)
 
     def on_stored(

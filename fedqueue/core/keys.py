@@ -1,0 +1,121 @@
+"""Every Redis key fedqueue uses, by family, and the names of the blobs it stores.
+
+Each family is a function of the key prefix (`Settings.key_prefix`) and its ids. Running clusters
+hold these strings, so they never change: a new family gets a new function here, an old one keeps
+its string. Job kinds import their families from here; the core never imports a kind.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Sequence
+
+# --- Celery's own keys (queues, the unacked hash, its bookkeeping): all under this, as its global_keyprefix.
+
+
+def celery_prefix(prefix: str) -> str:
+    return f"{prefix}:"
+
+
+def queue_list(prefix: str, queue: str) -> str:
+    """A queue's list of waiting messages (Celery writes it; `queue` is a full name, `Settings.queue(suffix)`)."""
+    return f"{celery_prefix(prefix)}{queue}"
+
+
+def unacked(prefix: str) -> str:
+    """Messages delivered to a worker and not yet acknowledged (Celery's hash; a worker lost returns them)."""
+    return f"{celery_prefix(prefix)}unacked"
+
+
+# --- A task's marks, named by its attempt key (`<prefix>:<family>:<attempt_key>`): the task ledger's.
+
+
+def _task_mark(prefix: str, family: str, task_key: str) -> str:
+    return f"{prefix}:{family}:{task_key}"
+
+
+def attempts(prefix: str, task_key: str) -> str:
+    """How many deliveries of the task started: counted by the worker taking each (kept blob_ttl_s)."""
+    return _task_mark(prefix, "attempts", task_key)
+
+
+def running(prefix: str, task_key: str) -> str:
+    """The worker running the task: set as it starts, refreshed by its heartbeat, expires heartbeat_ttl_s after."""
+    return _task_mark(prefix, "running", task_key)
+
+
+def requeued(prefix: str, task_key: str) -> str:
+    """The attempt count at which a repair pass last enqueued the task again (written by that pass)."""
+    return _task_mark(prefix, "requeued", task_key)
+
+
+def timed_out(prefix: str, task_key: str) -> str:
+    """The time limit a delivery of the task ran past (its worker's watchdog writes it before the worker ends)."""
+    return _task_mark(prefix, "timeout", task_key)
+
+
+def stranded(prefix: str, task_key: str) -> str:
+    """When a repair pass first saw the task neither queued, running nor done (that pass writes and clears it)."""
+    return _task_mark(prefix, "stranded", task_key)
+
+
+def enqueued(prefix: str, group_key: str) -> str:
+    """Every task of a group (a round) is on the queue: written by its starter after the last one was sent."""
+    return _task_mark(prefix, "enqueued", group_key)
+
+
+def requested(prefix: str, task_key: str) -> str:
+    """A request of the task (an aggregation, a fold pass) made and not yet taken up: set by the requester."""
+    return _task_mark(prefix, "requested", task_key)
+
+
+# --- Job kinds' own keys.
+
+
+def fold_head(prefix: str, run_id: str) -> str:
+    """FedBuff: the trip (`round:device`) whose result lets a fold pass go on, named by the fold pass."""
+    return f"{prefix}:fold-head:{run_id}"
+
+
+def llm_stored(prefix: str, run_id: str) -> str:
+    """LLM: a list that wakes the job's follower, pushed to by workers after each batch they store."""
+    return f"{prefix}:llm-stored:{run_id}"
+
+
+# --- Worker processes.
+
+
+def ready(prefix: str, token: str) -> str:
+    """A launcher's list of worker names that announced themselves ready (workers push, the launcher pops)."""
+    return f"{prefix}:ready:{token}"
+
+
+# --- Blobs: a blob named `name` lives in Redis under blob_prefix(prefix) + name, or in a blob folder at `name`.
+
+
+def blob_prefix(prefix: str) -> str:
+    """Where blob store strings live in Redis (written by whoever puts a blob, kept blob_ttl_s)."""
+    return f"{prefix}:blob:"
+
+
+PACK_SUM_MARK = "pack-"  # in an update's name: the blob is a pack's pre-summed update
+
+
+def global_key(run_id: str, version: int) -> str:
+    """FL: a run's published global model of one version (its scheduler publishes it)."""
+    return f"{run_id}/global/{version}"
+
+
+def update_key(run_id: str, round_index: int, device: int) -> str:
+    """FL: one device's trained update, uploaded by its worker."""
+    # A fresh suffix per attempt: a duplicate delivery never overwrites the stored winner's blob.
+    return f"{run_id}/update/{round_index}/{device}/{uuid.uuid4().hex[:8]}"
+
+
+def pack_sum_key(run_id: str, round_index: int, devices: Sequence[int]) -> str:
+    """FL: a vmapped pack's pre-summed update, one blob for all its devices' rows (uploaded by its worker)."""
+    return f"{run_id}/update/{round_index}/{PACK_SUM_MARK}{devices[0]}-{devices[-1]}/{uuid.uuid4().hex[:8]}"
+
+
+def is_pack_sum_key(key: str) -> bool:
+    return key.split("/")[-2].startswith(PACK_SUM_MARK)
