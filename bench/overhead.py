@@ -178,13 +178,14 @@ def _timed_parts() -> list[tuple[Any, str, str]]:
     import fedqueue.fl.device_task as device_task
     import fedqueue.fl.experiment as experiment
     import fedqueue.fl.models as models
+    import fedqueue.fl.strategy.synchronous as synchronous
     import fedqueue.fl.train as train
     from fedqueue.core.blobs import RedisBlobStore
-    from fedqueue.core.services import Services
+    from fedqueue.core.ledger import RedisLedger
     from fedqueue.store.repo import Store
 
     return [
-        (Services, "start_attempt", "attempt count + running mark (one Redis transaction)"),
+        (RedisLedger, "start_attempt", "attempt count + running mark (one Redis transaction)"),
         (Store, "has_result", "duplicate check (SQL SELECT)"),
         (device_task.WorkerCache, "run_config", "run config (cached per worker)"),
         (RedisBlobStore, "get", "global model blob read (once per worker and version)"),
@@ -196,13 +197,13 @@ def _timed_parts() -> list[tuple[Any, str, str]]:
         (device_task, "encode_state", "encode update (safetensors)"),
         (RedisBlobStore, "put", "update blob write (Redis SET)"),
         (Store, "record_device_results", "result write + round's stored count (SQL INSERT, UPDATE, commit)"),
-        (device_task, "tail_started", "tail check (Redis LLEN of the device queue)"),
+        (synchronous, "tail_started", "tail check (Redis LLEN of the device queue)"),
     ]
 
 
 def breakdown(url: str, folder: Path, tasks: int) -> dict[str, Any]:
     """One device task's parts, timed in this process: the Celery task body without Celery."""
-    import fedqueue.fl.device_task as device_task
+    import fedqueue.fl.strategy.synchronous as synchronous
     from fedqueue.fl.config import RunConfig
     from fedqueue.fl.device_task import WorkerCache, run_device_task
     from fedqueue.fl.devices import configure_determinism
@@ -237,8 +238,8 @@ def breakdown(url: str, folder: Path, tasks: int) -> dict[str, Any]:
     for owner, attribute, label in _timed_parts():
         timers.wrap(owner, attribute, label)
     # The last task would enqueue the round's aggregation; here it is timed apart, after the loop.
-    request_aggregation = device_task.request_aggregation
-    device_task.request_aggregation = lambda *args: True
+    request_aggregation = synchronous.request_aggregation
+    synchronous.request_aggregation = lambda *args: True
     began = time.perf_counter()
     try:
         for message in messages:
@@ -249,7 +250,7 @@ def breakdown(url: str, folder: Path, tasks: int) -> dict[str, Any]:
     finally:
         total_s = time.perf_counter() - began
         timers.restore()
-        device_task.request_aggregation = request_aggregation
+        synchronous.request_aggregation = request_aggregation
     began = time.perf_counter()
     aggregate_round(services, run_id, 1, "bench@local")
     aggregation_s = time.perf_counter() - began
