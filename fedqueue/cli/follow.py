@@ -10,6 +10,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from fedqueue.fl.results import count_done, list_rounds
 from fedqueue.fl.summary import is_buffered
 from fedqueue.report.summary import run_summary
 from fedqueue.store import Store
@@ -41,7 +42,7 @@ def follow_run(
     with progress:
         while True:
             run = store.get_run(run_id)
-            for row in store.list_rounds(run_id):
+            for row in list_rounds(store, run_id):
                 if row.round_index not in bars:
                     label = f"version {row.round_index:>3}" if buffered else f"round {row.round_index:>3}"
                     unit = f"trained on v{row.round_index - 1}" if buffered else "devices"
@@ -57,12 +58,12 @@ def follow_run(
                     if row.accuracy is not None:
                         note += f"  accuracy {row.accuracy:.3f}"
                     # A version is made while some devices sent off with the one before still train.
-                    completed = store.count_done(run_id, row.round_index) if buffered else len(row.selected)
+                    completed = count_done(store, run_id, row.round_index) if buffered else len(row.selected)
                     progress.update(bar, total=len(row.selected), completed=completed, note=note)
                     progress.stop_task(bar)
                 else:
                     # A buffered-async version's devices keep being sent off until it is made.
-                    done = store.count_done(run_id, row.round_index)
+                    done = count_done(store, run_id, row.round_index)
                     progress.update(bar, total=len(row.selected), completed=done)
             if run.state != "running":
                 break
