@@ -42,6 +42,7 @@ from common import (  # noqa: E402
 )
 
 from fedqueue.config import Settings  # noqa: E402
+from fedqueue.fl.results import list_rounds  # noqa: E402
 
 TARGET = 1.2
 
@@ -68,7 +69,7 @@ def rate(handle: Any, cluster: Any, cpu_before: float) -> dict[str, float]:
     cpu_s = tree_cpu_s() - cpu_before
     if status["state"] != "finished":
         raise RuntimeError(f"run ended {status['state']}: {status['error']}")
-    rounds = handle.store.list_rounds(handle.id)
+    rounds = list_rounds(handle.store, handle.id)
     done = [row for row in rounds if row.aggregated_at is not None]
     span = max(row.aggregated_at for row in done) - rounds[0].enqueued_at
     # FedBuff counts the updates its versions folded; sync every device of an aggregated round.

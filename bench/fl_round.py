@@ -171,6 +171,7 @@ def way_floor(config: RunConfig, procs: int, folder: Path) -> tuple[list[float],
 def way_fedqueue(config: RunConfig, procs: int, folder: Path) -> tuple[list[float], State, dict[str, Any]]:
     import fedqueue
     from fedqueue.config import Settings
+    from fedqueue.fl.results import list_rounds
     from fedqueue.report import build_report
 
     settings = Settings(database_url=f"sqlite:///{folder / 'fl_round.db'}", key_prefix="bench-fl-round")
@@ -179,7 +180,7 @@ def way_fedqueue(config: RunConfig, procs: int, folder: Path) -> tuple[list[floa
         status = wait_run(handle, cluster)
         if status["state"] != "finished":
             raise RuntimeError(f"fedqueue run ended {status['state']}: {status['error']}")
-        rounds = handle.store.list_rounds(handle.id)
+        rounds = list_rounds(handle.store, handle.id)
         report = build_report(handle.store, handle.id)
         weights = handle.final_weights()
     seconds = [row.aggregated_at - row.enqueued_at for row in rounds if row.aggregated_at is not None]

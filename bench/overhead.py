@@ -128,6 +128,7 @@ def _pinger(app: Any) -> Callable[[], int]:
 
 
 def measure_fedqueue(url: str, client: redis.Redis, procs: int, tasks: int, folder: Path) -> dict[str, Any]:
+    from fedqueue.fl.results import list_rounds
     from fedqueue.queue.app import make_app
     from fedqueue.report import build_report
 
@@ -143,7 +144,7 @@ def measure_fedqueue(url: str, client: redis.Redis, procs: int, tasks: int, fold
         handle = fedqueue.submit(noop_config(tasks), settings=cluster.settings)
         done_at = wait_drained(client, queue_key, unacked_key, alive=alive)
         wait_run(handle, cluster)
-        enqueued_at = handle.store.list_rounds(handle.id)[0].enqueued_at
+        enqueued_at = list_rounds(handle.store, handle.id)[0].enqueued_at
         round_report = build_report(handle.store, handle.id)
 
         control.cancel_consumer(settings.queue("devices"), reply=True, timeout=2)
@@ -182,11 +183,10 @@ def _timed_parts() -> list[tuple[Any, str, str]]:
     import fedqueue.fl.train as train
     from fedqueue.core.blobs import RedisBlobStore
     from fedqueue.core.ledger import RedisLedger
-    from fedqueue.store.repo import Store
 
     return [
         (RedisLedger, "start_attempt", "attempt count + running mark (one Redis transaction)"),
-        (Store, "has_result", "duplicate check (SQL SELECT)"),
+        (device_task, "unstored_devices", "duplicate check (SQL SELECT)"),
         (device_task.WorkerCache, "run_config", "run config (cached per worker)"),
         (RedisBlobStore, "get", "global model blob read (once per worker and version)"),
         (data, "device_data", "device data (cached per worker)"),
@@ -196,7 +196,7 @@ def _timed_parts() -> list[tuple[Any, str, str]]:
         (train, "train_local", "local training (1 step)"),
         (device_task, "encode_state", "encode update (safetensors)"),
         (RedisBlobStore, "put", "update blob write (Redis SET)"),
-        (Store, "record_device_results", "result write + round's stored count (SQL INSERT, UPDATE, commit)"),
+        (device_task, "record_device_results", "result write + round's stored count (SQL INSERT, UPDATE, commit)"),
         (synchronous, "tail_started", "tail check (Redis LLEN of the device queue)"),
     ]
 

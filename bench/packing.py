@@ -45,6 +45,7 @@ from common import (  # noqa: E402
 from fl_round import fedavg, initial, selected  # noqa: E402
 
 from fedqueue.fl.config import RunConfig  # noqa: E402
+from fedqueue.fl.results import list_rounds  # noqa: E402
 
 State = dict[str, Any]
 PACK = 16
@@ -160,7 +161,7 @@ def through_fedqueue(cluster: Any, config: RunConfig, label: str) -> Way:
     status = wait_run(handle, cluster)
     if status["state"] != "finished":
         raise RuntimeError(f"{label}: run ended {status['state']}: {status['error']}")
-    rounds = handle.store.list_rounds(handle.id)[1:-1]
+    rounds = list_rounds(handle.store, handle.id)[1:-1]
     assert all(row.aggregated_at is not None for row in rounds)
     span = (rounds[-1].aggregated_at - rounds[0].enqueued_at) / len(rounds)  # type: ignore[operator]
     return Way(label, span, config.devices_per_round, handle.final_weights(), run=handle)

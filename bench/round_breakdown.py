@@ -102,6 +102,7 @@ def in_process(config: RunConfig, repeats: int) -> list[tuple[str, str]]:
 def through_fedqueue(config: RunConfig, folder: Path) -> None:
     import fedqueue
     from fedqueue.config import Settings
+    from fedqueue.fl.results import list_rounds
 
     settings = Settings(database_url=f"sqlite:///{folder / 'breakdown.db'}", key_prefix="bench-breakdown")
     with fedqueue.local_cluster(settings=settings) as cluster:
@@ -111,7 +112,7 @@ def through_fedqueue(config: RunConfig, folder: Path) -> None:
             raise RuntimeError(f"run ended {status['state']}: {status['error']}")
         store = handle.store
         rows = []
-        for round_row in store.list_rounds(handle.id)[1:-1]:
+        for round_row in list_rounds(store, handle.id)[1:-1]:
             timings = store.task_timings(handle.id, round_row.round_index)
             trained = [row for row in timings if row.task_type == "train"]
             # A vmapped pack's devices share one timing: count each pack's phases once.

@@ -74,10 +74,11 @@ def scheduler_steps(url: str, folder: Path, devices: int) -> dict[str, float]:
     from fedqueue.core.keys import update_key
     from fedqueue.fl.config import RunConfig
     from fedqueue.fl.messages import device_task_name
+    from fedqueue.fl.results import DeviceResult, get_round, record_device_result
     from fedqueue.fl.rounds import aggregate_round, final_state, submit_run
     from fedqueue.fl.weights import encode_state
     from fedqueue.queue.client import open_client
-    from fedqueue.store.repo import DeviceResult, TaskTiming
+    from fedqueue.store.repo import TaskTiming
 
     settings = Settings(
         broker_url=url,
@@ -94,14 +95,15 @@ def scheduler_steps(url: str, folder: Path, devices: int) -> dict[str, float]:
         submit_s = time.perf_counter() - began
     # What the workers would store: one update blob and one result row per device.
     update = encode_state(final_state(services.store, run_id))
-    row = services.store.get_round(run_id, 1)
+    row = get_round(services.store, run_id, 1)
     assert row is not None
     now = time.time()
     store_s = 0.0  # the store write each worker makes per task, which also tells it whether it was last
     for device in row.selected:
         ref = services.blobs.put(update_key(run_id, 1, device), update)
         began = time.perf_counter()
-        services.store.record_device_result(
+        record_device_result(
+            services.store,
             DeviceResult(
                 run_id=run_id,
                 round_index=1,
@@ -152,6 +154,7 @@ def scheduler_steps(url: str, folder: Path, devices: int) -> dict[str, float]:
 
 def through_workers(sizes: list[int], procs: int, folder: Path) -> dict[int, dict[str, float]]:
     import fedqueue
+    from fedqueue.fl.results import list_rounds
     from fedqueue.report import build_report
 
     settings = Settings(database_url=f"sqlite:///{folder / 'workers.db'}", key_prefix="bench-scaling-e2e")
@@ -166,7 +169,7 @@ def through_workers(sizes: list[int], procs: int, folder: Path) -> dict[int, dic
                 status = wait_run(handle, cluster)
             if status["state"] != "finished" or status["tasks_done"] != devices:
                 raise RuntimeError(f"{devices}-device run ended {status['state']} with {status['tasks_done']} tasks")
-            row = handle.store.list_rounds(handle.id)[0]
+            row = list_rounds(handle.store, handle.id)[0]
             assert row.aggregated_at is not None
             report = build_report(handle.store, handle.id)
             results[devices] = {

@@ -30,6 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from fedqueue.config import Settings  # noqa: E402
 from fedqueue.fl import api  # noqa: E402
 from fedqueue.fl.config import RunConfig  # noqa: E402
+from fedqueue.fl.results import device_tasks, list_rounds  # noqa: E402
 from fedqueue.queue.embedded import EmbeddedRedis  # noqa: E402
 from tests.helpers import reference_final_state  # noqa: E402
 from tests.reliability_support import cli_env, ping_count, wait_until  # noqa: E402
@@ -104,7 +105,7 @@ def main() -> None:
                     peak = max(peak, this.memory_info().rss)
                     if len(rss_at) == 2:
                         return
-                    finished = len(handle.store.device_tasks(handle.id))
+                    finished = len(device_tasks(handle.store, handle.id))
                     for mark in (500, total):
                         if finished >= mark and mark not in rss_at:
                             rss_at[mark] = peak / 2**20
@@ -118,9 +119,9 @@ def main() -> None:
             log.close()
         wall = time.monotonic() - began
 
-    rows = handle.store.device_tasks(handle.id)
+    rows = device_tasks(handle.store, handle.id)
     done = [row for row in rows if row.state == "done"]
-    expected = {(r.round_index, d) for r in handle.store.list_rounds(handle.id) for d in r.selected}
+    expected = {(r.round_index, d) for r in list_rounds(handle.store, handle.id) for d in r.selected}
     lost = len(expected - {(row.round_index, row.device) for row in done})
     redone = sum(1 for row in done if row.attempt > 1)
     final, reference = handle.final_weights(), reference_final_state(config)

@@ -27,11 +27,12 @@ from common import REPO, ForeignLoad, machine, machine_line, markdown_table, wai
 
 from fedqueue.config import Settings  # noqa: E402
 from fedqueue.fl.config import load_run_config  # noqa: E402
+from fedqueue.fl.results import list_rounds  # noqa: E402
 
 
 def curve(handle: Any) -> list[tuple[float, float]]:
     """(simulated time, accuracy) of each evaluated version."""
-    rows = handle.store.list_rounds(handle.id)
+    rows = list_rounds(handle.store, handle.id)
     return [(row.sim_time, row.accuracy) for row in rows if row.accuracy is not None and row.sim_time is not None]
 
 

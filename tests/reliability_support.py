@@ -18,6 +18,7 @@ import psutil
 from fedqueue.config import Settings
 from fedqueue.fl import api
 from fedqueue.fl.config import RunConfig
+from fedqueue.fl.results import device_tasks, has_result, list_rounds
 from fedqueue.queue.app import make_app
 from tests.helpers import small_config
 
@@ -106,7 +107,7 @@ def running_worker(handle: api.RunHandle, round_index: int, devices: list[int]) 
     client = connect_redis(handle.settings.broker_url or "")
     try:
         for device in devices:
-            if handle.store.has_result(handle.id, round_index, device):
+            if has_result(handle.store, handle.id, round_index, device):
                 continue
             value = client.get(f"{handle.settings.key_prefix}:running:{handle.id}:{round_index}:{device}")
             if value:
@@ -194,6 +195,6 @@ def train_finished_at(store: Any, run_id: str, round_index: int) -> list[float]:
 
 def one_result_per_device(handle: api.RunHandle) -> None:
     """Every round stored exactly its selected devices, each once."""
-    for row in handle.store.list_rounds(handle.id):
-        devices = [task.device for task in handle.store.device_tasks(handle.id, row.round_index)]
+    for row in list_rounds(handle.store, handle.id):
+        devices = [task.device for task in device_tasks(handle.store, handle.id, row.round_index)]
         assert sorted(devices) == sorted(row.selected), f"round {row.round_index}: {devices} vs {row.selected}"

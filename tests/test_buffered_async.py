@@ -21,6 +21,7 @@ from fedqueue.core.codec import BlobRef
 from fedqueue.fl import api
 from fedqueue.fl.config import RunConfig
 from fedqueue.fl.messages import DeviceTask
+from fedqueue.fl.results import count_done, device_tasks, get_round, list_rounds
 from fedqueue.queue.client import open_client
 from fedqueue.store import Store
 from tests.conftest import running_workers, with_database
@@ -117,7 +118,7 @@ def _reference(config_json: str) -> tuple[Made, dict[str, torch.Tensor]]:
 def versions_made(store: Store, run_id: str) -> Made:
     """Each version a run made, from the fates its fold passes wrote."""
     folded: dict[int, list[tuple[int, int, float]]] = {}
-    for row in store.device_tasks(run_id):
+    for row in device_tasks(store, run_id):
         if row.fate == "folded":
             assert row.folded_into is not None and row.weight is not None
             folded.setdefault(row.folded_into, []).append((row.round_index, row.device, row.weight))
@@ -133,7 +134,7 @@ def assert_like_reference(handle: api.RunHandle, config: RunConfig) -> None:
     assert status["state"] == "finished", status["error"]
     assert versions_made(handle.store, handle.id) == sorted_reference(config)
     assert_same_weights(handle.final_weights(), reference(config)[1])
-    rounds = handle.store.list_rounds(handle.id)
+    rounds = list_rounds(handle.store, handle.id)
     assert [row.round_index for row in rounds if row.state == "done"] == list(range(1, config.last_version + 1))
     sim = [row.sim_time for row in rounds if row.state == "done"]
     assert all(s is not None for s in sim) and sim == sorted(sim)
@@ -154,7 +155,7 @@ def test_same_versions_and_weights_with_one_or_two_workers(settings: Settings, p
         handle.wait(180)
     assert_like_reference(handle, config)
     if procs == 2:  # both processes trained: the result is not one worker's order
-        workers = {row.worker for row in handle.store.device_tasks(handle.id)}
+        workers = {row.worker for row in device_tasks(handle.store, handle.id)}
         assert len(workers) == 2
     else:
         assert_reported(handle, config, tmp_path)
@@ -170,7 +171,7 @@ def assert_reported(handle: api.RunHandle, config: RunConfig, folder: Path) -> N
     made = reference(config)[0]
     assert buffered["folded"] == sum(len(updates) for _, updates in made) == config.buffer_size * config.last_version
     assert sum(buffered["staleness"].values()) == buffered["folded"] + buffered["stale"]
-    last = handle.store.list_rounds(handle.id)[config.last_version - 1]
+    last = list_rounds(handle.store, handle.id)[config.last_version - 1]
     assert simulated["sim_s"] == pytest.approx(last.sim_time, abs=1e-3)
     assert (folder / "simulated.png").stat().st_size > 0
     assert "Simulated time" in (folder / "report.html").read_text()
@@ -220,7 +221,7 @@ def test_duplicate_deliveries_are_folded_once_on_postgres(settings: Settings, po
         handle = api.submit(config, settings=settings)
         services = open_client(settings)
         try:
-            first = services.store.get_round(handle.id, 1)
+            first = get_round(services.store, handle.id, 1)
             assert first is not None
             model = BlobRef(key=first.model_key, sha256=first.model_sha256, nbytes=first.model_nbytes)
             services.enqueue(
@@ -235,7 +236,7 @@ def test_duplicate_deliveries_are_folded_once_on_postgres(settings: Settings, po
             services.close()
         handle.wait(180)
     assert_like_reference(handle, config)
-    rows = handle.store.device_tasks(handle.id)
+    rows = device_tasks(handle.store, handle.id)
     assert len({(row.round_index, row.device) for row in rows}) == len(rows)
 
 
@@ -247,7 +248,7 @@ def test_sigkilled_workers_lose_nothing(settings: Settings, tmp_path: Path) -> N
     workers = first.__enter__()
     handle = api.submit(config, settings=settings)
     with api.scheduling(handle) as scheduler:
-        wait_until(lambda: handle.store.count_done(handle.id, 2) >= 1, 120, scheduler.tick)
+        wait_until(lambda: count_done(handle.store, handle.id, 2) >= 1, 120, scheduler.tick)
         kill_tree(workers.pid)
         workers.wait()
         first.__exit__(None, None, None)
@@ -276,7 +277,7 @@ def test_killed_scheduler_is_resumed_to_the_same_versions(tmp_path: Path) -> Non
     ]
     (tmp_path / "run.toml").write_text("\n".join(lines).replace("'", '"') + "\n")
     store, run_id, resumed = killed_then_resumed(
-        tmp_path, lambda store, run_id: any(row.state == "done" for row in store.list_rounds(run_id))
+        tmp_path, lambda store, run_id: any(row.state == "done" for row in list_rounds(store, run_id))
     )
     database = embedded_env(tmp_path)["FEDQUEUE_DATABASE_URL"]
     assert resumed.returncode == 0, resumed.stdout[-2000:] + resumed.stderr[-2000:]
@@ -318,7 +319,7 @@ def test_a_fold_pass_failing_in_the_worker_that_ran_it_goes_on_as_fold_tasks_tha
     assert run.state == "failed"
     assert run.error is not None and "fold pass failed 2 times" in run.error
     assert "this model refuses to evaluate" in run.error
-    rows = handle.store.device_tasks(handle.id)
+    rows = device_tasks(handle.store, handle.id)
     services = open_client(settings)
     try:  # one device per task (small_config): no device task was delivered twice for the pass's failure
         assert rows and all(

@@ -36,6 +36,7 @@ import redis
 import torch
 import yaml
 
+from fedqueue.fl.results import device_tasks, list_rounds
 from fedqueue.store import open_store
 from tests.helpers import assert_same_weights
 from tests.reliability_support import wait_until
@@ -249,7 +250,7 @@ def _finished(stack: Stack, run_id: str, output: str = "", seconds: float = 0.0)
         run = store.get_run(run_id)
         assert run.state == "finished", f"run {run_id} is {run.state}: {run.error}"
         summary = run_summary(store, run_id)
-        workers = {row.worker for row in store.device_tasks(run_id)}
+        workers = {row.worker for row in device_tasks(store, run_id)}
         return Finished(
             run_id, output, dict(run.config), summary["final_accuracy"], workers, final_state(store, run_id), seconds
         )
@@ -260,7 +261,7 @@ def _finished(stack: Stack, run_id: str, output: str = "", seconds: float = 0.0)
 def _run_state(stack: Stack, run_id: str) -> tuple[str, list[str]]:
     store = open_store(stack.database_url())
     try:
-        return store.get_run(run_id).state, [row.state for row in store.list_rounds(run_id)]
+        return store.get_run(run_id).state, [row.state for row in list_rounds(store, run_id)]
     finally:
         store.close()
 

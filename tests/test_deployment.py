@@ -28,6 +28,7 @@ import pytest
 import redis
 import yaml
 
+from fedqueue.fl.results import device_tasks, list_rounds
 from fedqueue.store import open_store
 from tests.reliability_support import wait_until
 from tests.service_support import free_port, http_get, redis_answers, required_tool
@@ -248,9 +249,9 @@ def test_each_service_runs_as_a_process_and_a_run_lands_in_postgres(
     try:
         run = store.get_run(run_id.group(1))
         assert run.state == "finished"
-        rounds = store.list_rounds(run.id)
+        rounds = list_rounds(store, run.id)
         assert [row.state for row in rounds] == ["done", "done"]
-        workers = {row.worker for row in store.device_tasks(run.id)}
+        workers = {row.worker for row in device_tasks(store, run.id)}
     finally:
         store.close()
     assert {worker.split("@")[0] for worker in workers} == {"cpu0", "cpu1"}

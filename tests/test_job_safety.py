@@ -14,6 +14,7 @@ from pathlib import Path
 
 from fedqueue.config import Settings
 from fedqueue.fl import api
+from fedqueue.fl.results import device_tasks, get_round, list_rounds
 from fedqueue.fl.rounds import select_devices
 from tests.helpers import assert_same_weights, reference_final_state, small_config
 from tests.reliability_support import (
@@ -43,7 +44,7 @@ def test_a_raising_aggregation_fails_a_plain_submit_with_its_traceback(settings:
     assert run.state == "failed"
     assert run.error is not None and "round 1: aggregation failed after 2 attempts" in run.error
     assert "RuntimeError: this rule fails on purpose" in run.error
-    assert len(handle.store.list_rounds(handle.id)) == 1  # round 2 never started
+    assert len(list_rounds(handle.store, handle.id)) == 1  # round 2 never started
     shown = subprocess.run(
         [sys.executable, "-m", "fedqueue.cli", "status", handle.id],
         cwd=tmp_path,
@@ -77,14 +78,14 @@ def test_a_hanging_step_is_stopped_at_the_time_limit(settings: Settings, tmp_pat
         wait_until(lambda: _ended(handle), 120)
     run = handle.store.get_run(handle.id)
     assert run.state == "finished", run.error
-    hung = next(task for task in handle.store.device_tasks(handle.id, 1) if task.device == poisoned)
+    hung = next(task for task in device_tasks(handle.store, handle.id, 1) if task.device == poisoned)
     assert hung.state == "failed" and hung.attempt == 2
     assert hung.error is not None and f"time limit exceeded ({limit_s} s)" in hung.error
-    others = [task for task in handle.store.device_tasks(handle.id, 1) if task.device != poisoned]
+    others = [task for task in device_tasks(handle.store, handle.id, 1) if task.device != poisoned]
     assert len(others) == per_round - 1 and all(task.state == "done" for task in others)
     # Two attempts of 4 s each, a heartbeat (3 s) for the lost one to be noticed, a worker restart:
     # well under the two hours a hung task used to hold its round.
-    round_row = handle.store.get_round(handle.id, 1)
+    round_row = get_round(handle.store, handle.id, 1)
     assert round_row is not None and round_row.aggregated_at is not None
     assert round_row.aggregated_at - began < 2 * limit_s + 45
 
@@ -103,6 +104,6 @@ def test_a_killed_worker_is_repaired_by_the_launcher_with_no_follower(settings: 
     assert handle.store.get_run(handle.id).state == "finished"
     assert adopted_by is None or adopted_by.startswith("worker launcher")
     one_result_per_device(handle)
-    killed = next(task for task in handle.store.device_tasks(handle.id, 1) if task.device == device)
+    killed = next(task for task in device_tasks(handle.store, handle.id, 1) if task.device == device)
     assert killed.attempt == 2
     assert_same_weights(handle.final_weights(), reference_final_state(config))

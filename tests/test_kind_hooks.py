@@ -15,6 +15,7 @@ import pytest
 
 from fedqueue.core import jobs
 from fedqueue.fl.kind import KIND as FL_KIND
+from fedqueue.fl.results import add_round, claim_round, complete_round, record_device_result
 from fedqueue.report import build_report, write_report
 from fedqueue.report.html import KindPage
 from fedqueue.report.summary import run_lines, run_summary
@@ -165,13 +166,13 @@ def fl_run(store: Store, rounds: int) -> str:
     run_id = new_run(store, rounds_total=rounds, model="mlp")
     aggregation = dataclasses.replace(timing(run_id, "", "w1", 1.0, 2.0), kind="fl", task_type="aggregate")
     for index in range(1, rounds + 1):
-        assert store.add_round(round_row(run_id, index))
+        assert add_round(store, round_row(run_id, index))
         for device in (1, 2, 3):
             state = "failed" if (index, device) == (2, 3) else "done"
-            assert store.record_device_result(*device_result(run_id, index, device, state=state))
+            assert record_device_result(store, *device_result(run_id, index, device, state=state))
         store.record_timing(dataclasses.replace(aggregation, task=f"round {index} aggregation", round_index=index))
-        assert store.claim_round(run_id, index, "agg", stale_before=0.0)
-        assert store.complete_round(run_id, index, "agg", aggregate_ms=20.0, accuracy=0.5 + index / 10)
+        assert claim_round(store, run_id, index, "agg", stale_before=0.0)
+        assert complete_round(store, run_id, index, "agg", aggregate_ms=20.0, accuracy=0.5 + index / 10)
     return run_id
 
 

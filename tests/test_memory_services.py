@@ -22,6 +22,7 @@ from fedqueue.core.memory import ManualClock, MemoryLedger, RecordingEnqueuer, m
 from fedqueue.core.services import Services, connect_redis
 from fedqueue.fl import repair as fl_repair
 from fedqueue.fl.messages import AggregateTask, DeviceTask, FoldTask, fold_key
+from fedqueue.fl.results import device_tasks, list_rounds
 from fedqueue.fl.rounds import aggregate_round, round_key, select_devices, submit_run
 from fedqueue.fl.strategy.fedbuff import on_result_stored, publish_head
 from fedqueue.fl.strategy.schedule import Trip
@@ -233,7 +234,7 @@ def test_a_submitted_run_records_round_one_enqueues_its_packs_and_publishes_its_
     selected = select_devices(config.seed, 1, config.num_devices, 4)
     assert [task.devices for task in tasks] == [tuple(selected[:2]), tuple(selected[2:])]
     assert {task.round_index for task in tasks} == {1} and all(task.round_size == 4 for task in tasks)
-    (row,) = services.store.list_rounds(run_id)
+    (row,) = list_rounds(services.store, run_id)
     assert row.state == "training" and row.selected == selected
     assert services.blobs.exists(keys.global_key(run_id, 0)) and tasks[0].model.key == keys.global_key(run_id, 0)
     assert services.ledger.was_enqueued(round_key(run_id, 1))
@@ -275,7 +276,7 @@ def test_fl_repair_fails_a_device_after_its_attempts_and_the_round_then_fails_th
         assert fl_repair.reconcile(services, run_id) == [f"round 1: enqueued again 1 devices: {task.devices[0]}"]
     assert _lost_worker(services, clock, task.attempt_key) == 3
     assert fl_repair.reconcile(services, run_id) == [f"round 1: device {task.devices[0]} failed after 3 attempts"]
-    (row,) = services.store.device_tasks(run_id, 1)
+    (row,) = device_tasks(services.store, run_id, 1)
     assert row.state == "failed" and row.error == "worker lost during each of 3 attempts (crashed or killed)"
     (aggregation,) = _sent(services).take()  # the round is complete: its aggregation was asked for
     assert isinstance(aggregation, AggregateTask) and aggregation.round_index == 1

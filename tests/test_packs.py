@@ -19,6 +19,7 @@ from fedqueue.config import Settings
 from fedqueue.core.keys import is_pack_sum_key
 from fedqueue.errors import ConfigError
 from fedqueue.fl import api
+from fedqueue.fl.results import device_tasks
 from fedqueue.fl.rounds import cut_packs, select_devices
 from fedqueue.report import write_report
 from fedqueue.report.summary import run_summary
@@ -77,9 +78,9 @@ def test_vmapped_packs_are_deterministic_and_match_sequential(settings: Settings
             torch.testing.assert_close(value, reference[name], atol=1e-5, rtol=0, msg=name)
     one_result_per_device(one)
     # FedAvg gets one pre-summed update per pack, shared by the pack's rows; the other rule one per device.
-    summed = {row.update_key for row in one.store.device_tasks(one.id, 1)}
+    summed = {row.update_key for row in device_tasks(one.store, one.id, 1)}
     assert len(summed) == 4 and all(key and is_pack_sum_key(key) for key in summed)
-    apart_keys = [row.update_key for row in apart.store.device_tasks(apart.id, 1)]
+    apart_keys = [row.update_key for row in device_tasks(apart.store, apart.id, 1)]
     assert len(set(apart_keys)) == PACKED.devices_per_round
     assert not any(key and is_pack_sum_key(key) for key in apart_keys)
     # A vmapped pack's devices share its timing, and its name.
@@ -115,7 +116,7 @@ def test_a_poisoned_device_fails_alone_and_its_pack_mates_are_stored(settings: S
         plugin={"poison_device": poisoned, "poison_mode": "raise"},
     )
     handle = _finish_together(settings, [config], 2, tmp_path)[0]
-    rows = {row.device: row for row in handle.store.device_tasks(handle.id, 1)}
+    rows = {row.device: row for row in device_tasks(handle.store, handle.id, 1)}
     assert sorted(rows) == selected
     failed = rows[poisoned]
     assert failed.state == "failed" and failed.attempt == 2
@@ -135,7 +136,7 @@ def test_a_worker_killed_mid_pack_loses_nothing(settings: Settings, tmp_path: Pa
         handle = api.submit(config, settings=settings)
 
         def half_stored() -> tuple[tuple[int, ...], list[int], str] | None:
-            stored = {row.device: row.worker for row in handle.store.device_tasks(handle.id, 1)}
+            stored = {row.device: row.worker for row in device_tasks(handle.store, handle.id, 1)}
             for pack in packs:
                 done = [device for device in pack if device in stored]
                 if 0 < len(done) < len(pack):
@@ -150,7 +151,7 @@ def test_a_worker_killed_mid_pack_loses_nothing(settings: Settings, tmp_path: Pa
         wait_until(lambda: handle.store.get_run(handle.id).state != "running", 120)
     assert handle.store.get_run(handle.id).state == "finished"
     one_result_per_device(handle)
-    rows = {row.device: row for row in handle.store.device_tasks(handle.id, 1)}
+    rows = {row.device: row for row in device_tasks(handle.store, handle.id, 1)}
     assert all(row.state == "done" for row in rows.values())
     assert [rows[device].attempt for device in stored_before] == [1] * len(stored_before)
     # The pack's other devices were trained by its second delivery (a device stored in the instant

@@ -17,6 +17,7 @@ from fedqueue.errors import ConfigError, DataError
 from fedqueue.fl.config import RunConfig
 from fedqueue.fl.experiment import check_plugins
 from fedqueue.fl.plugins import resolve
+from fedqueue.fl.results import device_tasks
 from tests.conftest import running_workers
 from tests.helpers import assert_same_weights, reference_final_state, small_config
 
@@ -97,7 +98,7 @@ def test_custom_dataset_with_natural_splits_runs_end_to_end(plugin_settings: Set
     from fedqueue.fl.experiment import data_spec
 
     partitions = load_federated(data_spec(config)).partitions
-    for task in handle.store.device_tasks(handle.id):
+    for task in device_tasks(handle.store, handle.id):
         assert task.samples == len(partitions[task.device])
     assert handle.final_weights()["1.weight"].shape == (8,)  # the plugin model's GroupNorm, width from [plugin]
 

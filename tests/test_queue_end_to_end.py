@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from fedqueue.config import Settings
+from fedqueue.fl.results import count_done, device_tasks, list_rounds
 from fedqueue.fl.rounds import final_state, submit_run
 from fedqueue.queue.client import open_client
 from fedqueue.report.summary import run_summary
@@ -39,10 +40,10 @@ def test_two_rounds_stored_aggregated_and_evaluated(backend_settings: Settings, 
     store = services.store
     run = store.get_run(run_id)
     assert run.state == "finished"
-    rounds = store.list_rounds(run_id)
+    rounds = list_rounds(store, run_id)
     assert [row.round_index for row in rounds] == [1, 2]
     assert all(row.state == "done" and row.accuracy is not None for row in rounds)
-    tasks = store.device_tasks(run_id)
+    tasks = device_tasks(store, run_id)
     assert len(tasks) == 2 * config.devices_per_round
     for row in rounds:
         stored = sorted(task.device for task in tasks if task.round_index == row.round_index)
@@ -115,7 +116,7 @@ def test_task_delivered_twice_is_stored_and_aggregated_once(settings: Settings, 
     with running_workers(settings, procs=2, log_dir=tmp_path / "logs"):
         run_id = submit_run(services, config)
         wait_finished(services.store, run_id)
-        tasks = services.store.device_tasks(run_id)
+        tasks = device_tasks(services.store, run_id)
         # Both deliveries of every round-1 task reach a worker: the attempt counter sees two.
         # (Later rounds are enqueued by the workers, which send each task once.)
         deadline = time.monotonic() + 30
@@ -143,7 +144,7 @@ def test_an_aggregation_jumps_a_long_queue_of_device_tasks(settings: Settings, t
         short_id = submit_run(services, short)
         long_id = submit_run(services, long)
         wait_finished(services.store, short_id, 120)
-        stored_when_short_ended = services.store.count_done(long_id, 1)
+        stored_when_short_ended = count_done(services.store, long_id, 1)
     aggregation = next(t for t in services.store.task_timings(short_id) if t.task_type == "aggregate")
     assert aggregation.state == "done"
     # At most the task in hand and one reserved ahead (prefetch 1) run before it: well under a second.

@@ -25,6 +25,7 @@ from fedqueue.fl import api, read_ahead
 from fedqueue.fl.device_task import WorkerCache, run_device_task
 from fedqueue.fl.messages import AggregateTask, DeviceTask, aggregate_key
 from fedqueue.fl.read_ahead import ReadAhead, read_round_ahead
+from fedqueue.fl.results import list_rounds, round_outcomes
 from fedqueue.fl.rounds import submit_run
 from fedqueue.fl.weights import decode_state
 from tests.conftest import running_workers
@@ -43,7 +44,7 @@ def test_the_aggregator_reads_the_stored_packs_while_the_last_one_trains(setting
         status = handle.wait(timeout_s=180)
     assert status["state"] == "finished", status
     assert_same_weights(handle.final_weights(), reference_final_state(config))
-    for round_row in handle.store.list_rounds(handle.id):
+    for round_row in list_rounds(handle.store, handle.id):
         # At least the pack of 2 and never the round's last device (read once the round was complete).
         assert round_row.read_ahead is not None and 2 <= round_row.read_ahead <= 6, round_row.read_ahead
         timings = handle.store.task_timings(handle.id, round_row.round_index)
@@ -100,7 +101,7 @@ def test_the_read_ahead_holds_the_stored_updates_when_the_round_completes(tail: 
     finally:
         reader.join(timeout=60)
     assert outcome == [ahead]
-    stored = {row.device: row for row in services.store.round_outcomes(run_id, 1)}
+    stored = {row.device: row for row in round_outcomes(services.store, run_id, 1)}
     first_two = [stored[device] for task in devices[:2] for device in task.devices]
     # The two stored before the round completed were read; the last one is left to the aggregation.
     assert ahead.count == 2 and set(ahead.states) == {row.update_key for row in first_two}

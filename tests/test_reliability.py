@@ -17,6 +17,7 @@ import pytest
 
 from fedqueue.config import Settings
 from fedqueue.fl import api
+from fedqueue.fl.results import count_done, device_tasks, get_round, has_result
 from fedqueue.fl.rounds import select_devices
 from fedqueue.queue.embedded import EmbeddedRedis
 from tests.conftest import running_workers
@@ -52,7 +53,7 @@ def test_worker_process_killed_mid_task(settings: Settings, tmp_path: Path) -> N
         assert len(worker_children(workers)) == 2  # the launcher started it again
     assert status["state"] == "finished"
     one_result_per_device(handle)
-    killed = next(t for t in handle.store.device_tasks(handle.id, 1) if t.device == device)
+    killed = next(t for t in device_tasks(handle.store, handle.id, 1) if t.device == device)
     assert killed.attempt == 2
     assert_same_weights(handle.final_weights(), reference_final_state(config))
 
@@ -65,7 +66,7 @@ def test_whole_worker_host_killed_mid_round(settings: Settings, tmp_path: Path) 
     workers = first.__enter__()
     handle = api.submit(config, settings=settings)
     with api.scheduling(handle) as scheduler:
-        wait_until(lambda: handle.store.count_done(handle.id, 1) >= 1, 60, scheduler.tick)
+        wait_until(lambda: count_done(handle.store, handle.id, 1) >= 1, 60, scheduler.tick)
         kill_tree(workers.pid)
         workers.wait()
         first.__exit__(None, None, None)
@@ -96,10 +97,10 @@ def test_duplicate_delivery_runs_twice_but_counts_once(settings: Settings, tmp_p
             for device in selected:
                 # The count read before the result: a second delivery counted while no result was
                 # stored started from the still-published model, so it trains to the end.
-                if api_attempts(handle, device) >= 2 and not handle.store.has_result(handle.id, 1, device):
+                if api_attempts(handle, device) >= 2 and not has_result(handle.store, handle.id, 1, device):
                     overlapped.add(device)
             # Each device's row as it was when it first appeared: whichever delivery stored first.
-            for task in handle.store.device_tasks(handle.id, 1):
+            for task in device_tasks(handle.store, handle.id, 1):
                 first_seen.setdefault(task.device, stored_result(task))
             return bool(overlapped) and len(first_seen) == len(selected)
 
@@ -112,12 +113,12 @@ def test_duplicate_delivery_runs_twice_but_counts_once(settings: Settings, tmp_p
     assert status["state"] == "finished"
     assert all(attempts[device] >= 2 for device in overlapped)  # the duplicate really ran
     one_result_per_device(handle)
-    stored = {task.device: task for task in handle.store.device_tasks(handle.id, 1)}
+    stored = {task.device: task for task in device_tasks(handle.store, handle.id, 1)}
     # The rows are the first stored deliveries', unchanged by every later delivery.
     assert {device: stored_result(task) for device, task in stored.items()} == first_seen
     assert all(task.state == "done" for task in stored.values())
     # Counted once each: the round's stored count did not grow with the duplicates.
-    round_row = handle.store.get_round(handle.id, 1)
+    round_row = get_round(handle.store, handle.id, 1)
     assert round_row is not None and round_row.stored == config.devices_per_round
     # A dropped duplicate deletes the update it uploaded; the aggregation deleted the stored ones.
     assert leftover_updates == []
@@ -166,7 +167,7 @@ def test_redis_restart_loses_the_queue_and_the_run_still_completes(settings: Set
         with running_workers(settings, procs=2, log_dir=tmp_path / "logs"):
             handle = api.submit(config, settings=settings)
             with api.scheduling(handle) as scheduler:
-                wait_until(lambda: handle.store.count_done(handle.id, 2) >= 1, 90, scheduler.tick)
+                wait_until(lambda: count_done(handle.store, handle.id, 2) >= 1, 90, scheduler.tick)
                 first.stop()
                 second = EmbeddedRedis(port=first.port).start()
                 status = handle.wait(180, tick=scheduler.tick)
@@ -189,7 +190,7 @@ def test_graceful_stop_finishes_the_running_task(settings: Settings, tmp_path: P
         found = wait_for_running(handle, 1, selected)
         workers.send_signal(signal.SIGTERM)
         assert workers.wait(timeout=60) == 0
-        stored = handle.store.device_tasks(handle.id, 1)
+        stored = device_tasks(handle.store, handle.id, 1)
     assert [(task.device, task.attempt) for task in stored] == [(found[0], 1)]
 
 
@@ -207,11 +208,11 @@ def test_second_signal_stops_at_once_and_the_task_is_redelivered(settings: Setti
         started = time.monotonic()
         workers.wait(timeout=30)
         assert time.monotonic() - started < 5  # did not wait for the task
-    assert handle.store.count_done(handle.id, 1) == 0
+    assert count_done(handle.store, handle.id, 1) == 0
     with launcher(settings, procs=1, cwd=tmp_path), api.scheduling(handle) as scheduler:
         status = handle.wait(120, tick=scheduler.tick)
     assert status["state"] == "finished"
-    interrupted = next(t for t in handle.store.device_tasks(handle.id, 1) if t.device == found[0])
+    interrupted = next(t for t in device_tasks(handle.store, handle.id, 1) if t.device == found[0])
     assert interrupted.attempt == 2
     assert_same_weights(handle.final_weights(), reference_final_state(config))
 

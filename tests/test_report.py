@@ -19,12 +19,14 @@ import fedqueue
 from fedqueue.config import Settings
 from fedqueue.errors import NotFound
 from fedqueue.fl.report import report_page, rounds_report
+from fedqueue.fl.results import add_round, claim_round, complete_round
+from fedqueue.fl.schema import RoundRow
 from fedqueue.report import RunData, build_report, compute_report, write_report
 from fedqueue.report.html import render_html
 from fedqueue.report.timeline import Span
 from fedqueue.store import Store, open_store
 from fedqueue.store.repo import TaskTiming
-from fedqueue.store.schema import RoundRow, RunRow
+from fedqueue.store.schema import RunRow
 from fedqueue.store.utilization import Sample, record_samples, samples_between
 from tests.conftest import running_workers
 from tests.helpers import small_config
@@ -186,7 +188,8 @@ def filled_store(path: Path, rounds: int) -> tuple[Store, str]:
     clock = start + 0.1
     for index in range(1, rounds + 1):
         enqueued = clock
-        store.add_round(
+        add_round(
+            store,
             RoundRow(
                 run_id="hand",
                 round_index=index,
@@ -197,7 +200,7 @@ def filled_store(path: Path, rounds: int) -> tuple[Store, str]:
                 model_sha256="0" * 64,
                 model_nbytes=1,
                 enqueued_at=enqueued,
-            )
+            ),
         )
         for device in range(8):
             worker, slot = divmod(device % 4, 2)
@@ -225,8 +228,9 @@ def filled_store(path: Path, rounds: int) -> tuple[Store, str]:
                 )
             )
         clock = enqueued + 0.5
-        assert store.claim_round("hand", index, "agg", stale_before=0.0)
-        store.complete_round(
+        assert claim_round(store, "hand", index, "agg", stale_before=0.0)
+        complete_round(
+            store,
             "hand",
             index,
             "agg",

@@ -18,6 +18,7 @@ from fedqueue.config import Settings
 from fedqueue.errors import ServiceUnavailable
 from fedqueue.fl import api
 from fedqueue.fl.config import RunConfig
+from fedqueue.fl.results import count_done, list_rounds, load_checkpoint
 from fedqueue.fl.weights import decode_state
 from fedqueue.store import Store, open_store
 from tests.conftest import running_workers
@@ -109,11 +110,11 @@ def test_killed_scheduler_is_resumed_to_the_same_weights(tmp_path: Path, moment:
     (tmp_path / "run.toml").write_text(toml_of(config))
     if moment == "between_rounds":
         store, run_id, resumed = killed_then_resumed(
-            tmp_path, lambda store, run_id: any(r.state == "done" for r in store.list_rounds(run_id)), 60
+            tmp_path, lambda store, run_id: any(r.state == "done" for r in list_rounds(store, run_id)), 60
         )
     else:
         store, run_id, resumed = killed_then_resumed(
-            tmp_path, lambda store, run_id: store.count_done(run_id, 2) >= 1, 60
+            tmp_path, lambda store, run_id: count_done(store, run_id, 2) >= 1, 60
         )
     database = embedded_env(tmp_path)["FEDQUEUE_DATABASE_URL"]
     assert resumed.returncode == 0, resumed.stdout[-2000:] + resumed.stderr[-2000:]
@@ -121,7 +122,7 @@ def test_killed_scheduler_is_resumed_to_the_same_weights(tmp_path: Path, moment:
     handle = api.RunHandle(run_id, Settings(database_url=database))
     assert handle.status()["state"] == "finished"
     one_result_per_device(handle)
-    checkpoint = store.load_checkpoint(run_id)
+    checkpoint = load_checkpoint(store, run_id)
     assert checkpoint is not None and checkpoint.version == config.rounds
     assert_same_weights(decode_state(checkpoint.data), reference_final_state(config))
 
@@ -158,7 +159,7 @@ def test_postgres_connections_dropped_mid_run(settings: Settings, postgres_url: 
     with running_workers(settings, procs=2, log_dir=tmp_path / "logs"):
         handle = api.submit(config, settings=settings)
         with api.scheduling(handle) as scheduler:
-            wait_until(lambda: handle.store.count_done(handle.id, 1) >= 1, 60, scheduler.tick)
+            wait_until(lambda: count_done(handle.store, handle.id, 1) >= 1, 60, scheduler.tick)
             with admin.connect() as connection:
                 dropped = connection.execute(
                     text("SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE datname = :name"),

@@ -26,6 +26,7 @@ import redis
 
 from fedqueue.config import Settings
 from fedqueue.fl import api
+from fedqueue.fl.results import device_tasks
 from tests.helpers import assert_same_weights, reference_final_state
 from tests.reliability_support import cli_env, ping_count, reliable_settings, slow_config, wait_until
 from tests.service_support import free_port, http_get, redis_answers, running_flower
@@ -177,7 +178,7 @@ def test_a_second_host_shares_the_run_and_the_weights_match_one_host(
             config = slow_config(0.05, rounds=3, devices_per_round=8, num_devices=20)
             handle = api.submit(config, settings=here)
             assert handle.wait(timeout_s=240)["state"] == "finished"
-            workers = {row.worker for row in handle.store.device_tasks(handle.id)}
+            workers = {row.worker for row in device_tasks(handle.store, handle.id)}
             hosts = {worker.split("@")[1] for worker in workers}
             assert "host2" in hosts and len(hosts) == 2, workers
             assert_same_weights(handle.final_weights(), reference_final_state(config))

@@ -23,10 +23,30 @@ from sqlalchemy import Column, Integer, MetaData, func, inspect, select
 
 from fedqueue.errors import ConfigError, NotFound, ServiceUnavailable
 from fedqueue.fl.messages import device_task_name
+from fedqueue.fl.results import (
+    DeviceResult,
+    add_round,
+    claim_round,
+    complete_round,
+    count_done,
+    delete_result,
+    device_tasks,
+    get_round,
+    has_result,
+    list_rounds,
+    load_checkpoint,
+    record_device_result,
+    record_device_results,
+    renew_claim,
+    save_checkpoint,
+    unclaim_round,
+)
+from fedqueue.fl.schema import CheckpointRow, RoundRow
+from fedqueue.llm import schema as llm_schema
 from fedqueue.store import Store, open_store
 from fedqueue.store.db import MIGRATIONS, make_engine
-from fedqueue.store.repo import DeviceResult, TaskTiming
-from fedqueue.store.schema import Base, CheckpointRow, RoundRow
+from fedqueue.store.repo import TaskTiming
+from fedqueue.store.schema import Base
 
 TABLES = {"runs", "rounds", "task_timings", "device_tasks", "checkpoints"}
 
@@ -148,7 +168,9 @@ def test_open_without_migrate_after_migration_works(database_url: str) -> None:
 
 
 def test_alembic_migration_matches_orm_schema(store: Store) -> None:
-    """Autogenerate finds no difference between the migrated database and `Base.metadata`."""
+    """Autogenerate finds no difference between the migrated database and `Base.metadata`: the core's tables and
+    those the job kinds declare on it (FL's, and the LLM kind's prompts)."""
+    assert {"rounds", llm_schema.LlmPromptRow.__tablename__} <= Base.metadata.tables.keys()
     with store.engine.connect() as connection:
         context = MigrationContext.configure(connection, opts={"compare_type": True})
         diff = compare_metadata(context, Base.metadata)
@@ -207,22 +229,22 @@ def test_rounds_listed_in_index_order(store: Store) -> None:
     run_id = new_run(store)
     other = new_run(store)
     for index in (3, 1, 2):
-        store.add_round(round_row(run_id, index))
-    store.add_round(round_row(other, 1))
-    assert [row.round_index for row in store.list_rounds(run_id)] == [1, 2, 3]
-    got = store.get_round(run_id, 2)
+        add_round(store, round_row(run_id, index))
+    add_round(store, round_row(other, 1))
+    assert [row.round_index for row in list_rounds(store, run_id)] == [1, 2, 3]
+    got = get_round(store, run_id, 2)
     assert got is not None and got.run_id == run_id and got.round_index == 2
     assert got.selected == [3, 1, 2] and got.model_nbytes == 102 and got.state == "training"
-    assert store.get_round(run_id, 9) is None
-    assert [row.round_index for row in store.list_rounds(other)] == [1]
+    assert get_round(store, run_id, 9) is None
+    assert [row.round_index for row in list_rounds(store, other)] == [1]
 
 
 def test_second_round_row_with_same_index_is_refused(store: Store) -> None:
     """Two starters of one round: the unique (run_id, round_index) lets the first record it, the second learns so."""
     run_id = new_run(store)
-    assert store.add_round(round_row(run_id, 1)) is True
-    assert store.add_round(round_row(run_id, 1, state="done")) is False
-    rows = store.list_rounds(run_id)
+    assert add_round(store, round_row(run_id, 1)) is True
+    assert add_round(store, round_row(run_id, 1, state="done")) is False
+    rows = list_rounds(store, run_id)
     assert len(rows) == 1 and rows[0].state == "training"
 
 
@@ -233,56 +255,56 @@ def test_round_starters_racing_from_threads_record_it_once(store: Store) -> None
 
     def start() -> bool:
         barrier.wait(timeout=30)
-        return store.add_round(round_row(run_id, 1))
+        return add_round(store, round_row(run_id, 1))
 
     with ThreadPoolExecutor(8) as pool:
         results = list(pool.map(lambda _: start(), range(8)))
     assert sorted(results) == [False] * 7 + [True]
-    assert len(store.list_rounds(run_id)) == 1
+    assert len(list_rounds(store, run_id)) == 1
 
 
 def test_claim_round_exactly_one_caller_wins(store: Store) -> None:
     """Of several claims of a training round only the first returns True; the round is then aggregating."""
     run_id = new_run(store)
-    store.add_round(round_row(run_id, 1))
-    store.add_round(round_row(run_id, 2, state="done"))
+    add_round(store, round_row(run_id, 1))
+    add_round(store, round_row(run_id, 2, state="done"))
     stale_before = time.time() - 60
-    results = [store.claim_round(run_id, 1, f"agg{n}", stale_before) for n in range(5)]
+    results = [claim_round(store, run_id, 1, f"agg{n}", stale_before) for n in range(5)]
     assert results == [True, False, False, False, False]
-    claimed = store.get_round(run_id, 1)
+    claimed = get_round(store, run_id, 1)
     assert claimed is not None and claimed.state == "aggregating" and claimed.claim_owner == "agg0"
-    assert store.claim_round(run_id, 2, "agg9", stale_before) is False  # not training: nothing to claim
-    assert store.claim_round(run_id, 7, "agg9", stale_before) is False  # no such round
+    assert claim_round(store, run_id, 2, "agg9", stale_before) is False  # not training: nothing to claim
+    assert claim_round(store, run_id, 7, "agg9", stale_before) is False  # no such round
 
 
 def test_a_renewed_claim_is_never_taken_over_and_a_stale_one_is(store: Store) -> None:
     """Takeover needs a claim older than the cut-off; renewal keeps it young; the loser can no longer renew or close."""
     run_id = new_run(store)
-    store.add_round(round_row(run_id, 1))
-    assert store.claim_round(run_id, 1, "first", stale_before=time.time() - 60)
-    assert store.renew_claim(run_id, 1, "first") is True
+    add_round(store, round_row(run_id, 1))
+    assert claim_round(store, run_id, 1, "first", stale_before=time.time() - 60)
+    assert renew_claim(store, run_id, 1, "first") is True
     # Renewed just now: a cut-off in the past does not make it stale.
-    assert store.claim_round(run_id, 1, "second", stale_before=time.time() - 5) is False
+    assert claim_round(store, run_id, 1, "second", stale_before=time.time() - 5) is False
     # Not renewed since before the cut-off: taken over.
-    assert store.claim_round(run_id, 1, "second", stale_before=time.time() + 1) is True
-    assert store.renew_claim(run_id, 1, "first") is False
-    assert store.complete_round(run_id, 1, "first") is False
-    store.unclaim_round(run_id, 1, "first")  # not its claim any more: nothing happens
-    row = store.get_round(run_id, 1)
+    assert claim_round(store, run_id, 1, "second", stale_before=time.time() + 1) is True
+    assert renew_claim(store, run_id, 1, "first") is False
+    assert complete_round(store, run_id, 1, "first") is False
+    unclaim_round(store, run_id, 1, "first")  # not its claim any more: nothing happens
+    row = get_round(store, run_id, 1)
     assert row is not None and row.state == "aggregating" and row.claim_owner == "second"
-    assert store.complete_round(run_id, 1, "second", accuracy=0.5) is True
-    row = store.get_round(run_id, 1)
+    assert complete_round(store, run_id, 1, "second", accuracy=0.5) is True
+    row = get_round(store, run_id, 1)
     assert row is not None and row.state == "done" and row.accuracy == 0.5
 
 
 def test_unclaim_hands_the_round_back_for_a_retry(store: Store) -> None:
     run_id = new_run(store)
-    store.add_round(round_row(run_id, 1))
-    assert store.claim_round(run_id, 1, "first", stale_before=time.time() - 60)
-    store.unclaim_round(run_id, 1, "first")
-    row = store.get_round(run_id, 1)
+    add_round(store, round_row(run_id, 1))
+    assert claim_round(store, run_id, 1, "first", stale_before=time.time() - 60)
+    unclaim_round(store, run_id, 1, "first")
+    row = get_round(store, run_id, 1)
     assert row is not None and row.state == "training" and row.claim_owner is None
-    assert store.claim_round(run_id, 1, "retry", stale_before=time.time() - 60)
+    assert claim_round(store, run_id, 1, "retry", stale_before=time.time() - 60)
 
 
 def test_finish_run_never_overwrites_an_ended_run(store: Store) -> None:
@@ -300,27 +322,27 @@ def test_a_retry_after_a_lost_commit_acknowledgement_knows_the_row_is_its_own(st
     Another delivery of the device is told None, so only it deletes its blob: the stored row's blob stays.
     """
     run_id = new_run(store)
-    store.add_round(round_row(run_id, 1))
+    add_round(store, round_row(run_id, 1))
     mine = device_result(run_id, 1, 3, worker="first")
-    assert store.record_device_result(*mine) == 1
-    assert store.record_device_result(*mine) == 1  # the retry: same update key, counted once
-    assert store.record_device_result(*device_result(run_id, 1, 1, worker="first")) == 2
-    assert store.record_device_result(*device_result(run_id, 1, 3, worker="second")) is None
-    row = store.get_round(run_id, 1)
+    assert record_device_result(store, *mine) == 1
+    assert record_device_result(store, *mine) == 1  # the retry: same update key, counted once
+    assert record_device_result(store, *device_result(run_id, 1, 1, worker="first")) == 2
+    assert record_device_result(store, *device_result(run_id, 1, 3, worker="second")) is None
+    row = get_round(store, run_id, 1)
     assert row is not None and row.stored == 2
-    assert [task.update_key for task in store.device_tasks(run_id, 1) if task.device == 3] == [mine[0].update_key]
+    assert [task.update_key for task in device_tasks(store, run_id, 1) if task.device == 3] == [mine[0].update_key]
 
 
 def test_claim_round_from_many_threads_has_one_winner(store: Store) -> None:
     """Eight threads claiming the same round at once: exactly one wins."""
     run_id = new_run(store)
-    store.add_round(round_row(run_id, 1))
+    add_round(store, round_row(run_id, 1))
     threads = 8
     barrier = threading.Barrier(threads)
 
     def claim() -> bool:
         barrier.wait(timeout=30)
-        return store.claim_round(run_id, 1, threading.current_thread().name, time.time() - 60)
+        return claim_round(store, run_id, 1, threading.current_thread().name, time.time() - 60)
 
     with ThreadPoolExecutor(threads) as pool:
         results = list(pool.map(lambda _: claim(), range(threads)))
@@ -333,14 +355,14 @@ def test_claim_round_from_many_threads_has_one_winner(store: Store) -> None:
 def test_record_device_result_stores_once_keeping_first(store: Store) -> None:
     """A repeated (run, round, device) is not stored again and does not overwrite the first row."""
     run_id = new_run(store)
-    assert not store.has_result(run_id, 1, 4)
-    assert store.record_device_result(*device_result(run_id, 1, 4, worker="first", loss=0.25)) == 1
-    assert store.record_device_result(*device_result(run_id, 1, 4, worker="second", loss=9.0, pid=99)) is None
-    assert store.has_result(run_id, 1, 4)
-    assert not store.has_result(run_id, 1, 5)
-    assert not store.has_result(run_id, 2, 4)
-    assert store.count_done(run_id, 1) == 1
-    (row,) = store.device_tasks(run_id, 1)
+    assert not has_result(store, run_id, 1, 4)
+    assert record_device_result(store, *device_result(run_id, 1, 4, worker="first", loss=0.25)) == 1
+    assert record_device_result(store, *device_result(run_id, 1, 4, worker="second", loss=9.0, pid=99)) is None
+    assert has_result(store, run_id, 1, 4)
+    assert not has_result(store, run_id, 1, 5)
+    assert not has_result(store, run_id, 2, 4)
+    assert count_done(store, run_id, 1) == 1
+    (row,) = device_tasks(store, run_id, 1)
     assert (row.worker, row.loss) == ("first", 0.25)
     (timing,) = store.task_timings(run_id, 1)
     assert (timing.worker, timing.pid) == ("first", 1234)  # the duplicate's timing (pid 99) was not stored
@@ -349,18 +371,18 @@ def test_record_device_result_stores_once_keeping_first(store: Store) -> None:
 def test_results_sharing_a_summed_update_are_stored_all_or_none(store: Store) -> None:
     """A vmapped pack's rows share one pre-summed update: one device stored before stores none of them."""
     run_id = new_run(store)
-    store.add_round(round_row(run_id, 1))
-    assert store.record_device_result(*device_result(run_id, 1, 5, worker="alone")) == 1
+    add_round(store, round_row(run_id, 1))
+    assert record_device_result(store, *device_result(run_id, 1, 5, worker="alone")) == 1
     shared = {"update_key": f"{run_id}/update/1/pack-4-6/w2", "worker": "w2"}
     pack = [device_result(run_id, 1, device, **shared) for device in (4, 5, 6)]
-    assert store.record_device_results(pack, all_or_nothing=True) == [None, None, None]
-    assert [row.device for row in store.device_tasks(run_id, 1)] == [5]
+    assert record_device_results(store, pack, all_or_nothing=True) == [None, None, None]
+    assert [row.device for row in device_tasks(store, run_id, 1)] == [5]
     assert len(store.task_timings(run_id, 1)) == 1
     # Without device 5 in it, the pack is stored whole, and a retry of the same delivery finds its rows.
     rest = [device_result(run_id, 1, device, **shared) for device in (4, 6)]
-    assert store.record_device_results(rest, all_or_nothing=True) == [2, 3]
-    assert store.record_device_results(rest, all_or_nothing=True) == [3, 3]
-    assert {row.device: row.update_key for row in store.device_tasks(run_id, 1)} == {
+    assert record_device_results(store, rest, all_or_nothing=True) == [2, 3]
+    assert record_device_results(store, rest, all_or_nothing=True) == [3, 3]
+    assert {row.device: row.update_key for row in device_tasks(store, run_id, 1)} == {
         4: shared["update_key"],
         5: f"{run_id}/update/1/5/alone",
         6: shared["update_key"],
@@ -390,20 +412,20 @@ def test_device_tasks_ordered_and_counted(store: Store) -> None:
     """device_tasks lists by round then device; count_done counts one round's rows."""
     run_id = new_run(store)
     for round_index, device in [(2, 7), (1, 5), (1, 1), (2, 0), (1, 3)]:
-        assert store.record_device_result(*device_result(run_id, round_index, device))
-    assert [row.device for row in store.device_tasks(run_id, 1)] == [1, 3, 5]
-    assert [row.device for row in store.device_tasks(run_id, 2)] == [0, 7]
-    assert [(row.round_index, row.device) for row in store.device_tasks(run_id)] == [
+        assert record_device_result(store, *device_result(run_id, round_index, device))
+    assert [row.device for row in device_tasks(store, run_id, 1)] == [1, 3, 5]
+    assert [row.device for row in device_tasks(store, run_id, 2)] == [0, 7]
+    assert [(row.round_index, row.device) for row in device_tasks(store, run_id)] == [
         (1, 1),
         (1, 3),
         (1, 5),
         (2, 0),
         (2, 7),
     ]
-    assert store.count_done(run_id, 1) == 3
-    assert store.count_done(run_id, 2) == 2
-    assert store.count_done(run_id, 3) == 0
-    stored = store.device_tasks(run_id, 1)[0]
+    assert count_done(store, run_id, 1) == 3
+    assert count_done(store, run_id, 2) == 2
+    assert count_done(store, run_id, 3) == 0
+    stored = device_tasks(store, run_id, 1)[0]
     expected, expected_timing = device_result(run_id, 1, 1)
     assert stored.samples == expected.samples and stored.update_key == expected.update_key
     assert stored.state == "done"
@@ -421,15 +443,15 @@ def test_concurrent_threads_lose_no_result(store: Store) -> None:
     def write(worker: int) -> list[bool]:
         barrier.wait(timeout=30)
         return [
-            store.record_device_result(*device_result(run_id, 1, worker * per_thread + i, worker=f"t{worker}"))
+            record_device_result(store, *device_result(run_id, 1, worker * per_thread + i, worker=f"t{worker}"))
             for i in range(per_thread)
         ]
 
     with ThreadPoolExecutor(threads) as pool:
         outcomes = list(pool.map(write, range(threads)))
     assert all(all(stored) for stored in outcomes)
-    assert store.count_done(run_id, 1) == threads * per_thread
-    assert [row.device for row in store.device_tasks(run_id, 1)] == list(range(threads * per_thread))
+    assert count_done(store, run_id, 1) == threads * per_thread
+    assert [row.device for row in device_tasks(store, run_id, 1)] == list(range(threads * per_thread))
 
 
 def _record_in_child(url: str, run_id: str, worker: int, per_worker: int, start_at: float) -> int:
@@ -440,7 +462,7 @@ def _record_in_child(url: str, run_id: str, worker: int, per_worker: int, start_
         stored = 0
         for i in range(per_worker):
             stored += (
-                child.record_device_result(*device_result(run_id, 1, worker * per_worker + i, worker=f"p{worker}"))
+                record_device_result(child, *device_result(run_id, 1, worker * per_worker + i, worker=f"p{worker}"))
                 is not None
             )
         return stored
@@ -459,8 +481,8 @@ def test_concurrent_processes_lose_no_result(store: Store, database_url: str) ->
             _record_in_child, [(database_url, run_id, worker, per_worker, start_at) for worker in range(procs)]
         )
     assert stored == [per_worker] * procs
-    assert store.count_done(run_id, 1) == procs * per_worker
-    rows = store.device_tasks(run_id, 1)
+    assert count_done(store, run_id, 1) == procs * per_worker
+    rows = device_tasks(store, run_id, 1)
     assert [row.device for row in rows] == list(range(procs * per_worker))
     assert {row.worker for row in rows} == {f"p{worker}" for worker in range(procs)}
 
@@ -468,28 +490,28 @@ def test_concurrent_processes_lose_no_result(store: Store, database_url: str) ->
 def test_round_counts_its_stored_results_once_each(store: Store) -> None:
     """Each new result returns its round's new count; a repeat returns None; a deleted one is uncounted."""
     run_id = new_run(store)
-    store.add_round(round_row(run_id, 1))
-    store.add_round(round_row(run_id, 2))
-    assert [store.record_device_result(*device_result(run_id, 1, device)) for device in (3, 1)] == [1, 2]
-    assert store.record_device_result(*device_result(run_id, 1, 3, worker="again")) is None
-    assert store.record_device_result(*device_result(run_id, 2, 3)) == 1  # rounds count apart
-    store.delete_result(run_id, 1, 3)
-    store.delete_result(run_id, 1, 3)  # a repeated delete uncounts nothing more
-    assert store.record_device_result(*device_result(run_id, 1, 2, state="failed")) == 2
-    assert store.get_round(run_id, 1).stored == store.count_done(run_id, 1) == 2
+    add_round(store, round_row(run_id, 1))
+    add_round(store, round_row(run_id, 2))
+    assert [record_device_result(store, *device_result(run_id, 1, device)) for device in (3, 1)] == [1, 2]
+    assert record_device_result(store, *device_result(run_id, 1, 3, worker="again")) is None
+    assert record_device_result(store, *device_result(run_id, 2, 3)) == 1  # rounds count apart
+    delete_result(store, run_id, 1, 3)
+    delete_result(store, run_id, 1, 3)  # a repeated delete uncounts nothing more
+    assert record_device_result(store, *device_result(run_id, 1, 2, state="failed")) == 2
+    assert get_round(store, run_id, 1).stored == count_done(store, run_id, 1) == 2
 
 
 def test_concurrent_threads_count_each_result_once(store: Store) -> None:
     """Eight threads storing one round's results at once: the counts returned are exactly 1..N."""
     run_id = new_run(store)
-    store.add_round(round_row(run_id, 1))
+    add_round(store, round_row(run_id, 1))
     threads, per_thread = 8, 5
     barrier = threading.Barrier(threads)
 
     def write(worker: int) -> list[int | None]:
         barrier.wait(timeout=30)
         return [
-            store.record_device_result(*device_result(run_id, 1, worker * per_thread + i)) for i in range(per_thread)
+            record_device_result(store, *device_result(run_id, 1, worker * per_thread + i)) for i in range(per_thread)
         ]
 
     with ThreadPoolExecutor(threads) as pool:
@@ -503,11 +525,11 @@ def test_concurrent_threads_count_each_result_once(store: Store) -> None:
 def test_checkpoint_keeps_only_latest(store: Store) -> None:
     """Saving twice keeps one row, the latest; load returns its exact bytes and sha."""
     run_id = new_run(store)
-    assert store.load_checkpoint(run_id) is None
+    assert load_checkpoint(store, run_id) is None
     old, new = b"\x00old\xff" * 10, bytes(range(256)) * 40
-    store.save_checkpoint(run_id, 1, hashlib.sha256(old).hexdigest(), old)
-    store.save_checkpoint(run_id, 2, hashlib.sha256(new).hexdigest(), new)
-    loaded = store.load_checkpoint(run_id)
+    save_checkpoint(store, run_id, 1, hashlib.sha256(old).hexdigest(), old)
+    save_checkpoint(store, run_id, 2, hashlib.sha256(new).hexdigest(), new)
+    loaded = load_checkpoint(store, run_id)
     assert loaded is not None
     assert loaded.version == 2 and bytes(loaded.data) == new
     assert loaded.sha256 == hashlib.sha256(new).hexdigest()

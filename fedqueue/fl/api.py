@@ -84,6 +84,8 @@ class RunHandle(AnyRunHandle):
 
     def report(self) -> dict[str, Any]:
         """The status plus one row per round."""
+        from fedqueue.fl.results import list_rounds
+
         rounds = [
             {
                 "round": row.round_index,
@@ -94,7 +96,7 @@ class RunHandle(AnyRunHandle):
                 "loss": row.loss,
                 "train_loss": row.train_loss,
             }
-            for row in self.store.list_rounds(self.id)
+            for row in list_rounds(self.store, self.id)
         ]
         return {**self.status(), "rounds": rounds}
 

@@ -17,10 +17,11 @@ from fedqueue.core.services import Services
 from fedqueue.errors import BlobIntegrityError
 from fedqueue.fl.config import RunConfig
 from fedqueue.fl.messages import DeviceTask
+from fedqueue.fl.results import DeviceResult, record_device_result, record_device_results, unstored_devices
 from fedqueue.fl.strategy import strategy_for
 from fedqueue.fl.timing import task_timing
 from fedqueue.fl.weights import decode_state, encode_state
-from fedqueue.store.repo import DeviceResult, TaskTiming
+from fedqueue.store.repo import TaskTiming
 
 if TYPE_CHECKING:
     import torch
@@ -155,7 +156,7 @@ def run_device_task(services: Services, cache: WorkerCache, task: DeviceTask, wo
     # A first delivery finds nothing stored (the store drops a duplicate anyway): it skips the query.
     waiting = list(task.devices)
     if attempt > 1:
-        waiting = services.store.unstored_devices(task.run_id, task.round_index, task.devices)
+        waiting = unstored_devices(services.store, task.run_id, task.round_index, task.devices)
     if not waiting:
         log.info("%s: already stored; skipped", task.label)
         return 0
@@ -164,7 +165,7 @@ def run_device_task(services: Services, cache: WorkerCache, task: DeviceTask, wo
     except BlobIntegrityError:
         # A late duplicate finds its round aggregated and the model deleted: nothing to do.
         # Duplicates that still find the model train, and the store keeps the first result.
-        if not services.store.unstored_devices(task.run_id, task.round_index, task.devices):
+        if not unstored_devices(services.store, task.run_id, task.round_index, task.devices):
             log.info("%s: already stored; skipped", task.label)
             return 0
         # A buffered-async run that ended with devices still queued unpublished its versions.
@@ -259,7 +260,7 @@ class _PackJob:
             if stored is not None:
                 return stored
             # Another delivery stored a device of the pack first: the sum counts for none; the rest go alone.
-            waiting = set(self.services.store.unstored_devices(task.run_id, task.round_index, devices))
+            waiting = set(unstored_devices(self.services.store, task.run_id, task.round_index, devices))
         # One Redis round trip for the pack's updates and one transaction for its rows.
         clock = time.perf_counter()
         kept = [(member, device) for member, device in enumerate(devices) if device in waiting]
@@ -328,7 +329,7 @@ class _PackJob:
 
         `all_or_nothing`: rows sharing one summed update are stored together or not at all.
         """
-        counts = self.services.store.record_device_results(rows, all_or_nothing)
+        counts = record_device_results(self.services.store, rows, all_or_nothing)
         dropped = [result.update_key for (result, _), count in zip(rows, counts, strict=True) if count is None]
         if dropped:
             # Other deliveries of these devices stored first; their updates are the ones that count.
@@ -350,7 +351,7 @@ def give_up_on(
     if len(task.devices) == 1:
         record_failure(services, task, worker, attempts, error, device_used)
         return
-    waiting = services.store.unstored_devices(task.run_id, task.round_index, task.devices)
+    waiting = unstored_devices(services.store, task.run_id, task.round_index, task.devices)
     log.warning("%s failed %d attempts; its %d unstored devices go on alone", task.label, attempts, len(waiting))
     now = time.time()
     services.enqueue([task.alone(device, now) for device in waiting])
@@ -371,7 +372,7 @@ def record_failure(
         error=error[-4000:],
     )
     timing = task_timing(task, device, "failed", worker, attempts, device_used, time.time(), error=result.error)
-    stored = services.store.record_device_result(result, timing)
+    stored = record_device_result(services.store, result, timing)
     if stored is not None:
         config = RunConfig.from_dict(services.store.get_run(task.run_id).config)
         strategy_for(config).on_stored(services, task, stored, worker)

@@ -5,9 +5,10 @@ from __future__ import annotations
 import time
 
 from fedqueue.core.jobs import ProgressBar
+from fedqueue.fl.results import count_done, list_rounds
+from fedqueue.fl.schema import RoundRow
 from fedqueue.fl.summary import is_buffered
 from fedqueue.store import Store
-from fedqueue.store.schema import RoundRow
 
 
 class RoundProgress:
@@ -18,7 +19,7 @@ class RoundProgress:
         self.buffered = is_buffered(store.get_run(run_id))
 
     def bars(self) -> list[ProgressBar]:
-        return [self._bar(row) for row in self.store.list_rounds(self.run_id)]
+        return [self._bar(row) for row in list_rounds(self.store, self.run_id)]
 
     def _bar(self, row: RoundRow) -> ProgressBar:
         index = row.round_index
@@ -27,14 +28,14 @@ class RoundProgress:
         total = len(row.selected)
         if row.state != "done":
             # A buffered-async version's devices keep being sent off until it is made.
-            return ProgressBar(str(index), label, self.store.count_done(self.run_id, index), total, unit)
+            return ProgressBar(str(index), label, count_done(self.store, self.run_id, index), total, unit)
         note = f"{(row.aggregated_at or 0) - row.enqueued_at:5.2f} s"
         if row.sim_time is not None and self.buffered:
             note += f"  sim {row.sim_time:8.1f} s"
         if row.accuracy is not None:
             note += f"  accuracy {row.accuracy:.3f}"
         # A version is made while some devices sent off with the one before still train.
-        completed = self.store.count_done(self.run_id, index) if self.buffered else total
+        completed = count_done(self.store, self.run_id, index) if self.buffered else total
         return ProgressBar(str(index), label, completed, total, unit, note, finished=True)
 
     def wait(self, seconds: float) -> None:

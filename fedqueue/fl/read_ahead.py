@@ -24,6 +24,7 @@ from fedqueue.core.blobs import blobs_per_read
 from fedqueue.core.codec import BlobRef
 from fedqueue.core.services import Services
 from fedqueue.fl.messages import DEVICES_QUEUE, aggregate_key
+from fedqueue.fl.results import count_done, round_outcomes
 from fedqueue.fl.weights import decode_state
 
 if TYPE_CHECKING:
@@ -88,7 +89,7 @@ def read_round_ahead(
     queues = _served_queues()  # once, not on every poll
     seen, run_checked, renewed = -1, began, began
     while True:
-        stored = services.store.count_done(run_id, round_index)
+        stored = count_done(services.store, run_id, round_index)
         if stored >= round_size:
             return ahead  # what is left is read as the aggregation sums
         if stored != seen:
@@ -105,7 +106,7 @@ def read_round_ahead(
         if give_up:
             services.ledger.forget_request(request)
             # A last result stored before the request was forgotten found it still set: take the round now.
-            if services.store.count_done(run_id, round_index) >= round_size:
+            if count_done(services.store, run_id, round_index) >= round_size:
                 return ahead
             log.info("run %s round %d: tail not over after %.1f s; slot given back", run_id, round_index, now - began)
             return None
@@ -116,7 +117,7 @@ def _read_new(services: Services, run_id: str, round_index: int, ahead: ReadAhea
     """Read the updates stored since the last look, while the read-ahead stays under its memory cap."""
     fresh: dict[str, BlobRef] = {}  # a pack's summed update is one key for several rows
     budget = READ_AHEAD_MAX_BYTES - ahead.nbytes
-    for task in services.store.round_outcomes(run_id, round_index):
+    for task in round_outcomes(services.store, run_id, round_index):
         key = task.update_key
         if task.state != "done" or not key or key in ahead.states or key in fresh:
             continue

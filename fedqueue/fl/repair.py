@@ -21,9 +21,10 @@ from fedqueue.fl.config import RunConfig
 from fedqueue.fl.device_task import give_up_on
 from fedqueue.fl.messages import DEVICES_QUEUE, DeviceTask, aggregate_key
 from fedqueue.fl.requests import request_aggregation
+from fedqueue.fl.results import count_done, delete_result, device_tasks, list_rounds, load_checkpoint
 from fedqueue.fl.rounds import pack_tasks, round_key, start_next, start_round
+from fedqueue.fl.schema import RoundRow
 from fedqueue.fl.strategy import strategy_for
-from fedqueue.store.schema import RoundRow
 
 log = logging.getLogger(__name__)
 
@@ -50,7 +51,7 @@ def reconcile(services: Services, run_id: str) -> list[str]:
 
 
 def repair_rounds(services: Services, run_id: str, config: RunConfig, broker_lost: bool) -> list[str]:
-    rounds = services.store.list_rounds(run_id)
+    rounds = list_rounds(services.store, run_id)
     if not rounds:
         start_round(services, run_id, config, 1, checkpoint_bytes(services, run_id, 0))
         return ["round 1 was never started: started"]
@@ -75,7 +76,7 @@ def repair_rounds(services: Services, run_id: str, config: RunConfig, broker_los
     if broker_lost:
         # An aggregation request may have been lost with the queue.
         services.ledger.forget_request(aggregate_key(run_id, current.round_index))
-    complete = services.store.count_done(run_id, current.round_index) >= len(current.selected)
+    complete = count_done(services.store, run_id, current.round_index) >= len(current.selected)
     if complete and request_aggregation(services, run_id, current.round_index):
         actions.append(f"round {current.round_index}: all results stored; aggregation requested")
     return actions
@@ -151,11 +152,11 @@ def _unstored(services: Services, run_id: str, current: RoundRow, check_blobs: b
     With `check_blobs` (after Redis lost its data), a result whose update blob is gone is forgotten.
     """
     stored = set()
-    for task in services.store.device_tasks(run_id, current.round_index):
+    for task in device_tasks(services.store, run_id, current.round_index):
         lost_update = check_blobs and task.state == "done" and task.update_key
         if lost_update and not services.blobs.exists(task.update_key or ""):
             # Its update went with Redis: train the device again (same seed, same update).
-            services.store.delete_result(run_id, current.round_index, task.device)
+            delete_result(services.store, run_id, current.round_index, task.device)
             log.warning(
                 "run %s round %d: device %d's update was lost; retraining", run_id, current.round_index, task.device
             )
@@ -165,7 +166,7 @@ def _unstored(services: Services, run_id: str, current: RoundRow, check_blobs: b
 
 
 def checkpoint_bytes(services: Services, run_id: str, version: int) -> bytes:
-    checkpoint = services.store.load_checkpoint(run_id)
+    checkpoint = load_checkpoint(services.store, run_id)
     if checkpoint is None or checkpoint.version != version:
         found = None if checkpoint is None else checkpoint.version
         raise RuntimeError(f"run {run_id}: checkpoint of version {version} needed, store has {found}")

@@ -9,19 +9,20 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from fedqueue.fl.results import device_tasks, list_rounds
+from fedqueue.fl.schema import RoundRow
 from fedqueue.fl.summary import buffered_of, is_buffered, packing_of
 from fedqueue.report.html import KindPage, fmt, html_table, percent
 from fedqueue.report.numbers import RunData, rounded, time_breakdown
 from fedqueue.report.timeline import Lane, RoundMark, Span, pack_lanes, parallel_efficiency
 from fedqueue.store import Store
-from fedqueue.store.schema import RoundRow
 
 
 def report_numbers(store: Store, data: RunData, numbers: dict[str, Any]) -> dict[str, Any]:
     """The FL keys of a run's report, read from its rounds and, for a buffered-async run, its updates."""
     run = data.run
-    buffered = buffered_of(run, store.device_tasks(run.id)) if is_buffered(run) else {}
-    return rounds_report(data, store.list_rounds(run.id), buffered, numbers)
+    buffered = buffered_of(run, device_tasks(store, run.id)) if is_buffered(run) else {}
+    return rounds_report(data, list_rounds(store, run.id), buffered, numbers)
 
 
 def rounds_report(

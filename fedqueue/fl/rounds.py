@@ -27,9 +27,21 @@ from fedqueue.core.services import Services
 from fedqueue.fl.config import RunConfig
 from fedqueue.fl.messages import DeviceTask
 from fedqueue.fl.read_ahead import ReadAhead, read_round_ahead
+from fedqueue.fl.results import (
+    add_round,
+    claim_round,
+    complete_round,
+    count_done,
+    get_round,
+    load_checkpoint,
+    renew_claim,
+    round_outcomes,
+    save_checkpoint,
+    unclaim_round,
+)
+from fedqueue.fl.schema import RoundRow
 from fedqueue.fl.weights import decode_state, encode_state
 from fedqueue.store import Store
-from fedqueue.store.schema import RoundRow
 
 if TYPE_CHECKING:
     import torch
@@ -130,7 +142,8 @@ def start_round(services: Services, run_id: str, config: RunConfig, round_index:
     ref = services.blobs.put(global_key(run_id, version), model)
     selected = select_devices(config.seed, round_index, config.num_devices, config.devices_per_round)
     now = time.time()
-    recorded = services.store.add_round(
+    recorded = add_round(
+        services.store,
         RoundRow(
             run_id=run_id,
             round_index=round_index,
@@ -141,7 +154,7 @@ def start_round(services: Services, run_id: str, config: RunConfig, round_index:
             model_sha256=ref.sha256,
             model_nbytes=ref.nbytes,
             enqueued_at=now,
-        )
+        ),
     )
     if not recorded:
         return False
@@ -187,11 +200,11 @@ def aggregate_round(services: Services, run_id: str, round_index: int, owner: st
     devices train (fedqueue.fl.read_ahead), and gives up if the tail outlasts its limit.
     The claim is renewed while this runs. A failure hands it back and raises, so the task is retried.
     """
-    row = services.store.get_round(run_id, round_index)
+    row = get_round(services.store, run_id, round_index)
     if row is None:
         return None
     ahead = ReadAhead()
-    if services.store.count_done(run_id, round_index) < len(row.selected):
+    if count_done(services.store, run_id, round_index) < len(row.selected):
         if row.state != "training":
             return None
         waited = read_round_ahead(services, run_id, round_index, len(row.selected))
@@ -200,17 +213,17 @@ def aggregate_round(services: Services, run_id: str, round_index: int, owner: st
         ahead = waited
     began = time.time()
     stale_before = began - services.settings.heartbeat_ttl_s
-    if not services.store.claim_round(run_id, round_index, owner, stale_before):
+    if not claim_round(services.store, run_id, round_index, owner, stale_before):
         return None
     try:
-        renew = functools.partial(services.store.renew_claim, run_id, round_index, owner)
+        renew = functools.partial(renew_claim, services.store, run_id, round_index, owner)
         with renewing(services, renew, f"run {run_id} round {round_index}") as lost:
             _aggregate_claimed_round(services, run_id, round_index, owner, lost, ahead)
     except ClaimLost:
         log.warning("run %s round %d: aggregation taken over by another worker; stopped", run_id, round_index)
         return None
     except BaseException:
-        services.store.unclaim_round(run_id, round_index, owner)
+        unclaim_round(services.store, run_id, round_index, owner)
         raise
     return began
 
@@ -250,12 +263,12 @@ def _aggregate_claimed_round(
     if run.state != "running":
         return
     config = RunConfig.from_dict(run.config)
-    row = services.store.get_round(run_id, round_index)
+    row = get_round(services.store, run_id, round_index)
     assert row is not None
-    tasks = services.store.round_outcomes(run_id, round_index)
+    tasks = round_outcomes(services.store, run_id, round_index)
     stop = _policy_failure(config, round_index, tasks)
     if stop is not None:
-        if services.store.complete_round(run_id, round_index, owner, state="failed"):
+        if complete_round(services.store, run_id, round_index, owner, state="failed"):
             services.store.finish_run(run_id, "failed", stop)
         return
     results = [task for task in tasks if task.state == "done"]
@@ -283,10 +296,10 @@ def _aggregate_claimed_round(
     metrics.update(evaluate_version(config, round_index, new_state))
     metrics["sim_time"] = _round_sim_time(services, config, run_id, row)
 
-    if lost.is_set() or not services.store.renew_claim(run_id, round_index, owner):
+    if lost.is_set() or not renew_claim(services.store, run_id, round_index, owner):
         raise ClaimLost()
     checkpoint_version(services, run_id, round_index, encoded)
-    if not services.store.complete_round(run_id, round_index, owner, **metrics):
+    if not complete_round(services.store, run_id, round_index, owner, **metrics):
         raise ClaimLost()
     services.blobs.delete(list(dict.fromkeys(task.update_key for task in results if task.update_key)))
     services.blobs.delete([row.model_key])
@@ -299,7 +312,7 @@ def _round_sim_time(services: Services, config: RunConfig, run_id: str, row: Rou
     from fedqueue.fl.experiment import run_clock
 
     clock = run_clock(config)
-    previous = services.store.get_round(run_id, row.round_index - 1) if row.round_index > 1 else None
+    previous = get_round(services.store, run_id, row.round_index - 1) if row.round_index > 1 else None
     began = (previous.sim_time or 0.0) if previous is not None else 0.0
     return began + max((clock.trip_seconds(row.round_index, device) for device in row.selected), default=0.0)
 
@@ -379,12 +392,12 @@ def start_next(services: Services, run_id: str, config: RunConfig, done_round: i
 
 
 def checkpoint_version(services: Services, run_id: str, version: int, encoded: bytes) -> None:
-    services.store.save_checkpoint(run_id, version, hashlib.sha256(encoded).hexdigest(), encoded)
+    save_checkpoint(services.store, run_id, version, hashlib.sha256(encoded).hexdigest(), encoded)
 
 
 def final_state(store: Store, run_id: str) -> dict[str, torch.Tensor]:
     """The latest checkpointed global weights of a run."""
-    checkpoint = store.load_checkpoint(run_id)
+    checkpoint = load_checkpoint(store, run_id)
     if checkpoint is None:
         raise LookupError(f"run {run_id} has no checkpoint")
     return decode_state(checkpoint.data)

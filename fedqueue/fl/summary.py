@@ -10,15 +10,17 @@ from collections import Counter
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+from fedqueue.fl.results import device_tasks, list_rounds, round_rows_for
+from fedqueue.fl.schema import DeviceTaskRow
 from fedqueue.report.timeline import Span
 from fedqueue.store import Store
-from fedqueue.store.schema import DeviceTaskRow, RunRow
+from fedqueue.store.schema import RunRow
 
 
 def run_status(store: Store, run: RunRow, spans: Sequence[Span]) -> dict[str, Any]:
     """The FL keys of a run's status; its device tasks are counted from their results, not their timings."""
-    rounds = store.list_rounds(run.id)
-    results = store.device_tasks(run.id)
+    rounds = list_rounds(store, run.id)
+    results = device_tasks(store, run.id)
     trained = [span for span in spans if span.state == "done" and span.task_type == "train"]
     return {
         "rounds_total": run.rounds_total,
@@ -54,7 +56,7 @@ def run_status(store: Store, run: RunRow, spans: Sequence[Span]) -> dict[str, An
 
 def run_columns(store: Store, runs: Sequence[RunRow]) -> dict[str, dict[str, Any]]:
     """`fedqueue runs` columns of FL runs: rounds done of the total, dataset and model."""
-    rounds = store.round_rows_for([run.id for run in runs])
+    rounds = round_rows_for(store, [run.id for run in runs])
     done = {run_id: sum(1 for row in rows if row.state == "done") for run_id, rows in rounds.items()}
     return {
         run.id: {

@@ -37,8 +37,8 @@ from fedqueue.llm.results import (
     pending_prompts,
     settle_copies,
 )
+from fedqueue.llm.schema import LlmPromptRow
 from fedqueue.llm.settings import GenerationSettings
-from fedqueue.store.schema import LlmPromptRow
 
 DEFAULT_BATCH_SIZE = 32  # `--batch-size`: most prompts per batch
 JOB_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,31}")

@@ -15,9 +15,10 @@ from typing import Any
 
 from sqlalchemy import func, select, update
 
+from fedqueue.llm.schema import LlmPromptRow
 from fedqueue.store import Store
 from fedqueue.store.repo import TaskTiming, dialect_insert, retry_transient
-from fedqueue.store.schema import LlmPromptRow, TaskTimingRow
+from fedqueue.store.schema import TaskTimingRow
 
 ERROR_MAX = 4000  # characters of an error kept per row
 

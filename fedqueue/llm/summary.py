@@ -6,8 +6,8 @@ from collections import defaultdict
 from typing import Any
 
 from fedqueue.llm.results import batch_timings, job_counts, prompt_rows
+from fedqueue.llm.schema import LlmPromptRow
 from fedqueue.store import Store
-from fedqueue.store.schema import LlmPromptRow
 
 ERRORS_SHOWN = 5
 

@@ -8,11 +8,12 @@ from typing import TYPE_CHECKING
 from fedqueue.core.codec import BlobRef
 from fedqueue.core.lost import find_lost
 from fedqueue.core.services import Services
+from fedqueue.fl import schedules
 from fedqueue.fl.config import RunConfig
 from fedqueue.fl.messages import DEVICES_QUEUE, DeviceTask, fold_key
+from fedqueue.fl.results import delete_result, get_round
 from fedqueue.fl.strategy.fedbuff import dispatch_tasks, oldest_needed, on_result_stored, request_fold, start_buffered
 from fedqueue.fl.strategy.schedule import ScheduleState, Trip
-from fedqueue.store import schedules
 
 if TYPE_CHECKING:
     from fedqueue.fl.device_task import WorkerCache
@@ -87,7 +88,7 @@ def _forget_lost_updates(services: Services, run_id: str, trips: list[Trip]) -> 
         and not services.blobs.exists(row.update_key)
     ]
     for row in lost:
-        services.store.delete_result(run_id, row.round_index, row.device)
+        delete_result(services.store, run_id, row.round_index, row.device)
     names = [f"{row.round_index}/{row.device}" for row in lost]
     return [f"updates lost with the broker, to train again (round/device): {', '.join(names[:20])}"] if lost else []
 
@@ -98,7 +99,7 @@ def _republish(services: Services, run_id: str, state: ScheduleState) -> list[st
 
     republished = []
     for version in range(oldest_needed(state), state.version + 1):
-        row = services.store.get_round(run_id, version + 1)
+        row = get_round(services.store, run_id, version + 1)
         if row is None or services.blobs.exists(row.model_key):
             continue
         kept = schedules.kept_version(services.store, run_id, version)
@@ -130,7 +131,7 @@ def _resend_lost(
     tasks: list[DeviceTask] = []
     packs = sorted({(trip.round_index, trip.pack) for trip in trips})
     for round_index, pack in packs:
-        row = services.store.get_round(run_id, round_index)
+        row = get_round(services.store, run_id, round_index)
         if row is None or not any((round_index, device) in waiting for device in pack):
             continue
         model = BlobRef(key=row.model_key, sha256=row.model_sha256, nbytes=row.model_nbytes)

@@ -29,14 +29,15 @@ from fedqueue.core.blobs import blobs_per_read
 from fedqueue.core.codec import BlobRef
 from fedqueue.core.keys import global_key
 from fedqueue.core.services import Services
+from fedqueue.fl import schedules
 from fedqueue.fl.config import RunConfig
 from fedqueue.fl.messages import AggregateTask, DeviceTask, FoldTask, fold_key
+from fedqueue.fl.results import add_round, get_round
 from fedqueue.fl.rounds import ClaimLost, evaluate_version, renewing, tasks_of_packs
+from fedqueue.fl.schema import RoundRow
 from fedqueue.fl.strategy import schedule
 from fedqueue.fl.strategy.schedule import Arrival, Dispatch, NewVersion, Outcome, Rules, ScheduleState, Trip
 from fedqueue.fl.weights import decode_state, encode_state
-from fedqueue.store import schedules
-from fedqueue.store.schema import RoundRow
 
 if TYPE_CHECKING:
     import torch
@@ -92,7 +93,7 @@ def _open_version(services: Services, run_id: str, version: int, model: bytes) -
     """Publish the first version (kept in the store too, while it is needed) and record the round that trains on it."""
     ref = services.blobs.put(global_key(run_id, version), model)
     schedules.keep_version(services.store, run_id, version, ref.sha256, model)
-    services.store.add_round(_round_on(run_id, version, ref))
+    add_round(services.store, _round_on(run_id, version, ref))
     return ref
 
 
@@ -416,7 +417,7 @@ class _FoldPass:
 
     def _model_ref(self, version: int) -> BlobRef:
         if version not in self._refs:
-            row = self.services.store.get_round(self.run_id, version + 1)
+            row = get_round(self.services.store, self.run_id, version + 1)
             if row is None:
                 raise RuntimeError(f"run {self.run_id}: version {version} was never published")
             self._refs[version] = BlobRef(key=row.model_key, sha256=row.model_sha256, nbytes=row.model_nbytes)

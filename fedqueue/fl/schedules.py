@@ -14,8 +14,10 @@ from typing import Any, cast
 from sqlalchemy import Connection, Row, Table, and_, bindparam, delete, or_, select, update
 from sqlalchemy.exc import IntegrityError
 
-from fedqueue.store.repo import OUTCOME_COLUMNS, Store, TaskTiming, _changed_one, dialect_insert, retry_transient
-from fedqueue.store.schema import CheckpointRow, DeviceTaskRow, ModelVersionRow, RoundRow, RunRow, ScheduleRow
+from fedqueue.fl.results import OUTCOME_COLUMNS
+from fedqueue.fl.schema import CheckpointRow, DeviceTaskRow, ModelVersionRow, RoundRow, ScheduleRow
+from fedqueue.store.repo import Store, TaskTiming, changed_one, dialect_insert, retry_transient
+from fedqueue.store.schema import RunRow
 
 SCHEDULES = cast(Table, ScheduleRow.__table__)
 VERSIONS = cast(Table, ModelVersionRow.__table__)
@@ -70,7 +72,7 @@ def _held(run_id: str, owner: str) -> Any:
 def renew_schedule(store: Store, run_id: str, owner: str) -> bool:
     with store.engine.begin() as connection:
         result = connection.execute(update(SCHEDULES).where(_held(run_id, owner)).values(claimed_at=time.time()))
-    return _changed_one(result)
+    return changed_one(result)
 
 
 @retry_transient
@@ -105,7 +107,7 @@ def save_pass(
                 .where(_held(run_id, owner))
                 .values(state=state, version=version, updated_at=time.time(), claimed_at=time.time())
             )
-            if not _changed_one(result):
+            if not changed_one(result):
                 raise _ClaimTaken()
             for made_version in made:  # first: the rounds that train on them are extended below
                 _record_version(connection, store, run_id, made_version)
