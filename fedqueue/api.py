@@ -50,7 +50,7 @@ class RunHandle:
     @property
     def store(self) -> Store:
         if self._store is None:
-            from fedqueue.store import open_store
+            from fedqueue.core.database import open_store
 
             self._store = open_store(self.settings.database_url)
         return self._store
@@ -240,8 +240,8 @@ def with_plugins(settings: Settings | None, plugin_path: list[str] | None) -> Se
 
 def runs(settings: Settings | None = None) -> list[dict[str, Any]]:
     """Every run in the store, oldest first."""
+    from fedqueue.core.database import open_store
     from fedqueue.report.summary import run_lines
-    from fedqueue.store import open_store
 
     store = open_store((settings or Settings.from_env()).database_url)
     try:

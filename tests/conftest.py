@@ -16,9 +16,10 @@ import pytest
 import redis
 
 from fedqueue.config import Settings
+from fedqueue.core.database import open_store
 from fedqueue.queue.embedded import EmbeddedRedis
 from fedqueue.queue.workers import WorkerGroup, plan_workers
-from fedqueue.store import Store, open_store
+from fedqueue.store import Store
 
 SERVICE_REDIS = os.environ.get("FEDQUEUE_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
 SERVICE_POSTGRES = os.environ.get("FEDQUEUE_TEST_POSTGRES_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/postgres")

@@ -15,7 +15,7 @@ import pytest
 from sqlalchemy import create_engine, inspect
 
 from fedqueue.config import Settings
-from fedqueue.store import open_store
+from fedqueue.core.database import open_store
 from tests.reliability_support import ping_count, wait_until
 
 FEDQUEUE = [sys.executable, "-m", "fedqueue.cli"]

@@ -36,8 +36,8 @@ import redis
 import torch
 import yaml
 
+from fedqueue.core.database import open_store
 from fedqueue.fl.results import device_tasks, list_rounds
-from fedqueue.store import open_store
 from tests.helpers import assert_same_weights
 from tests.reliability_support import wait_until
 from tests.service_support import http_get, redis_answers

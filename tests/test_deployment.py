@@ -28,8 +28,8 @@ import pytest
 import redis
 import yaml
 
+from fedqueue.core.database import open_store
 from fedqueue.fl.results import device_tasks, list_rounds
-from fedqueue.store import open_store
 from tests.reliability_support import wait_until
 from tests.service_support import free_port, http_get, redis_answers, required_tool
 

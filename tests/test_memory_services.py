@@ -17,6 +17,7 @@ import pytest
 
 from fedqueue.config import Settings
 from fedqueue.core import keys
+from fedqueue.core.database import open_store
 from fedqueue.core.ledger import RedisLedger, TaskLedger
 from fedqueue.core.memory import ManualClock, MemoryLedger, RecordingEnqueuer, memory_services
 from fedqueue.core.services import Services, connect_redis
@@ -30,7 +31,7 @@ from fedqueue.llm import repair as llm_repair
 from fedqueue.llm.job import JobRequest, submit_job
 from fedqueue.llm.messages import GenerateBatch
 from fedqueue.llm.results import prompt_rows
-from fedqueue.store import Store, open_store
+from fedqueue.store import Store
 from tests.helpers import small_config
 
 HEARTBEAT_S = 15

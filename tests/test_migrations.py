@@ -1,4 +1,6 @@
-"""Schema upgrades: data kept, one transaction at a time, and read-only opens that never change the schema.
+"""Schema upgrades: data kept, one transaction at a time, and read-only opens that never change the schema;
+the core's and each job kind's tables on schema branches of their own, and databases from the earlier single
+line of revisions (0001-0011) carried onto them.
 
 Each test runs on SQLite and on a Postgres database of its own (it needs an empty or an old schema).
 """
@@ -18,9 +20,20 @@ from alembic.config import Config
 from sqlalchemy import JSON, bindparam, create_engine, event, inspect, text
 from sqlalchemy.engine import Engine, make_url
 
-from fedqueue.errors import ServiceUnavailable
-from fedqueue.store import open_store
-from fedqueue.store.db import MIGRATIONS, head_revision, make_engine, schema_revision
+from fedqueue.core.database import open_store
+from fedqueue.core.jobs import schema_branches
+from fedqueue.errors import ConfigError, ServiceUnavailable
+from fedqueue.store import connect_store
+from fedqueue.store.db import make_engine
+from fedqueue.store.migrate import (
+    CORE_BRANCH,
+    LEGACY,
+    MIGRATIONS,
+    SchemaBranch,
+    branches_with_core,
+    head_revision,
+    schema_revision,
+)
 
 OLD = "0004"
 NEW_RUN_COLUMNS = {"kind", "broker_id"}
@@ -55,12 +68,15 @@ def on_engine(url: str, action: Callable[[Engine], Any]) -> Any:
 
 
 def alembic_to(url: str, revision: str, step: Callable[[Config, str], None] = command.upgrade) -> None:
-    """Upgrade (or downgrade) the database to `revision` directly, as an older fedqueue would have."""
+    """Upgrade (or downgrade) the database to `revision` of the earlier single line directly, as an older fedqueue
+    would have."""
 
     def run(engine: Engine) -> None:
         with engine.begin() as connection:
             config = Config()
             config.set_main_option("script_location", str(MIGRATIONS))
+            config.set_main_option("path_separator", "os")
+            config.set_main_option("version_locations", str(LEGACY))
             config.attributes["connection"] = connection
             step(config, revision)
 
@@ -168,10 +184,10 @@ def test_upgrade_from_0004_keeps_every_row_and_fills_the_new_columns(fresh_url: 
 
 
 def test_downgrade_to_0004_keeps_every_row(fresh_url: str) -> None:
-    """The downgrade drops only the new columns (no table rebuild), so no row goes with them."""
+    """The earlier line's downgrade drops only the new columns (no table rebuild), so no row goes with them."""
     alembic_to(fresh_url, OLD)
     insert_old_rows(fresh_url)
-    open_store(fresh_url, migrate=True).close()
+    alembic_to(fresh_url, "head")
     alembic_to(fresh_url, OLD, command.downgrade)
 
     def counts(engine: Engine) -> dict[str, int]:
@@ -302,3 +318,154 @@ def test_a_schema_newer_than_this_code_is_refused_by_readers_and_migrators(fresh
         with pytest.raises(ServiceUnavailable, match="revision 9999 is newer than this fedqueue's"):
             open_store(fresh_url, migrate=migrate)
     assert revision_of(fresh_url) == "9999"
+
+
+# schema branches: the core's and each kind's
+
+
+def schema_shape(url: str) -> dict[str, Any]:
+    """Every table's columns (type, nullability, server default), keys, indexes and unique constraints."""
+
+    def read(engine: Engine) -> dict[str, Any]:
+        found = inspect(engine)
+        shape: dict[str, Any] = {}
+        for table in found.get_table_names():
+            shape[table] = {
+                "columns": {
+                    column["name"]: (str(column["type"]), column["nullable"], column.get("default"))
+                    for column in found.get_columns(table)
+                },
+                "primary key": found.get_pk_constraint(table)["constrained_columns"],
+                "foreign keys": sorted(
+                    (tuple(key["constrained_columns"]), key["referred_table"], str(key["options"]))
+                    for key in found.get_foreign_keys(table)
+                ),
+                "indexes": sorted((index["name"], tuple(index["column_names"])) for index in found.get_indexes(table)),
+                "unique": sorted(
+                    (unique["name"], tuple(unique["column_names"])) for unique in found.get_unique_constraints(table)
+                ),
+            }
+        return shape
+
+    return on_engine(url, read)
+
+
+def version_rows(url: str) -> dict[str, list[str]]:
+    def read(engine: Engine) -> dict[str, list[str]]:
+        with engine.connect() as connection:
+            tables = [name for name in inspect(connection).get_table_names() if name.startswith("alembic_version")]
+            return {
+                table: list(connection.execute(text(f"SELECT version_num FROM {table}")).scalars()) for table in tables
+            }
+
+    return on_engine(url, read)
+
+
+@pytest.fixture
+def second_url(database_url: str, tmp_path: Path) -> Iterator[str]:
+    """A second empty database beside `fresh_url`'s."""
+    if make_url(database_url).get_backend_name() == "sqlite":
+        yield f"sqlite:///{tmp_path / 'second.db'}"
+        return
+    admin = create_engine(database_url, isolation_level="AUTOCOMMIT")
+    name = f"fedqueue_mig_{uuid.uuid4().hex[:10]}"
+    with admin.connect() as connection:
+        connection.execute(text(f'CREATE DATABASE "{name}"'))
+    try:
+        yield make_url(database_url).set(database=name).render_as_string(hide_password=False)
+    finally:
+        with admin.connect() as connection:
+            connection.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+        admin.dispose()
+
+
+def test_a_new_database_and_one_from_the_earlier_line_end_with_the_same_schema(fresh_url: str, second_url: str) -> None:
+    """The branches' first revisions make, from nothing, exactly what the earlier line made by 0011; a database
+    from that line is carried onto the branches, each recorded in its own version table."""
+    alembic_to(fresh_url, OLD)
+    open_store(fresh_url, migrate=True).close()
+    open_store(second_url, migrate=True).close()
+    from_earlier, new = schema_shape(fresh_url), schema_shape(second_url)
+    assert from_earlier.keys() == new.keys() >= {"runs", "rounds", "llm_prompts", "alembic_version_fl"}
+    for table in new:
+        assert from_earlier[table] == new[table], table
+    expected = {
+        "alembic_version": ["core_0001"],
+        "alembic_version_fl": ["fl_0001"],
+        "alembic_version_llm": ["llm_0001"],
+    }
+    assert version_rows(fresh_url) == version_rows(second_url) == expected
+
+
+EXTRA_REVISION = '''"""An extra kind's table.
+
+Revision ID: {revision}
+Revises: {down}
+"""
+
+import sqlalchemy as sa
+from alembic import op
+
+revision = "{revision}"
+down_revision = {down!r}
+branch_labels = None
+depends_on = None
+
+
+def upgrade() -> None:
+    op.create_table("extra_{revision}", sa.Column("run_id", sa.String(32), sa.ForeignKey("runs.id"), primary_key=True))
+
+
+def downgrade() -> None:
+    op.drop_table("extra_{revision}")
+'''
+
+
+def extra_branch(folder: Path, revisions: int) -> SchemaBranch:
+    """A kind's branch written here: `revisions` revisions, each adding a table."""
+    folder.mkdir(exist_ok=True)
+    for number in range(1, revisions + 1):
+        down = f"extra_{number - 1:04d}" if number > 1 else None
+        script = EXTRA_REVISION.format(revision=f"extra_{number:04d}", down=down)
+        (folder / f"extra_{number:04d}.py").write_text(script)
+    return SchemaBranch("extra", folder)
+
+
+def test_a_kind_branch_is_upgraded_on_its_own_and_left_alone_where_the_kind_is_not_installed(
+    fresh_url: str, tmp_path: Path
+) -> None:
+    open_store(fresh_url, migrate=True).close()
+    extra = extra_branch(tmp_path / "extra", 1)
+    # Installed where the database has none of its tables: a reader is refused, naming the kind.
+    with pytest.raises(ServiceUnavailable, match="no tables of the extra job kind"):
+        connect_store(fresh_url, [*schema_branches(), extra]).close()
+    connect_store(fresh_url, [*schema_branches(), extra], migrate=True).close()
+    assert version_rows(fresh_url)["alembic_version_extra"] == ["extra_0001"]
+    assert "extra_extra_0001" in schema_shape(fresh_url)
+    # Where the kind is not installed, its tables and version table are none of the store's business.
+    open_store(fresh_url).close()
+    open_store(fresh_url, migrate=True).close()
+    # A newer release of the kind adds a revision: only its branch moves.
+    before = version_rows(fresh_url)
+    newer = extra_branch(tmp_path / "extra", 2)
+    connect_store(fresh_url, [*schema_branches(), newer], migrate=True).close()
+    after = version_rows(fresh_url)
+    assert after == {**before, "alembic_version_extra": ["extra_0002"]}
+    # And a process with the older release refuses the newer tables, naming the kind, reading or migrating.
+    older = extra_branch(tmp_path / "older", 1)
+    for migrate in (False, True):
+        with pytest.raises(
+            ServiceUnavailable, match="tables of the extra job kind: schema revision extra_0002 is newer"
+        ):
+            connect_store(fresh_url, [*schema_branches(), older], migrate=migrate)
+    assert version_rows(fresh_url) == after
+
+
+def test_a_branch_needs_a_plain_name_of_its_own_and_a_folder(tmp_path: Path) -> None:
+    for name in ("Extra", "extra-kind", "1extra", "", "x; DROP TABLE runs"):
+        with pytest.raises(ConfigError, match="schema branch"):
+            SchemaBranch(name, tmp_path)
+    with pytest.raises(ConfigError, match="no folder of revisions"):
+        SchemaBranch("extra", tmp_path / "missing")
+    with pytest.raises(ConfigError, match="is the core's"):
+        branches_with_core([SchemaBranch(CORE_BRANCH.name, tmp_path)])

@@ -17,6 +17,7 @@ from sqlalchemy import update
 
 import fedqueue
 from fedqueue.config import Settings
+from fedqueue.core.database import open_store
 from fedqueue.errors import NotFound
 from fedqueue.fl.report import report_page, rounds_report
 from fedqueue.fl.results import add_round, claim_round, complete_round
@@ -24,7 +25,7 @@ from fedqueue.fl.schema import RoundRow
 from fedqueue.report import RunData, build_report, compute_report, write_report
 from fedqueue.report.html import render_html
 from fedqueue.report.timeline import Span
-from fedqueue.store import Store, open_store
+from fedqueue.store import Store
 from fedqueue.store.repo import TaskTiming
 from fedqueue.store.schema import RunRow
 from fedqueue.store.utilization import Sample, record_samples, samples_between

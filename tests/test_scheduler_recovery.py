@@ -15,12 +15,13 @@ import pytest
 from sqlalchemy import create_engine, text
 
 from fedqueue.config import Settings
+from fedqueue.core.database import open_store
 from fedqueue.errors import ServiceUnavailable
 from fedqueue.fl import api
 from fedqueue.fl.config import RunConfig
 from fedqueue.fl.results import count_done, list_rounds, load_checkpoint
 from fedqueue.fl.weights import decode_state
-from fedqueue.store import Store, open_store
+from fedqueue.store import Store
 from tests.conftest import running_workers
 from tests.helpers import assert_same_weights, reference_final_state
 from tests.reliability_support import PLUGINS, one_result_per_device, reliable_settings, slow_config, wait_until

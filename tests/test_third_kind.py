@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -14,7 +15,8 @@ from pathlib import Path
 import pytest
 
 from fedqueue.config import Settings
-from fedqueue.store import open_store
+from fedqueue.core.database import open_store
+from fedqueue.store.migrate import SchemaBranch, head_revision, schema_revision
 from tests.reliability_support import cli_env, launcher
 
 PLUGINS = Path(__file__).with_name("plugin_modules")
@@ -29,6 +31,7 @@ def install_toy_kind(folder: Path) -> Path:
     (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: fedqueue-toy\nVersion: 0.1\n")
     (dist / "entry_points.txt").write_text("[fedqueue.jobs]\ntoy = fq_toy_kind:KIND\n")
     (folder / "fq_toy_kind.py").write_text((PLUGINS / "fq_toy_kind.py").read_text())
+    shutil.copytree(PLUGINS / "fq_toy_migrations", folder / "fq_toy_migrations")
     return folder
 
 
@@ -67,6 +70,9 @@ def test_a_third_kind_runs_through_real_workers_and_shows_in_status_runs_and_rep
     store = open_store(settings.database_url)
     try:
         assert squares(store, run_id) == {number: number**2 for number in range(COUNT)}
+        # Its table came from its own schema branch, recorded beside the core's by the processes that had it.
+        toy_branch = SchemaBranch("toy", installed / "fq_toy_migrations")
+        assert schema_revision(store.engine, toy_branch) == head_revision(toy_branch) == "toy_0001"
     finally:
         store.close()
 

@@ -69,7 +69,7 @@ def resume(
 def status(run_id: RunArg, json_: JsonOpt = False) -> None:
     """Show one run's progress, workers and overlap of tasks, and what its kind adds (accuracy, tokens)."""
     from fedqueue.cli.launch import show_run
-    from fedqueue.store import open_store
+    from fedqueue.core.database import open_store
 
     store = open_store(Settings.from_env().database_url)
     try:
@@ -90,8 +90,8 @@ def report(
     ] = False,
 ) -> None:
     """Is the run really parallel, and where does the time go? Timeline, concurrency and accuracy pictures, HTML."""
+    from fedqueue.core.database import open_store
     from fedqueue.report import build_report, write_report
-    from fedqueue.store import open_store
 
     store = open_store(Settings.from_env().database_url)
     try:

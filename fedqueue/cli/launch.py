@@ -31,8 +31,8 @@ def submit_and_follow(
     with api.placement(
         settings, procs, slots, gpus_per_worker=gpus_per_worker, wait=wait_for_workers, say=console.print
     ) as place:
+        from fedqueue.core.database import open_store
         from fedqueue.queue.client import open_client
-        from fedqueue.store import open_store
 
         api.check(submission, place.settings)
         open_store(place.settings.database_url, migrate=True).close()  # a bad database before a bad broker

@@ -14,9 +14,11 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from importlib.metadata import entry_points
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from fedqueue.errors import ConfigError
+from fedqueue.store.migrate import SchemaBranch
 
 if TYPE_CHECKING:
     from fedqueue.config import Settings
@@ -121,6 +123,9 @@ class JobKind:
     # The kind's columns of `fedqueue runs` (rounds, dataset, model), merged over the core's blanks:
     # (store, this kind's run rows) -> {run id: columns}.
     run_columns: Callable[[Any, Sequence[Any]], dict[str, dict[str, Any]]] | None = None
+    # The folder of the kind's Alembic revisions, which make and change its own tables: a schema branch of its
+    # own, recorded in the table alembic_version_NAME and upgraded after the core's (its tables may refer to runs).
+    migrations: Path | None = None
 
     @property
     def queues(self) -> tuple[str, ...]:
@@ -176,6 +181,11 @@ def select(names: str | None) -> list[JobKind]:
     if not chosen:
         raise ConfigError("--jobs: name at least one job kind")
     return [get(name) for name in chosen]
+
+
+def schema_branches() -> list[SchemaBranch]:
+    """The schema branches of every installed kind that has tables of its own."""
+    return [SchemaBranch(kind.name, kind.migrations) for kind in kinds().values() if kind.migrations is not None]
 
 
 def handlers() -> Iterator[tuple[JobKind, TaskHandler]]:

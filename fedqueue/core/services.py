@@ -10,9 +10,10 @@ import redis
 
 from fedqueue.config import Settings, mask_url
 from fedqueue.core.blobs import BlobStore, DirBlobStore, RedisBlobStore
+from fedqueue.core.database import open_store
 from fedqueue.core.ledger import RedisLedger, TaskLedger
 from fedqueue.errors import ConfigError, ServiceUnavailable
-from fedqueue.store import Store, open_store
+from fedqueue.store import Store
 
 # Sends task messages (any kind's) to their queues; see `fedqueue.queue.publish`.
 Enqueue = Callable[[Sequence[Any]], None]

@@ -6,6 +6,7 @@ import contextlib
 import time
 import uuid
 from collections.abc import Iterator, Sequence
+from pathlib import Path
 from typing import Any
 
 from fedqueue.config import Settings
@@ -145,6 +146,7 @@ def _run_columns(store: Any, runs: Sequence[Any]) -> dict[str, dict[str, Any]]:
 
 KIND = JobKind(
     name=KIND_NAME,
+    migrations=Path(__file__).with_name("migrations"),
     handlers=(
         TaskHandler(TRAIN_DEVICE, DEVICES_QUEUE, DeviceTask, _train, _device_failed),
         TaskHandler(AGGREGATE_ROUND, CONTROL_QUEUE, AggregateTask, _aggregate, _aggregation_failed),

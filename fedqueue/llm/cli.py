@@ -26,13 +26,14 @@ from fedqueue.cli.common import (
 )
 from fedqueue.cli.launch import exit_unless_finished, submit_and_follow, submit_detached
 from fedqueue.config import DEFAULT_GPUS_PER_WORKER, DEFAULT_WORKER_SLOTS, Settings
+from fedqueue.core.database import open_store
 from fedqueue.core.services import Services
 from fedqueue.errors import ConfigError
 from fedqueue.llm.job import DEFAULT_BATCH_SIZE, JobRequest, Submitted, check_request, submit_job
 from fedqueue.llm.results import prompt_rows
 from fedqueue.llm.settings import GenerationSettings
 from fedqueue.llm.summary import job_summary
-from fedqueue.store import Store, open_store
+from fedqueue.store import Store
 
 app = typer.Typer(
     no_args_is_help=True,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator, Sequence
+from pathlib import Path
 from typing import Any
 
 from fedqueue.config import Settings
@@ -70,6 +71,7 @@ def _run_columns(store: Any, runs: Sequence[Any]) -> dict[str, dict[str, Any]]:
 
 KIND = JobKind(
     name=KIND_NAME,
+    migrations=Path(__file__).with_name("migrations"),
     handlers=(TaskHandler(GENERATE_BATCH, LLM_QUEUE, GenerateBatch, _generate, _batch_failed),),
     repair=reconcile,
     new_cache=ModelCache,

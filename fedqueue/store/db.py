@@ -2,31 +2,32 @@
 
 from __future__ import annotations
 
-import functools
 import sqlite3
 import time
+from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from sqlalchemy import create_engine, event, text
+from sqlalchemy import create_engine, event
 from sqlalchemy.engine import URL, Connection, Engine, make_url
 from sqlalchemy.exc import ArgumentError, SQLAlchemyError
 from sqlalchemy.pool import NullPool
 
 from fedqueue.config import mask_url
 from fedqueue.errors import ConfigError, FedqueueError, ServiceUnavailable
+from fedqueue.store.migrate import (
+    CORE_BRANCH,
+    SchemaBranch,
+    branches_with_core,
+    require_current_schema,
+    schema_problem,
+    upgrade_in_transaction,
+)
 from fedqueue.store.repo import Store
 
-if TYPE_CHECKING:  # alembic itself is imported only when a schema is checked or upgraded
-    from alembic.script import ScriptDirectory
-
-MIGRATIONS = Path(__file__).with_name("migrations")
 CONNECT_TIMEOUT_S = 5
 SQLITE_BUSY_TIMEOUT_MS = 30_000
 WAL_SWITCH_RETRY_S = 0.02
-# Postgres advisory lock held by the migrating transaction ("fedqueue" in ASCII, a positive bigint).
-MIGRATION_LOCK_KEY = 0x6665647175657565
-UPGRADE_HINT = "`fedqueue submit`, `fedqueue run` or `fedqueue worker` upgrade it"
 
 
 def _switch_to_wal(cursor: Any) -> None:
@@ -77,47 +78,6 @@ def make_engine(url: str) -> Engine:
     raise ConfigError(f"FEDQUEUE_DATABASE_URL: unsupported database {backend!r} (use sqlite or postgresql)")
 
 
-# revisions
-
-
-@functools.cache
-def _scripts() -> ScriptDirectory:
-    from alembic.script import ScriptDirectory
-
-    return ScriptDirectory(str(MIGRATIONS))
-
-
-def head_revision() -> str:
-    """The newest revision in fedqueue's migrations: the schema this code reads and writes."""
-    head = _scripts().get_current_head()
-    assert head is not None, "fedqueue's migrations have no head revision"
-    return head
-
-
-def _known_revisions() -> set[str]:
-    return {script.revision for script in _scripts().walk_revisions()}
-
-
-def schema_revision(bind: Engine | Connection) -> str | None:
-    """The revision the database is at, or None when it has no fedqueue schema. Reads only."""
-    from alembic.runtime.migration import MigrationContext
-
-    if isinstance(bind, Engine):
-        with bind.connect() as connection:
-            return schema_revision(connection)
-    return MigrationContext.configure(bind).get_current_revision()
-
-
-def _schema_problem(shown: str, revision: str | None) -> str:
-    """One line saying why this code cannot use a schema at `revision` (one other than the head)."""
-    head = head_revision()
-    if revision is None:
-        return f"database {shown} has no fedqueue tables (submit a run first, or start `fedqueue worker`)"
-    if revision not in _known_revisions():
-        return f"database {shown}: schema revision {revision} is newer than this fedqueue's {head}; upgrade fedqueue"
-    return f"database {shown}: schema is at revision {revision} but this fedqueue needs {head} ({UPGRADE_HINT})"
-
-
 # upgrades
 
 
@@ -146,60 +106,39 @@ def _sqlite_file(url: URL) -> Path | None:
     return Path(database) if url.get_backend_name() == "sqlite" and database != ":memory:" else None
 
 
-def _upgrade_in_one_transaction(engine: Engine, shown: str) -> None:
-    from alembic import command
-    from alembic.config import Config
-
-    with engine.begin() as connection:
-        if connection.dialect.name == "postgresql":
-            # Concurrent migrators queue here; each next one finds the schema current.
-            connection.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": MIGRATION_LOCK_KEY})
-        revision = schema_revision(connection)
-        if revision is not None and revision not in _known_revisions():
-            raise ServiceUnavailable(_schema_problem(shown, revision))
-        config = Config()
-        config.set_main_option("script_location", str(MIGRATIONS))
-        config.attributes["connection"] = connection
-        command.upgrade(config, "head")
-
-
-def upgrade_schema(engine: Engine, shown: str | None = None) -> None:
-    """Bring the schema to the newest revision in one transaction, one migrator at a time.
-
-    Readers see the old schema or the new one, never a part of the upgrade.
+def upgrade_schema(engine: Engine, branches: Sequence[SchemaBranch], shown: str | None = None) -> None:
+    """Bring the core's branch and the given kinds' branches to their newest revisions in one transaction, one
+    migrator at a time. Readers see the old schema or the new one, never a part of the upgrade.
     """
     shown = shown or engine.url.render_as_string(hide_password=True)
-    if _sqlite_file(engine.url) is None:
-        _upgrade_in_one_transaction(engine, shown)  # Postgres DDL is transactional; in-memory SQLite is private
-        return
-    migrator = _sqlite_migrator(engine.url)
+    every_branch = branches_with_core(branches)
+    # Postgres DDL is transactional; in-memory SQLite is private; a SQLite file needs one transaction of its own.
+    migrator = engine if _sqlite_file(engine.url) is None else _sqlite_migrator(engine.url)
     try:
-        _upgrade_in_one_transaction(migrator, shown)
+        with migrator.begin() as connection:
+            upgrade_in_transaction(connection, every_branch, shown)
     finally:
-        migrator.dispose()
+        if migrator is not engine:
+            migrator.dispose()
 
 
-def _require_current_schema(engine: Engine, shown: str) -> None:
-    revision = schema_revision(engine)
-    if revision != head_revision():
-        raise ServiceUnavailable(_schema_problem(shown, revision))
+def connect_store(url: str, branches: Sequence[SchemaBranch], *, migrate: bool = False) -> Store:
+    """Connect (failing within seconds, with one line, when the database is down) to the core's tables and the
+    tables of the kinds whose schema branches are given (`fedqueue.core.database.open_store` gives every
+    installed kind's).
 
-
-def open_store(url: str, *, migrate: bool = False) -> Store:
-    """Connect (failing within seconds, with one line, when the database is down).
-
-    With `migrate`, upgrade the schema to the newest revision; without, change nothing and refuse a schema
+    With `migrate`, upgrade each branch to its newest revision; without, change nothing and refuse a schema
     this code cannot use.
     """
     engine = make_engine(url)
     shown = mask_url(url)
     try:
         if migrate:
-            upgrade_schema(engine, shown)
+            upgrade_schema(engine, branches, shown)
         elif (path := _sqlite_file(engine.url)) is not None and not path.exists():  # connecting would create it
-            raise ServiceUnavailable(_schema_problem(shown, None))
+            raise ServiceUnavailable(schema_problem(shown, CORE_BRANCH, None) or "")
         else:
-            _require_current_schema(engine, shown)
+            require_current_schema(engine, branches_with_core(branches), shown)
     except SQLAlchemyError as err:
         engine.dispose()
         reason = str(getattr(err, "orig", None) or err).strip().splitlines()[0]

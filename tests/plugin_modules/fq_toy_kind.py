@@ -1,8 +1,8 @@
 """A third job kind, written outside fedqueue: it squares numbers, one task per number.
 
 It reaches the core only as any kind does: a `JobKind` found through the `fedqueue.jobs` entry
-points, a `Submission` for the front door, its own table for its results. Nothing in the core
-names it. tests/test_third_kind.py installs it (an entry point in a plugin folder) and runs it.
+points, a `Submission` for the front door, its own table for its results, made by its own schema
+branch (fq_toy_migrations/). Nothing in the core names it. tests/test_third_kind.py installs it (an entry point in a plugin folder) and runs it.
 """
 
 from __future__ import annotations
@@ -10,6 +10,7 @@ from __future__ import annotations
 import time
 import uuid
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Annotated, Any
 
 import typer
@@ -35,14 +36,10 @@ class SquareRow(ToyBase):
     """The kind's own table: one square per number of a run."""
 
     __tablename__ = "toy_squares"
-    run_id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    run_id: Mapped[str] = mapped_column(String(32), primary_key=True)
     number: Mapped[int] = mapped_column(Integer, primary_key=True)
     square: Mapped[int] = mapped_column(Integer)
     worker: Mapped[str] = mapped_column(String(200))
-
-
-def ensure_schema(store: Store) -> None:
-    ToyBase.metadata.create_all(store.engine, checkfirst=True)
 
 
 def squares(store: Store, run_id: str) -> dict[int, int]:
@@ -138,7 +135,6 @@ class SquaresJob:
             raise ConfigError(f"--count: expected 1 to 10000, got {self.count}")
 
     def submit(self, services: Services) -> str:
-        ensure_schema(services.store)
         run_id = f"toy-{uuid.uuid4().hex[:8]}"
         config = {"count": self.count, "sleep_s": self.sleep_s}
         services.store.create_run(run_id, "squares", config, 0, kind=KIND_NAME, broker_id=services.ledger.broker_id())
@@ -170,6 +166,8 @@ def _commands() -> typer.Typer:
 
 KIND = JobKind(
     name=KIND_NAME,
+    # Its table comes from a schema branch of its own, upgraded with the core's by every migrating process.
+    migrations=Path(__file__).with_name("fq_toy_migrations"),
     handlers=(TaskHandler("fedqueue_toy.square", QUEUE, Square, _square, _give_up),),
     repair=_repair,
     commands=_commands,

@@ -1,10 +1,13 @@
-"""Alembic environment: runs against the connection fedqueue hands over."""
+"""Alembic environment for every schema branch: runs against the connection fedqueue hands over, recording the
+branch's revision in the branch's own version table."""
 
 from alembic import context
 
-from fedqueue.store.schema import Base
-
-connection = context.config.attributes["connection"]
-context.configure(connection=connection, target_metadata=Base.metadata, render_as_batch=True)
+attributes = context.config.attributes
+context.configure(
+    connection=attributes["connection"],
+    version_table=attributes.get("version_table", "alembic_version"),
+    render_as_batch=True,
+)
 with context.begin_transaction():
     context.run_migrations()
