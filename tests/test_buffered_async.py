@@ -295,7 +295,7 @@ def test_a_fold_asked_for_before_the_schedule_existed_does_not_hold_back_later_r
     config = buffered_config()
     services = open_client(settings)
     try:
-        services.store.create_run("early", "early", config.to_dict(), config.last_version)
+        services.store.create_run("early", "early", config.to_dict(), config.last_version, kind="fl")
         assert request_fold(services, "early")  # a result stored before the schedule was written
         assert not request_fold(services, "early")  # a second one is a duplicate while the first waits
         assert fold_updates(services, WorkerCache(), "early", "worker", 1) == 0  # no schedule: nothing to fold

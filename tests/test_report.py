@@ -182,7 +182,7 @@ def test_html_escapes_user_strings_and_shows_pictures_and_the_round_table() -> N
 def filled_store(path: Path, rounds: int) -> tuple[Store, str]:
     """A store written by hand: `rounds` rounds, two workers with two slots each, one failed device."""
     store = open_store(f"sqlite:///{path}", migrate=True)
-    store.create_run("hand", "by hand", {"dataset": "digits", "model": "mlp"}, rounds)
+    store.create_run("hand", "by hand", {"dataset": "digits", "model": "mlp"}, rounds, kind="fl")
     start = time.time() - rounds - 5  # the whole made-up timeline lies in the past
     with store.session() as session, session.begin():
         session.execute(update(RunRow).where(RunRow.id == "hand").values(created_at=start))

@@ -54,7 +54,7 @@ TABLES = {"runs", "rounds", "task_timings", "device_tasks", "checkpoints"}
 
 def new_run(store: Store, rounds_total: int = 3, **config: object) -> str:
     run_id = uuid.uuid4().hex  # 32 characters: the width of runs.id
-    store.create_run(run_id, f"name-{run_id[:6]}", {"dataset": "digits", **config}, rounds_total)
+    store.create_run(run_id, f"name-{run_id[:6]}", {"dataset": "digits", **config}, rounds_total, kind="fl")
     return run_id
 
 

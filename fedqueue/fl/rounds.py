@@ -25,7 +25,7 @@ from fedqueue.core.codec import BlobRef
 from fedqueue.core.keys import global_key, is_pack_sum_key
 from fedqueue.core.services import Services
 from fedqueue.fl.config import RunConfig
-from fedqueue.fl.messages import DeviceTask
+from fedqueue.fl.messages import KIND_NAME, DeviceTask
 from fedqueue.fl.read_ahead import ReadAhead, read_round_ahead
 from fedqueue.fl.results import (
     add_round,
@@ -125,7 +125,12 @@ def submit_run(services: Services, config: RunConfig, run_id: str | None = None)
     config = resolve_packing(config, data, services.worker_slots)
     encoded = encode_state(state)
     services.store.create_run(
-        run_id, config.name, config.to_dict(), config.last_version, broker_id=services.ledger.broker_id()
+        run_id,
+        config.name,
+        config.to_dict(),
+        config.last_version,
+        kind=KIND_NAME,
+        broker_id=services.ledger.broker_id(),
     )
     checkpoint_version(services, run_id, 0, encoded)
     strategy_for(config).start(services, run_id, config, encoded)

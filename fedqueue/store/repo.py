@@ -107,7 +107,7 @@ class Store:
         config: dict[str, Any],
         rounds_total: int,
         *,
-        kind: str = "fl",
+        kind: str,
         broker_id: str | None = None,
     ) -> None:
         with self.session() as session, session.begin():

@@ -21,8 +21,9 @@ class RunRow(Base):
     __tablename__ = "runs"
 
     id: Mapped[str] = mapped_column(String(32), primary_key=True)
-    # The job kind that owns the run ("fl", "llm"): the supervisor repairs it with that kind's pass.
-    kind: Mapped[str] = mapped_column(String(16), default="fl", server_default="fl")
+    # The job kind that owns the run: the supervisor repairs it with that kind's pass. Every run names its kind;
+    # the database's default fills only rows written before kinds existed, all of them FL runs.
+    kind: Mapped[str] = mapped_column(String(16), server_default="fl")
     name: Mapped[str] = mapped_column(String(NAME_MAX), default="")
     config: Mapped[dict[str, Any]] = mapped_column(JSON)
     state: Mapped[str] = mapped_column(String(16))  # running | finished | failed
