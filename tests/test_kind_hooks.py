@@ -194,3 +194,12 @@ def test_an_fl_run_gets_its_rounds_through_the_fl_kinds_hooks(store: Store, regi
     assert "rounds" not in build_report(store, run_id)
     (line,) = [line for line in run_lines(store, store.list_runs()) if line["id"] == run_id]
     assert line["rounds"] == ""
+
+
+def test_a_load_waits_for_the_warm_up_of_its_process_and_only_while_it_runs() -> None:
+    """Imports beside a running warm-up can meet half-made modules: a kind's load waits it out (a worker marks
+    it before taking tasks); with no warm-up running it does not wait at all."""
+    assert jobs.wait_for_warm_up(0)
+    with jobs.warming_up():
+        assert not jobs.wait_for_warm_up(0.05)
+    assert jobs.wait_for_warm_up(0)

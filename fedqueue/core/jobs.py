@@ -133,6 +133,28 @@ class JobKind:
         return tuple(sorted({handler.queue for handler in self.handlers if handler.queue != CONTROL_QUEUE}))
 
 
+# Clear while this process's warm-up runs. Python's imports are not safe between threads where modules import each
+# other in a cycle (torch's compiler stack: one thread may see the other's module half made), so a task about to
+# import such modules itself (a model's engine) waits for it first.
+_no_warm_up_running = threading.Event()
+_no_warm_up_running.set()
+
+
+@contextlib.contextmanager
+def warming_up() -> Iterator[None]:
+    """Marks this process's warm-up as running until the block ends (entered before tasks are taken)."""
+    _no_warm_up_running.clear()
+    try:
+        yield
+    finally:
+        _no_warm_up_running.set()
+
+
+def wait_for_warm_up(timeout_s: float) -> bool:
+    """Wait until no warm-up runs in this process (at most `timeout_s`); False when it still runs."""
+    return _no_warm_up_running.wait(timeout_s)
+
+
 _lock = threading.Lock()
 _kinds: dict[str, JobKind] = {}
 # Handlers by message class, filled by `register`: the publisher looks one up per message.

@@ -8,12 +8,16 @@ import time
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
+from fedqueue.core import jobs
 from fedqueue.core.services import Services
 from fedqueue.llm.messages import KIND_NAME, GenerateBatch
 from fedqueue.llm.progress import announce_stored
 from fedqueue.llm.results import Outcome, pending_prompts, record_outcomes
 from fedqueue.llm.settings import GenerationSettings
 from fedqueue.store.repo import TaskTiming
+
+# How long a model's first load waits for the worker's warm-up (about a second) before it goes ahead anyway.
+WARM_UP_WAIT_S = 120.0
 
 if TYPE_CHECKING:
     from fedqueue.llm.model import LoadedModel
@@ -43,6 +47,9 @@ class ModelCache:
         return config
 
     def model(self, name: str, dtype: str, backend: str = "transformers") -> LoadedModel:
+        # Loading imports torch's and the backend's modules, which must not be imported beside the worker's
+        # warm-up in another thread (a model's load takes longer than the wait, which is rarely any).
+        jobs.wait_for_warm_up(WARM_UP_WAIT_S)
         # One loader at a time: two threads of one worker must not load the same model twice.
         with self._lock:
             loaded = self._models.get((name, dtype, backend))

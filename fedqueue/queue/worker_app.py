@@ -4,6 +4,7 @@ import logging
 import os
 import threading
 import time
+from contextlib import AbstractContextManager
 from typing import Any
 
 from celery.signals import worker_init, worker_ready, worker_shutdown
@@ -28,11 +29,14 @@ _warmed = threading.Event()
 @worker_init.connect
 def _start_warm_up(**_: Any) -> None:
     # Beside consuming, not before it: tasks already queued start at once, and the warm-up's
-    # imports overlap the worker's own start-up instead of adding to it.
-    threading.Thread(target=_warm_up, name="fedqueue-warm-up", daemon=True).start()
+    # imports overlap the worker's own start-up instead of adding to it. Marked running before any task
+    # is taken, so a task that must not import beside it (jobs.wait_for_warm_up) sees it.
+    warming = jobs.warming_up()
+    warming.__enter__()
+    threading.Thread(target=_warm_up, args=(warming,), name="fedqueue-warm-up", daemon=True).start()
 
 
-def _warm_up() -> None:
+def _warm_up(warming: AbstractContextManager[None]) -> None:
     began = time.monotonic()
     try:
         for kind in jobs.select(settings.jobs):
@@ -42,6 +46,7 @@ def _warm_up() -> None:
     except Exception:  # a task meets the same failure and reports it where the run shows it
         log.exception("warm-up failed")
     finally:
+        warming.__exit__(None, None, None)
         _warmed.set()
 
 
