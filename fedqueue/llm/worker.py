@@ -50,10 +50,13 @@ class ModelCache:
         # Loading imports torch's and the backend's modules, which must not be imported beside the worker's
         # warm-up in another thread (a model's load takes longer than the wait, which is rarely any).
         jobs.wait_for_warm_up(WARM_UP_WAIT_S)
-        # One loader at a time: two threads of one worker must not load the same model twice.
+        # One loader at a time: two threads of one worker must not load the same model twice. Everything a batch
+        # imports is imported here, under the lock, so a second slot never imports beside the first one's load.
         with self._lock:
             loaded = self._models.get((name, dtype, backend))
             if loaded is None:
+                import fedqueue.llm.generate  # noqa: F401
+
                 if backend == "vllm":
                     from fedqueue.llm.vllm_backend import load_vllm
 
@@ -68,8 +71,6 @@ class ModelCache:
 
 def run_batch(services: Services, cache: ModelCache, task: GenerateBatch, worker: str, attempt: int) -> None:
     """Generate the batch's prompts that are still pending and store them; finish the job after its last."""
-    from fedqueue.llm.generate import PromptIn, generate_batch
-
     started_at = time.time()
     clock = time.perf_counter()
     rows = pending_prompts(services.store, task.run_id, task.keys)
@@ -81,6 +82,7 @@ def run_batch(services: Services, cache: ModelCache, task: GenerateBatch, worker
     settings = GenerationSettings.from_dict(config["generation"])
     loaded = cache.model(config["model"], settings.dtype, settings.backend)
     load_ms = _elapsed_ms(clock)
+    from fedqueue.llm.generate import PromptIn, generate_batch  # loaded by cache.model, under its lock
 
     clock = time.perf_counter()
     prompts = [
