@@ -83,7 +83,12 @@ def assert_the_killed_batch_ran_again(store: Any, killed: KilledMidBatch) -> lis
     written again. Returns the job's rows."""
     assert killed.status["state"] == "finished"
     rows = prompt_rows(store, killed.handle.id)
-    assert all(row.state == "done" for row in rows)
+    not_done = [(row.key, row.batch, row.state, row.error) for row in rows if row.state != "done"]
+    assert not not_done, (
+        len(not_done),
+        not_done[:3],
+        [(t.task, t.state, t.attempt) for t in store.task_timings(killed.handle.id)],
+    )
     timing = next(t for t in store.task_timings(killed.handle.id) if t.task == batch_task_name(killed.victim_batch))
     assert timing.attempt == 2
     for row in rows:
