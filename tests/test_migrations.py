@@ -11,6 +11,7 @@ import threading
 import uuid
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -41,11 +42,11 @@ BIG = 5 * 2**31  # a byte size past 32 bits
 WAIT_S = 60  # a guard against a hang, never a pause the test relies on
 
 
-@pytest.fixture
-def fresh_url(database_url: str) -> Iterator[str]:
-    """An empty database: the test's own SQLite file, or a new Postgres database dropped afterwards."""
+@contextmanager
+def empty_database(database_url: str, sqlite_url: str) -> Iterator[str]:
+    """An empty database: `sqlite_url` on SQLite, or a new Postgres database dropped afterwards."""
     if make_url(database_url).get_backend_name() == "sqlite":
-        yield database_url
+        yield sqlite_url
         return
     admin = create_engine(database_url, isolation_level="AUTOCOMMIT")
     name = f"fedqueue_mig_{uuid.uuid4().hex[:10]}"
@@ -57,6 +58,13 @@ def fresh_url(database_url: str) -> Iterator[str]:
         with admin.connect() as connection:
             connection.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
         admin.dispose()
+
+
+@pytest.fixture
+def fresh_url(database_url: str) -> Iterator[str]:
+    """An empty database: the test's own SQLite file, or a new Postgres database."""
+    with empty_database(database_url, database_url) as url:
+        yield url
 
 
 def on_engine(url: str, action: Callable[[Engine], Any]) -> Any:
@@ -364,19 +372,8 @@ def version_rows(url: str) -> dict[str, list[str]]:
 @pytest.fixture
 def second_url(database_url: str, tmp_path: Path) -> Iterator[str]:
     """A second empty database beside `fresh_url`'s."""
-    if make_url(database_url).get_backend_name() == "sqlite":
-        yield f"sqlite:///{tmp_path / 'second.db'}"
-        return
-    admin = create_engine(database_url, isolation_level="AUTOCOMMIT")
-    name = f"fedqueue_mig_{uuid.uuid4().hex[:10]}"
-    with admin.connect() as connection:
-        connection.execute(text(f'CREATE DATABASE "{name}"'))
-    try:
-        yield make_url(database_url).set(database=name).render_as_string(hide_password=False)
-    finally:
-        with admin.connect() as connection:
-            connection.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
-        admin.dispose()
+    with empty_database(database_url, f"sqlite:///{tmp_path / 'second.db'}") as url:
+        yield url
 
 
 def test_a_new_database_and_one_from_the_earlier_line_end_with_the_same_schema(fresh_url: str, second_url: str) -> None:

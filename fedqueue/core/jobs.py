@@ -140,14 +140,13 @@ _no_warm_up_running = threading.Event()
 _no_warm_up_running.set()
 
 
-@contextlib.contextmanager
-def warming_up() -> Iterator[None]:
-    """Marks this process's warm-up as running until the block ends (entered before tasks are taken)."""
+def warm_up_started() -> None:
+    """This process's warm-up runs from now (marked before its worker takes a task) until `warm_up_ended`."""
     _no_warm_up_running.clear()
-    try:
-        yield
-    finally:
-        _no_warm_up_running.set()
+
+
+def warm_up_ended() -> None:
+    _no_warm_up_running.set()
 
 
 def wait_for_warm_up(timeout_s: float) -> bool:

@@ -47,14 +47,13 @@ class ModelCache:
         return config
 
     def model(self, name: str, dtype: str, backend: str = "transformers") -> LoadedModel:
-        # Loading imports torch's and the backend's modules, which must not be imported beside the worker's
-        # warm-up in another thread (a model's load takes longer than the wait, which is rarely any).
-        jobs.wait_for_warm_up(WARM_UP_WAIT_S)
         # One loader at a time: two threads of one worker must not load the same model twice. Everything a batch
         # imports is imported here, under the lock, so a second slot never imports beside the first one's load.
         with self._lock:
             loaded = self._models.get((name, dtype, backend))
             if loaded is None:
+                # Nor beside the worker's warm-up in another thread (a load takes longer than the wait, if any).
+                jobs.wait_for_warm_up(WARM_UP_WAIT_S)
                 import fedqueue.llm.generate  # noqa: F401
 
                 if backend == "vllm":

@@ -4,7 +4,6 @@ import logging
 import os
 import threading
 import time
-from contextlib import AbstractContextManager
 from typing import Any
 
 from celery.signals import worker_init, worker_ready, worker_shutdown
@@ -31,12 +30,11 @@ def _start_warm_up(**_: Any) -> None:
     # Beside consuming, not before it: tasks already queued start at once, and the warm-up's
     # imports overlap the worker's own start-up instead of adding to it. Marked running before any task
     # is taken, so a task that must not import beside it (jobs.wait_for_warm_up) sees it.
-    warming = jobs.warming_up()
-    warming.__enter__()
-    threading.Thread(target=_warm_up, args=(warming,), name="fedqueue-warm-up", daemon=True).start()
+    jobs.warm_up_started()
+    threading.Thread(target=_warm_up, name="fedqueue-warm-up", daemon=True).start()
 
 
-def _warm_up(warming: AbstractContextManager[None]) -> None:
+def _warm_up() -> None:
     began = time.monotonic()
     try:
         for kind in jobs.select(settings.jobs):
@@ -46,7 +44,7 @@ def _warm_up(warming: AbstractContextManager[None]) -> None:
     except Exception:  # a task meets the same failure and reports it where the run shows it
         log.exception("warm-up failed")
     finally:
-        warming.__exit__(None, None, None)
+        jobs.warm_up_ended()
         _warmed.set()
 
 

@@ -29,7 +29,6 @@ CORE = "core"
 # fedqueue's revisions before the kinds had branches: one line (0001-0011) that made every table. A database
 # still there is brought to its end, which is the branches' first revisions, and carries on from them.
 LEGACY = MIGRATIONS / "legacy"
-LEGACY_END_RECORDED_AS = "core_0001"
 UPGRADE_HINT = "`fedqueue submit`, `fedqueue run` or `fedqueue worker` upgrade it"
 # Postgres advisory lock held by the migrating transaction ("fedqueue" in ASCII, a positive bigint).
 MIGRATION_LOCK_KEY = 0x6665647175657565
@@ -152,9 +151,8 @@ def _leave_legacy_line(connection: Connection) -> None:
     if revision is None or revision not in known_revisions(LEGACY):
         return
     _upgrade_branch(connection, LEGACY, CORE_BRANCH.version_table)
-    connection.execute(
-        text(f"UPDATE {CORE_BRANCH.version_table} SET version_num = :now"), {"now": LEGACY_END_RECORDED_AS}
-    )
+    [first] = _scripts(CORE_BRANCH.revisions).get_bases()  # its tables are what the legacy line ends with
+    connection.execute(text(f"UPDATE {CORE_BRANCH.version_table} SET version_num = :now"), {"now": first})
 
 
 def upgrade_in_transaction(connection: Connection, branches: Sequence[SchemaBranch], shown: str) -> None:
