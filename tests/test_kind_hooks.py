@@ -197,7 +197,7 @@ def test_an_fl_run_gets_its_rounds_through_the_fl_kinds_hooks(store: Store, regi
 
 
 def test_a_load_waits_for_the_warm_up_of_its_process_and_only_while_it_runs() -> None:
-    """Imports beside a running warm-up can meet half-made modules: a kind's load waits it out (a worker marks
+    """Imports beside a running warm-up can meet half-made modules: a task waits it out (a worker marks
     it before taking tasks); with no warm-up running it does not wait at all."""
     assert jobs.wait_for_warm_up(0)
     jobs.warm_up_started()

@@ -135,7 +135,7 @@ class JobKind:
 
 # Clear while this process's warm-up runs. Python's imports are not safe between threads where modules import each
 # other in a cycle (torch's compiler stack: one thread may see the other's module half made), so a task about to
-# import such modules itself (a model's engine) waits for it first.
+# import such modules itself (every task: its kind's scope sets torch's kernels) waits for it first.
 _no_warm_up_running = threading.Event()
 _no_warm_up_running.set()
 

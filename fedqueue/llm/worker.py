@@ -8,16 +8,12 @@ import time
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
-from fedqueue.core import jobs
 from fedqueue.core.services import Services
 from fedqueue.llm.messages import KIND_NAME, GenerateBatch
 from fedqueue.llm.progress import announce_stored
 from fedqueue.llm.results import Outcome, pending_prompts, record_outcomes
 from fedqueue.llm.settings import GenerationSettings
 from fedqueue.store.repo import TaskTiming
-
-# How long a model's first load waits for the worker's warm-up (about a second) before it goes ahead anyway.
-WARM_UP_WAIT_S = 120.0
 
 if TYPE_CHECKING:
     from fedqueue.llm.model import LoadedModel
@@ -52,8 +48,6 @@ class ModelCache:
         with self._lock:
             loaded = self._models.get((name, dtype, backend))
             if loaded is None:
-                # Nor beside the worker's warm-up in another thread (a load takes longer than the wait, if any).
-                jobs.wait_for_warm_up(WARM_UP_WAIT_S)
                 import fedqueue.llm.generate  # noqa: F401
 
                 if backend == "vllm":

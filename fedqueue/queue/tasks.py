@@ -28,6 +28,8 @@ log = logging.getLogger(__name__)
 
 # Before a message whose services failed goes back to the queue: a blip passes, a loop stays slow.
 REQUEUE_PAUSE_S = 1.0
+# How long a task waits for its worker's warm-up (about a second) before it goes ahead anyway.
+WARM_UP_WAIT_S = 120.0
 
 
 class WorkerState:
@@ -97,6 +99,9 @@ def _register(
                 if attempt > settings.max_attempts:
                     handler.give_up(context, message, attempt - 1, services.ledger.lost_reason(key, attempt - 1))
                     return
+                # A kind's scope and task import torch's compiler modules (use_deterministic_algorithms does), which
+                # must not be imported beside the worker's warm-up thread: only a process's first tasks wait here.
+                jobs.wait_for_warm_up(WARM_UP_WAIT_S)
                 with state.watchdog.watching(f"{handler.name} {message.label}", on_timeout), kind.task_scope(settings):
                     handler.run(context, message)
         except Exception as err:
