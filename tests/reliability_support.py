@@ -18,7 +18,7 @@ import psutil
 from fedqueue.config import Settings
 from fedqueue.fl import api
 from fedqueue.fl.config import RunConfig
-from fedqueue.fl.results import device_tasks, has_result, list_rounds
+from fedqueue.fl.store.results import device_tasks, has_result, list_rounds
 from fedqueue.queue.app import make_app
 from tests.helpers import small_config
 

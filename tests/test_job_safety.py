@@ -14,8 +14,8 @@ from pathlib import Path
 
 from fedqueue.config import Settings
 from fedqueue.fl import api
-from fedqueue.fl.results import device_tasks, get_round, list_rounds
-from fedqueue.fl.rounds import select_devices
+from fedqueue.fl.store.results import device_tasks, get_round, list_rounds
+from fedqueue.fl.strategy.sync.rounds import select_devices
 from tests.helpers import assert_same_weights, reference_final_state, small_config
 from tests.reliability_support import (
     SLOW_STEP,

@@ -9,8 +9,9 @@ from pathlib import Path
 import pytest
 
 from fedqueue.config import Settings
-from fedqueue.fl.results import count_done, device_tasks, list_rounds
-from fedqueue.fl.rounds import final_state, submit_run
+from fedqueue.fl.scheduler import submit_run
+from fedqueue.fl.store.results import count_done, device_tasks, list_rounds
+from fedqueue.fl.strategy.common import final_state
 from fedqueue.queue.client import open_client
 from fedqueue.report.summary import run_summary
 from tests.conftest import running_workers

@@ -19,9 +19,9 @@ import fedqueue
 from fedqueue.config import Settings
 from fedqueue.core.database import open_store
 from fedqueue.errors import NotFound
-from fedqueue.fl.report import report_page, rounds_report
-from fedqueue.fl.results import add_round, claim_round, complete_round
-from fedqueue.fl.schema import RoundRow
+from fedqueue.fl.store.results import add_round, claim_round, complete_round
+from fedqueue.fl.store.schema import RoundRow
+from fedqueue.fl.view.report import report_page, rounds_report
 from fedqueue.report import RunData, build_report, compute_report, write_report
 from fedqueue.report.html import render_html
 from fedqueue.report.timeline import Span

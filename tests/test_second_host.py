@@ -26,7 +26,7 @@ import redis
 
 from fedqueue.config import Settings
 from fedqueue.fl import api
-from fedqueue.fl.results import device_tasks
+from fedqueue.fl.store.results import device_tasks
 from tests.helpers import assert_same_weights, reference_final_state
 from tests.reliability_support import cli_env, ping_count, reliable_settings, slow_config, wait_until
 from tests.service_support import free_port, http_get, redis_answers, running_flower

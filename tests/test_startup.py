@@ -28,7 +28,7 @@ from tests.test_cli import SMALL, cli_env, fedqueue, our_processes, write_config
 
 def test_warm_up_leaves_what_tasks_read_as_it_found_it() -> None:
     """It runs beside tasks: drawing from torch's global generator would change their weights."""
-    from fedqueue.fl.warmup import warm_up
+    from fedqueue.fl.ml.warmup import warm_up
 
     torch.manual_seed(1234)
     rng = torch.get_rng_state()
@@ -42,7 +42,7 @@ def test_digits_read_from_the_file_equal_scikit_learns_loader() -> None:
     import numpy as np
     from sklearn.datasets import load_digits
 
-    from fedqueue.fl.data import _digits_arrays
+    from fedqueue.fl.ml.data import _digits_arrays
 
     images, target = _digits_arrays()
     bunch = load_digits()

@@ -15,8 +15,8 @@ from typing import Any
 
 from fedqueue.errors import ConfigError, DataError
 from fedqueue.fl.messages import PACK_MAX, PACK_MODES
-from fedqueue.fl.plugins import describe_choices, is_valid_name
-from fedqueue.fl.staleness import STALENESS_WEIGHTS
+from fedqueue.fl.ml.plugins import describe_choices, is_valid_name
+from fedqueue.fl.strategy.fedbuff.staleness import STALENESS_WEIGHTS
 from fedqueue.store.schema import NAME_MAX
 
 PARTITIONS = ("iid", "dirichlet")
@@ -57,13 +57,13 @@ class RunConfig:
     aggregate: str = "fedavg"
     # Devices per task ("auto": chosen at submit from the round's size and the workers' slots), and
     # how a task trains its pack: "sequential" (back to back), "vmap" (one stacked step), or "auto"
-    # (both timed at submit, see fl/packing.py). The choice is written into the stored config.
+    # (both timed at submit, see fl/packs/rules.py). The choice is written into the stored config.
     pack_size: int | str = "auto"
     pack_mode: str = "auto"
     # Written at submit: how "auto" was resolved, for the config and the report to show.
     pack_choice: str = ""
     # How updates become versions: "fedavg" (synchronous rounds), "fedbuff" (buffered asynchronous),
-    # or "fedrevive" (FedBuff whose stale updates are mixed with a distilled one, fl/revive.py).
+    # or "fedrevive" (FedBuff whose stale updates are mixed with a distilled one, fl/ml/distill.py).
     mode: str = "fedavg"
     # Buffered async (fedbuff): devices training at once (default devices_per_round), updates per
     # new version, the last version (default `rounds`), staleness weighting and cut-off, reuse of
@@ -89,7 +89,7 @@ class RunConfig:
     kd_beta: float | str = 0.5
     kd_beta_factor: float = 75.0
     # Where the distillation's inputs come from: "simple_kd" (the held-out kd_split) or "dfkd"
-    # (images a generator learns from the teachers, fl/synthesis.py), with the generator's knobs
+    # (images a generator learns from the teachers, fl/ml/synthesis.py), with the generator's knobs
     # and freeze_rounds in the `dfkd` table, named as in FedRevive's dfkd_settings.
     kd_augmentation: str = "simple_kd"
     dfkd: dict[str, Any] = field(default_factory=dict)
@@ -272,7 +272,8 @@ class RunConfig:
         return self.mode == "fedrevive" and self.kd_augmentation == "dfkd"
 
     def _check_revive_rules(self) -> None:
-        from fedqueue.fl.revive import BETA_SCHEDULES, KD_AUGMENTATIONS, KD_VERSIONS
+        # torch: every command reads a run config; FedRevive's names load with its math, for a FedRevive config only
+        from fedqueue.fl.ml.distill import BETA_SCHEDULES, KD_AUGMENTATIONS, KD_VERSIONS
 
         _choice("kd_augmentation", self.kd_augmentation, KD_AUGMENTATIONS)
         if not self.data_free and not 0 < self.kd_split < 1:
@@ -303,7 +304,8 @@ def _numbers(key: str, value: Any, minimum: float = 0.0) -> list[float]:
 
 def _check_dfkd(table: dict[str, Any]) -> None:
     """dfkd = {...}: each key a knob of the synthesizer (or freeze_rounds), each value of its default's type."""
-    from fedqueue.fl.revive import dfkd_defaults
+    # torch, as above
+    from fedqueue.fl.ml.distill import dfkd_defaults
 
     if not table:
         return

@@ -8,10 +8,11 @@ import torch
 from torch import nn
 
 from fedqueue.errors import ConfigError
-from fedqueue.fl.data import DataSpec, TensorData, load_federated
-from fedqueue.fl.evaluate import evaluate
-from fedqueue.fl.models import build_model, initial_state
-from fedqueue.fl.train import LocalTrainConfig, TrainOutcome, train_local
+from fedqueue.fl.ml.data import DataSpec, load_federated
+from fedqueue.fl.ml.evaluate import evaluate
+from fedqueue.fl.ml.models import build_model, initial_state
+from fedqueue.fl.ml.plugins import TensorData
+from fedqueue.fl.ml.train import LocalTrainConfig, TrainOutcome, train_local
 
 CPU = torch.device("cpu")
 SGD = LocalTrainConfig(local_iters=20, local_epochs=None, batch_size=16, optimizer="sgd", lr=0.05, momentum=0.9)

@@ -9,7 +9,8 @@ from typing import Any
 
 from fedqueue.config import Settings
 from fedqueue.core.services import Services
-from fedqueue.fl.rounds import final_state, submit_run
+from fedqueue.fl.scheduler import submit_run
+from fedqueue.fl.strategy.common import final_state
 from fedqueue.llm.generate import PromptIn, generate_batch
 from fedqueue.llm.job import JobRequest, Submitted, submit_job
 from fedqueue.llm.messages import GenerateBatch
