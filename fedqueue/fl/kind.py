@@ -21,7 +21,7 @@ from fedqueue.fl.strategy.fedbuff.fold import fold_updates
 from fedqueue.fl.strategy.sync.rounds import aggregate_round, fail_aggregation
 from fedqueue.fl.worker.cache import WorkerCache
 from fedqueue.fl.worker.device_task import give_up_on, run_device_task
-from fedqueue.fl.worker.timing import task_timing
+from fedqueue.fl.worker.timing_rows import task_timing
 
 TRAIN_DEVICE = "fedqueue.train_device"
 AGGREGATE_ROUND = "fedqueue.aggregate_round"

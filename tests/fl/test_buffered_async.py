@@ -260,7 +260,7 @@ def test_sigkilled_workers_lose_nothing(settings: Settings, tmp_path: Path) -> N
 def test_killed_scheduler_is_resumed_to_the_same_versions(tmp_path: Path) -> None:
     """SIGKILL `fedqueue run` mid-run (its embedded Redis and workers go down with it); `fedqueue resume`
     republishes what Redis lost, sends the lost devices again and makes the same versions."""
-    from tests.test_scheduler_recovery import embedded_env, killed_then_resumed
+    from tests.fl.test_scheduler_recovery import embedded_env, killed_then_resumed
 
     config = slow_config(0.05, **BUFFERED)
     speed = BUFFERED["device_speed"]

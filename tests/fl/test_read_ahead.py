@@ -21,11 +21,12 @@ from fedqueue.config import Settings
 from fedqueue.core.codec import BlobRef
 from fedqueue.core.jobs import CONTROL_QUEUE
 from fedqueue.core.services import Services, open_services
-from fedqueue.fl import api, read_ahead
+from fedqueue.fl import api
 from fedqueue.fl.messages import AggregateTask, DeviceTask, aggregate_key
 from fedqueue.fl.ml.weights import decode_state
 from fedqueue.fl.scheduler import submit_run
 from fedqueue.fl.store.results import list_rounds, round_outcomes
+from fedqueue.fl.strategy.sync import read_ahead
 from fedqueue.fl.strategy.sync.read_ahead import ReadAhead, read_round_ahead
 from fedqueue.fl.strategy.sync.strategy import SYNCHRONOUS
 from fedqueue.fl.worker.cache import WorkerCache

@@ -4,6 +4,9 @@ How updates are folded into versions is each strategy's own: synchronous FedAvg 
 round once all its devices are stored (fedqueue.fl.strategy.sync.rounds); FedBuff folds updates in simulated
 arrival order as they come (fedqueue.fl.strategy.fedbuff.fold). The arithmetic of both is pure
 (fedqueue.fl.ml.aggregate), as is FedBuff's schedule (fedqueue.fl.strategy.fedbuff.schedule).
+
+Worker code never imports a strategy: the kind picks a run's (fedqueue.fl.strategy.choose) and hands
+it to the device task, which calls it through this protocol.
 """
 
 from __future__ import annotations

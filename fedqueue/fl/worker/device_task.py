@@ -17,7 +17,7 @@ from fedqueue.fl.ml.seeding import task_seed
 from fedqueue.fl.ml.weights import encode_state
 from fedqueue.fl.store.results import DeviceResult, record_device_result, record_device_results, unstored_devices
 from fedqueue.fl.worker.cache import WorkerCache
-from fedqueue.fl.worker.timing import task_timing
+from fedqueue.fl.worker.timing_rows import task_timing
 from fedqueue.store.repo import TaskTiming
 
 if TYPE_CHECKING:

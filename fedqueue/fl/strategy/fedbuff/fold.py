@@ -39,7 +39,7 @@ from fedqueue.fl.store.schema import RoundRow
 from fedqueue.fl.strategy.common import ClaimLost, evaluate_version, renewing
 from fedqueue.fl.strategy.fedbuff import schedule
 from fedqueue.fl.strategy.fedbuff.schedule import Arrival, Dispatch, NewVersion, Outcome, Rules, ScheduleState, Trip
-from fedqueue.fl.worker.timing import task_timing
+from fedqueue.fl.worker.timing_rows import task_timing
 
 if TYPE_CHECKING:
     import torch
