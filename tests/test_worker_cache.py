@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 from fedqueue.config import Settings
-from fedqueue.core.services import open_services
+from fedqueue.core.connect import open_services
 from fedqueue.fl import models
 from fedqueue.fl.device_task import WorkerCache, run_device_task
 from fedqueue.fl.messages import DeviceTask

@@ -5,7 +5,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from fedqueue.config import Settings
-from fedqueue.core.services import Services, WorkerSlots, open_services
+from fedqueue.core.connect import open_services
+from fedqueue.core.services import Services, WorkerSlots
 
 if TYPE_CHECKING:
     from celery import Celery
