@@ -8,6 +8,7 @@ import time
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
+from fedqueue.core.gpus import visible_gpus
 from fedqueue.core.services import Services
 from fedqueue.core.timing import timing_of
 from fedqueue.llm.messages import KIND_NAME, GenerateBatch
@@ -154,10 +155,7 @@ def _timing(
 
 def _device_map() -> str | None:
     """A worker pinned to several GPUs spreads a model over them; one GPU or a CPU holds it whole."""
-    import os
-
-    visible = [part for part in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if part.strip()]
-    return "auto" if len(visible) > 1 else None
+    return "auto" if len(visible_gpus() or []) > 1 else None
 
 
 def _elapsed_ms(start: float) -> float:
