@@ -210,14 +210,14 @@ def breakdown(url: str, folder: Path, tasks: int) -> dict[str, Any]:
     from fedqueue.fl.messages import DeviceTask
     from fedqueue.fl.rounds import aggregate_round, submit_run
     from fedqueue.fl.warmup import warm_up
-    from fedqueue.queue.client import open_client
+    from fedqueue.queue.client import open_client_services
 
     settings = Settings(
         broker_url=url, database_url=f"sqlite:///{folder / 'breakdown.db'}", key_prefix="bench-breakdown"
     ).with_plugin_path([str(BENCH_DIR)])
     configure_determinism(1)
     warm_up()
-    services = open_client(settings)
+    services = open_client_services(settings)
     captured: list[DeviceTask] = []
     publish = services.enqueue
     enqueue_s = 0.0

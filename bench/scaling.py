@@ -77,7 +77,7 @@ def scheduler_steps(url: str, folder: Path, devices: int) -> dict[str, float]:
     from fedqueue.fl.results import DeviceResult, get_round, record_device_result
     from fedqueue.fl.rounds import aggregate_round, final_state, submit_run
     from fedqueue.fl.weights import encode_state
-    from fedqueue.queue.client import open_client
+    from fedqueue.queue.client import open_client_services
     from fedqueue.store.repo import TaskTiming
 
     settings = Settings(
@@ -85,7 +85,7 @@ def scheduler_steps(url: str, folder: Path, devices: int) -> dict[str, float]:
         database_url=f"sqlite:///{folder / f'scheduler-{devices}.db'}",
         key_prefix=f"bench-scaling-{devices}",
     ).with_plugin_path([str(BENCH_DIR)])
-    services = open_client(settings)
+    services = open_client_services(settings)
     config = RunConfig.from_dict(noop_config(devices))
     submit_run(services, RunConfig.from_dict(noop_config(10)))  # imports and caches, not timed
 
