@@ -213,14 +213,14 @@ def breakdown(url: str, folder: Path, tasks: int) -> dict[str, Any]:
     from fedqueue.fl.strategy.sync.strategy import SYNCHRONOUS
     from fedqueue.fl.worker.cache import WorkerCache
     from fedqueue.fl.worker.device_task import run_device_task
-    from fedqueue.queue.client import open_client
+    from fedqueue.queue.client import open_client_services
 
     settings = Settings(
         broker_url=url, database_url=f"sqlite:///{folder / 'breakdown.db'}", key_prefix="bench-breakdown"
     ).with_plugin_path([str(BENCH_DIR)])
     configure_determinism(1)
     warm_up()
-    services = open_client(settings)
+    services = open_client_services(settings)
     captured: list[DeviceTask] = []
     publish = services.enqueue
     enqueue_s = 0.0

@@ -79,7 +79,7 @@ def scheduler_steps(url: str, folder: Path, devices: int) -> dict[str, float]:
     from fedqueue.fl.store.results import DeviceResult, get_round, record_device_result
     from fedqueue.fl.strategy.common import final_state
     from fedqueue.fl.strategy.sync.rounds import aggregate_round
-    from fedqueue.queue.client import open_client
+    from fedqueue.queue.client import open_client_services
     from fedqueue.store.repo import TaskTiming
 
     settings = Settings(
@@ -87,7 +87,7 @@ def scheduler_steps(url: str, folder: Path, devices: int) -> dict[str, float]:
         database_url=f"sqlite:///{folder / f'scheduler-{devices}.db'}",
         key_prefix=f"bench-scaling-{devices}",
     ).with_plugin_path([str(BENCH_DIR)])
-    services = open_client(settings)
+    services = open_client_services(settings)
     config = RunConfig.from_dict(noop_config(devices))
     submit_run(services, RunConfig.from_dict(noop_config(10)))  # imports and caches, not timed
 

@@ -136,9 +136,9 @@ def _client(place: Placement, services: Services | None) -> Iterator[Services]:
     if services is not None:
         yield services
         return
-    from fedqueue.queue.client import open_client
+    from fedqueue.queue.client import open_client_services
 
-    opened = open_client(place.settings, place.worker_slots)
+    opened = open_client_services(place.settings, place.worker_slots)
     try:
         yield opened
     finally:

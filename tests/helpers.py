@@ -12,7 +12,7 @@ from fedqueue.fl.config import RunConfig
 from fedqueue.fl.scheduler import submit_run
 from fedqueue.fl.strategy.common import final_state
 from fedqueue.fl.strategy.sync.rounds import select_devices
-from fedqueue.queue.client import open_client
+from fedqueue.queue.client import open_client_services
 from fedqueue.store import Store
 
 
@@ -46,7 +46,7 @@ def wait_finished(store: Store, run_id: str, timeout_s: float = 120.0) -> None:
 
 
 def run_to_end(settings: Settings, config: RunConfig, services: Services | None = None) -> tuple[str, Services]:
-    services = services or open_client(settings)
+    services = services or open_client_services(settings)
     run_id = submit_run(services, config)
     wait_finished(services.store, run_id)
     return run_id, services

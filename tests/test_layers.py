@@ -117,7 +117,8 @@ def test_the_check_sees_every_form_of_import_even_inside_functions(tmp_path: Pat
 
 # FL's rooms, by folder: a new file is held to its folder's rule with no list to update.
 FL = PACKAGE / "fl"
-FL_ML_MAY_IMPORT = ("fedqueue.errors", "fedqueue.fl.ml.")
+# ... and of the core, one stdlib-only module: which GPUs the environment shows.
+FL_ML_MAY_IMPORT = ("fedqueue.errors", "fedqueue.fl.ml.", "fedqueue.core.gpus")
 # What a worker's own code never imports: how runs are planned, repaired, shown or submitted. It reaches its
 # run's strategy through the protocol (fl/strategy/base.py) that the kind hands it.
 FL_WORKER_NEVER = (
@@ -142,6 +143,12 @@ def test_fl_machine_learning_code_imports_nothing_but_itself(path: Path) -> None
     imports = imported_modules(path)
     outside = {name: where for name, where in imports.items() if not name.startswith(FL_ML_MAY_IMPORT)}
     assert not outside, outside
+
+
+def test_the_core_module_fl_machine_learning_code_reads_imports_nothing_of_fedqueue() -> None:
+    path = _module_path("fedqueue.core.gpus")
+    assert path is not None
+    assert not imported_modules(path), imported_modules(path)
 
 
 @pytest.mark.parametrize("path", _sources(FL / "worker"), ids=_label)

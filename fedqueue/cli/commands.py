@@ -22,7 +22,7 @@ from fedqueue.cli.common import (
     ProcsPerGpuOpt,
     SlotsOpt,
     console,
-    errors,
+    error_console,
     friendly_errors,
     warn_if_insecure,
 )
@@ -162,7 +162,7 @@ def worker(
     The launcher also adopts running runs that nobody follows and repairs them.
     """
     from fedqueue.core import jobs as job_kinds
-    from fedqueue.queue.client import open_client
+    from fedqueue.queue.client import open_client_services
     from fedqueue.queue.workers import WorkerGroup, detect_gpus, named, plan_workers
 
     settings = Settings.from_env().with_plugin_path(plugin_path).with_jobs(jobs)
@@ -172,7 +172,7 @@ def worker(
     job_kinds.select(settings.jobs)  # an unknown kind is refused before anything starts
     found = [g.strip() for g in gpus.split(",") if g.strip()] if gpus else detect_gpus()
     specs = named(plan_workers(found, procs, slots, gpus_per_worker, procs_per_gpu), name)
-    services = open_client(settings)  # the broker answers, the store is current
+    services = open_client_services(settings)  # the broker answers, the store is current
     group = WorkerGroup(settings, specs).start()
     try:
         _supervise(group, f"{len(group.specs)} workers on {mask_url(settings.broker_url)}", services)
@@ -200,7 +200,7 @@ def up(
     """
     from fedqueue.cli.local import say_ready, start_detached
     from fedqueue.core import cluster_file
-    from fedqueue.queue.client import open_client
+    from fedqueue.queue.client import open_client_services
     from fedqueue.queue.local import LocalCluster
     from fedqueue.queue.workers import detect_gpus, plan_workers
 
@@ -225,7 +225,7 @@ def up(
         log_dir=str(cluster.log_dir),
     )
     console.print(f"broker ready: export FEDQUEUE_BROKER_URL={cluster.settings.broker_url}")
-    services = open_client(cluster.settings)
+    services = open_client_services(cluster.settings)
     try:
         with cluster_file.announced(settings, info) if announce else contextlib.nullcontext():
             say_ready(ready_fd)
@@ -286,7 +286,7 @@ def _supervise(group: Any, what: str, services: Any) -> None:
         nonlocal stops
         stops += 1
         if stops == 1:
-            errors.print("stopping: running tasks finish first (signal again to stop at once)")
+            error_console.print("stopping: running tasks finish first (signal again to stop at once)")
             group.signal_all(signal.SIGTERM)
         else:
             group.signal_all(signal.SIGKILL)
@@ -300,9 +300,9 @@ def _supervise(group: Any, what: str, services: Any) -> None:
                 # A worker that crashed or was killed is started again; its lost task is
                 # enqueued again by the run's scheduler.
                 for name in group.restart_exited():
-                    errors.print(f"worker {name} exited; started again")
+                    error_console.print(f"worker {name} exited; started again")
                 for action in adopter.tick():
-                    errors.print(f"repair: {action}", highlight=False)
+                    error_console.print(f"repair: {action}", highlight=False)
             time.sleep(0.2)
     finally:
         adopter.release_all()

@@ -15,7 +15,7 @@ from fedqueue.errors import FedqueueError
 
 # Piped output is not cut at 80 columns: tables and summaries stay one line per row.
 console = Console(width=None if sys.stdout.isatty() else 160)
-errors = Console(stderr=True, soft_wrap=True)
+error_console = Console(stderr=True, soft_wrap=True)
 F = TypeVar("F", bound=Callable[..., Any])
 
 ProcsOpt = Annotated[int | None, typer.Option(help="Worker processes on a host without GPUs (default: one per core).")]
@@ -33,7 +33,7 @@ def warn_if_insecure(settings: Settings) -> None:
     from fedqueue.config import insecure_broker
 
     if insecure_broker(settings.broker_url):
-        errors.print(
+        error_console.print(
             f"warning: broker {mask_url(settings.broker_url)} is reached beyond loopback without a password; "
             "set one (requirepass) and FEDQUEUE_REDIS_PASSWORD"
         )
@@ -47,7 +47,7 @@ def friendly_errors(command: F) -> F:
         try:
             return command(*args, **kwargs)
         except FedqueueError as err:
-            errors.print(f"[red]error:[/red] {err}", highlight=False)
+            error_console.print(f"[red]error:[/red] {err}", highlight=False)
             raise typer.Exit(err.exit_code) from None
 
     return wrapper  # type: ignore[return-value]
@@ -65,6 +65,8 @@ def warn_if_no_workers(settings: Settings) -> None:
     try:
         # limit=1: the first answer is enough, instead of collecting answers for the whole second.
         if not celery_app.control.ping(timeout=1.0, limit=1):
-            errors.print("warning: no worker answers on this broker yet; its tasks wait for one (fedqueue worker)")
+            error_console.print(
+                "warning: no worker answers on this broker yet; its tasks wait for one (fedqueue worker)"
+            )
     finally:
         celery_app.close()

@@ -9,7 +9,7 @@ from typing import Any
 import typer
 
 from fedqueue import api
-from fedqueue.cli.common import console, errors, warn_if_insecure, warn_if_no_workers
+from fedqueue.cli.common import console, error_console, warn_if_insecure, warn_if_no_workers
 from fedqueue.config import DEFAULT_GPUS_PER_WORKER, DEFAULT_WORKER_SLOTS, Settings
 from fedqueue.errors import FedqueueError
 
@@ -32,11 +32,11 @@ def submit_and_follow(
         settings, procs, slots, gpus_per_worker=gpus_per_worker, wait=wait_for_workers, say=console.print
     ) as place:
         from fedqueue.core.database import open_store
-        from fedqueue.queue.client import open_client
+        from fedqueue.queue.client import open_client_services
 
         api.check(submission, place.settings)
         open_store(place.settings.database_url, migrate=True).close()  # a bad database before a bad broker
-        services = open_client(place.settings, place.worker_slots)
+        services = open_client_services(place.settings, place.worker_slots)
         try:
             handle = api.submit(submission, place, services)
             if not place.workers_known:
@@ -73,7 +73,7 @@ def follow_to_end(handle: api.RunHandle, place: api.Placement, services: Any = N
             follow(supervisor.services, handle.id, console, tick=tick)
         except KeyboardInterrupt:
             if place.cluster is None:
-                errors.print(f"stopped following; run {handle.id} goes on (fedqueue resume {handle.id})")
+                error_console.print(f"stopped following; run {handle.id} goes on (fedqueue resume {handle.id})")
             raise typer.Exit(130) from None
     show_run(handle.store, handle.id, as_json=False)
 

@@ -15,6 +15,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
+from fedqueue.core.gpus import visible_gpus
 from fedqueue.store.utilization import Sample
 
 if TYPE_CHECKING:
@@ -88,15 +89,14 @@ class GpuProbe:
 
 def pinned_gpu() -> str | None:
     """The physical GPU this worker trains on (as CUDA_VISIBLE_DEVICES names it), or None on a CPU worker."""
-    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-    first = (visible or "").split(",")[0].strip()
-    if visible is not None and (not first or first == "-1"):
+    visible = visible_gpus()
+    if visible == []:
         return None  # GPUs hidden on purpose: do not even load torch's CUDA check
     import torch
 
     if not torch.cuda.is_available():
         return None
-    return first or "0"
+    return visible[0] if visible else "0"
 
 
 def make_probe() -> Probe:

@@ -11,7 +11,8 @@ import math
 import tomllib
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
-from typing import Any
+from types import UnionType
+from typing import Any, get_args, get_origin, get_type_hints
 
 from fedqueue.errors import ConfigError, DataError
 from fedqueue.fl.messages import PACK_MAX, PACK_MODES
@@ -58,7 +59,7 @@ class RunConfig:
     # Devices per task ("auto": chosen at submit from the round's size and the workers' slots), and
     # how a task trains its pack: "sequential" (back to back), "vmap" (one stacked step), or "auto"
     # (both timed at submit, see fl/packs/rules.py). The choice is written into the stored config.
-    pack_size: int | str = "auto"
+    pack_size: int | str = field(default="auto", metadata={"expected": 'a positive integer or "auto"'})
     pack_mode: str = "auto"
     # Written at submit: how "auto" was resolved, for the config and the report to show.
     pack_choice: str = ""
@@ -86,7 +87,7 @@ class RunConfig:
     kd_batch_size: int = 32
     kd_temperature: float = 2.0
     kd_version: str = "distribution_match_batch"
-    kd_beta: float | str = 0.5
+    kd_beta: float | str = field(default=0.5, metadata={"expected": "a number or a schedule name"})
     kd_beta_factor: float = 75.0
     # Where the distillation's inputs come from: "simple_kd" (the held-out kd_split) or "dfkd"
     # (images a generator learns from the teachers, fl/ml/synthesis.py), with the generator's knobs
@@ -344,62 +345,39 @@ def _check_clock(speed: dict[str, Any], delay: dict[str, Any]) -> None:
             raise ConfigError(f"communication_delay.{name}: one number (seconds), got {delay[name]!r}")
 
 
-# The declared type of each field, as (accepted python types, type name for messages, optional).
-_FIELD_TYPES: dict[str, tuple[tuple[type, ...], str, bool]] = {
-    "name": ((str,), "a string", False),
-    "dataset": ((str,), "a string", False),
-    "data_root": ((str,), "a string", True),
-    "model": ((str,), "a string", False),
-    "local_optimizer": ((str,), "a string", False),
-    "partition": ((str,), "a string", False),
-    "local_step": ((str,), "a string", False),
-    "on_failure": ((str,), "a string", False),
-    "aggregate": ((str,), "a string", False),
-    "pack_mode": ((str,), "a string", False),
-    "pack_choice": ((str,), "a string", False),
-    "pack_size": ((int, str), 'a positive integer or "auto"', False),
-    "plugin": ((dict,), "a table", False),
-    "device_speed": ((dict,), "a table", False),
-    "communication_delay": ((dict,), "a table", False),
-    "mode": ((str,), "a string", False),
-    "staleness_weight": ((str,), "a string", False),
-    "staleness_exponent": ((float, int), "a number", False),
-    "device_reuse": ((bool,), "true or false", False),
-    "kd_split": ((float, int), "a number", False),
-    "kd_lr": ((float, int), "a number", False),
-    "kd_temperature": ((float, int), "a number", False),
-    "kd_beta_factor": ((float, int), "a number", False),
-    "kd_beta": ((float, int, str), "a number or a schedule name", False),
-    "kd_version": ((str,), "a string", False),
-    "kd_augmentation": ((str,), "a string", False),
-    "dfkd": ((dict,), "a table", False),
-    "kd_buffer_size": ((int,), "an integer", False),
-    "kd_iters": ((int,), "an integer", False),
-    "kd_batch_size": ((int,), "an integer", False),
-    "local_lr": ((float, int), "a number", False),
-    "local_momentum": ((float, int), "a number", False),
-    "global_lr": ((float, int), "a number", False),
-    "alpha": ((float, int), "a number", False),
-    **{
-        key: ((int,), "an integer", False)
-        for key in (
-            "num_devices",
-            "devices_per_round",
-            "rounds",
-            "local_batch_size",
-            "eval_every",
-            "seed",
-            "min_devices_per_round",
-        )
-    },
-    **{
-        key: ((int,), "an integer", True)
-        for key in ("local_iters", "local_epochs", "samples_per_device", "concurrency", "max_model_version")
-    },
-    "max_staleness": ((int,), "an integer", True),
-    "buffer_size": ((int,), "an integer", False),
-    "min_refill": ((int,), "an integer", False),
+# How a TOML value of each annotated type is checked: the Python types it may be (a float takes an int too) and the
+# words an error names it with.
+_ACCEPTED: dict[type, tuple[tuple[type, ...], str]] = {
+    str: ((str,), "a string"),
+    int: ((int,), "an integer"),
+    float: ((float, int), "a number"),
+    bool: ((bool,), "true or false"),
+    dict: ((dict,), "a table"),
 }
+
+
+def _field_types() -> dict[str, tuple[tuple[type, ...], str, bool]]:
+    """Each field's (accepted types, words for errors, may be None), read from RunConfig's annotations.
+
+    A field whose union the words of its parts would describe poorly says what it expects in its metadata.
+    """
+    hints = get_type_hints(RunConfig)
+    specs: dict[str, tuple[tuple[type, ...], str, bool]] = {}
+    for spec in fields(RunConfig):
+        hint = hints[spec.name]
+        members = get_args(hint) if isinstance(hint, UnionType) else (hint,)
+        accepted: tuple[type, ...] = ()
+        words: list[str] = []
+        for member in members:
+            if member is not type(None):
+                python_types, word = _ACCEPTED[get_origin(member) or member]
+                accepted += python_types
+                words.append(word)
+        specs[spec.name] = (accepted, spec.metadata.get("expected", " or ".join(words)), type(None) in members)
+    return specs
+
+
+_FIELD_TYPES = _field_types()
 
 
 def _check_type(key: str, value: Any, spec: tuple[tuple[type, ...], str, bool]) -> Any:

@@ -21,7 +21,7 @@ from fedqueue.cli.common import (
     ProcsOpt,
     SlotsOpt,
     console,
-    errors,
+    error_console,
     friendly_errors,
 )
 from fedqueue.cli.launch import exit_unless_finished, submit_and_follow, submit_detached
@@ -151,7 +151,7 @@ def _answered(answering: Future[int | None]) -> int | None:
         found = answering.result()
     except Exception as error:  # a broker that answers the publisher but not a broadcast: plan by default
         found = None
-        errors.print(f"warning: could not ask the workers for their slots ({error})", highlight=False)
+        error_console.print(f"warning: could not ask the workers for their slots ({error})", highlight=False)
     return found
 
 
@@ -181,7 +181,7 @@ def _check_model_here(model: str, must_exist: bool) -> None:
         problem = "not in this machine's Hugging Face cache (models are never downloaded)"
     if must_exist:
         raise ConfigError(f"--model {model}: {problem}")
-    errors.print(f"warning: --model {model}: {problem}; the workers must have it", highlight=False)
+    error_console.print(f"warning: --model {model}: {problem}; the workers must have it", highlight=False)
 
 
 def _check_backend(backend: str, workers_here: bool) -> None:
@@ -193,7 +193,9 @@ def _check_backend(backend: str, workers_here: bool) -> None:
             "--backend vllm: vllm is not installed here (pip install 'fedqueue[vllm]', or make vllm); "
             "use --backend transformers"
         )
-    errors.print("warning: --backend vllm: vllm is not installed here; the workers must have it", highlight=False)
+    error_console.print(
+        "warning: --backend vllm: vllm is not installed here; the workers must have it", highlight=False
+    )
 
 
 def _announce(submitted: Submitted) -> None:
@@ -204,9 +206,9 @@ def _announce(submitted: Submitted) -> None:
         highlight=False,
     )
     for error in submitted.input_errors[:5]:
-        errors.print(f"[yellow]skipped[/yellow] {error}", highlight=False)
+        error_console.print(f"[yellow]skipped[/yellow] {error}", highlight=False)
     if len(submitted.input_errors) > 5:
-        errors.print(f"... {len(submitted.input_errors) - 5} more bad lines (stored as failed rows)")
+        error_console.print(f"... {len(submitted.input_errors) - 5} more bad lines (stored as failed rows)")
 
 
 def print_job(out: Console, summary: dict[str, Any]) -> None:
@@ -288,7 +290,7 @@ def export_job(store: Store, job: str, out: Path) -> None:
     _write_atomically(out, "".join(line + "\n" for line in lines))
     pending = sum(1 for row in rows if row.state == "pending")
     note = f" ({pending} still pending)" if pending else ""
-    errors.print(f"{len(lines)} lines written to {out}{note}", highlight=False)
+    error_console.print(f"{len(lines)} lines written to {out}{note}", highlight=False)
 
 
 def _require_llm_job(store: Store, job_id: str) -> None:

@@ -22,7 +22,7 @@ from fedqueue.fl import api
 from fedqueue.fl.config import RunConfig
 from fedqueue.fl.messages import DeviceTask
 from fedqueue.fl.store.results import count_done, device_tasks, get_round, list_rounds
-from fedqueue.queue.client import open_client
+from fedqueue.queue.client import open_client_services
 from fedqueue.store import Store
 from tests.conftest import running_workers, with_database
 from tests.helpers import assert_same_weights, small_config
@@ -219,7 +219,7 @@ def test_duplicate_deliveries_are_folded_once_on_postgres(settings: Settings, po
     config = buffered_config()
     with running_workers(settings, procs=2):
         handle = api.submit(config, settings=settings)
-        services = open_client(settings)
+        services = open_client_services(settings)
         try:
             first = get_round(services.store, handle.id, 1)
             assert first is not None
@@ -293,7 +293,7 @@ def test_a_fold_asked_for_before_the_schedule_existed_does_not_hold_back_later_r
     from fedqueue.fl.worker.cache import WorkerCache
 
     config = buffered_config()
-    services = open_client(settings)
+    services = open_client_services(settings)
     try:
         services.store.create_run("early", "early", config.to_dict(), config.last_version, kind="fl")
         assert request_fold(services, "early")  # a result stored before the schedule was written
@@ -320,7 +320,7 @@ def test_a_fold_pass_failing_in_the_worker_that_ran_it_goes_on_as_fold_tasks_tha
     assert run.error is not None and "fold pass failed 2 times" in run.error
     assert "this model refuses to evaluate" in run.error
     rows = device_tasks(handle.store, handle.id)
-    services = open_client(settings)
+    services = open_client_services(settings)
     try:  # one device per task (small_config): no device task was delivered twice for the pass's failure
         assert rows and all(
             services.ledger.attempts(f"{handle.id}:{row.round_index}:{row.device}") == 1 for row in rows

@@ -19,8 +19,9 @@ import pytest
 
 from fedqueue.config import Settings
 from fedqueue.core.codec import BlobRef
+from fedqueue.core.connect import open_services
 from fedqueue.core.jobs import CONTROL_QUEUE
-from fedqueue.core.services import Services, open_services
+from fedqueue.core.services import Services
 from fedqueue.fl import api
 from fedqueue.fl.messages import AggregateTask, DeviceTask, aggregate_key
 from fedqueue.fl.ml.weights import decode_state

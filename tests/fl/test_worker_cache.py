@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 from fedqueue.config import Settings
-from fedqueue.core.services import open_services
+from fedqueue.core.connect import open_services
 from fedqueue.fl.messages import DeviceTask
 from fedqueue.fl.ml import models
 from fedqueue.fl.scheduler import submit_run

@@ -6,6 +6,8 @@ import os
 
 import torch
 
+from fedqueue.core.gpus import visible_gpus
+
 
 def torch_device() -> torch.device:
     """cuda:0 when a GPU is visible (workers pin theirs with CUDA_VISIBLE_DEVICES), else cpu."""
@@ -16,9 +18,9 @@ def device_label() -> str:
     """Human label naming the physical GPU, e.g. cuda:3 under CUDA_VISIBLE_DEVICES=3."""
     if not torch.cuda.is_available():
         return "cpu"
-    visible = os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",")[0].strip()
+    visible = visible_gpus()
     # Inside the process the pinned GPU is always index 0; the variable holds its real name.
-    return f"cuda:{visible or 0}"
+    return f"cuda:{visible[0] if visible else 0}"
 
 
 def configure_determinism(threads: int) -> None:

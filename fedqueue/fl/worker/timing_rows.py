@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from fedqueue.core.timing import timing_of
 from fedqueue.fl.messages import KIND_NAME, AggregateTask, DeviceTask, device_task_name
 from fedqueue.store.repo import TaskTiming
 
@@ -27,18 +28,17 @@ def task_timing(
         name, task_type, pack = device_task_name(task.round_index, device), "train", task.pack
     else:
         name, task_type, pack = task.task_name, "aggregate", None
-    return TaskTiming(
-        run_id=task.run_id,
+    return timing_of(
+        task,
         kind=KIND_NAME,
         task_type=task_type,
         task=name,
-        pack=pack,
         round_index=task.round_index,
         state=state,
         worker=worker,
-        device_used=device_used[:32],
         attempt=attempt,
-        enqueued_at=task.enqueued_at,
+        device_used=device_used,
         started_at=started_at,
+        pack=pack,
         **phases_and_error,
     )
