@@ -1,6 +1,6 @@
 """Which GPUs CUDA_VISIBLE_DEVICES shows this process, read one way everywhere and without touching CUDA.
 
-Standard library only: FL's device code (fedqueue.fl.devices) reads it too, and imports no store or broker.
+Standard library only: FL's device code (fedqueue.fl.ml.torch_device) reads it too, and imports no store or broker.
 """
 
 from __future__ import annotations

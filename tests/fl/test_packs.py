@@ -8,7 +8,6 @@ split, so a poisoned device fails alone; a worker killed mid-pack loses nothing.
 from __future__ import annotations
 
 import subprocess
-import sys
 from dataclasses import replace
 from pathlib import Path
 
@@ -24,6 +23,7 @@ from fedqueue.fl.store.results import device_tasks
 from fedqueue.fl.strategy.sync.rounds import select_devices
 from fedqueue.report import write_report
 from fedqueue.report.summary import run_summary
+from tests.cli_runner import fedqueue_cli
 from tests.conftest import running_workers
 from tests.helpers import assert_same_weights, reference_final_state, small_config
 from tests.reliability_support import (
@@ -182,14 +182,7 @@ def test_what_cannot_be_vmapped_is_refused_at_submit(
 def test_the_cli_refuses_a_model_that_cannot_be_vmapped_in_one_line(settings: Settings, tmp_path: Path) -> None:
     config = tmp_path / "vmap.toml"
     config.write_text('model = "resnet18"\ndataset = "synthetic"\npack_size = 4\npack_mode = "vmap"\n')
-    result = subprocess.run(
-        [sys.executable, "-m", "fedqueue.cli", "submit", str(config)],
-        cwd=tmp_path,
-        env=cli_env(settings),
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    result = fedqueue_cli("submit", str(config), cwd=tmp_path, env=cli_env(settings), timeout=120)
     assert result.returncode == 2, result.stderr
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and "BatchNorm" in lines[0] and 'pack_mode = "sequential"' in lines[0]

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import subprocess
 import sys
 import textwrap
 from dataclasses import replace
@@ -18,6 +17,7 @@ from fedqueue.fl.config import RunConfig
 from fedqueue.fl.ml.plugins import resolve
 from fedqueue.fl.setup import check_plugins
 from fedqueue.fl.store.results import device_tasks
+from tests.cli_runner import fedqueue_cli
 from tests.conftest import running_workers
 from tests.helpers import assert_same_weights, reference_final_state, small_config
 
@@ -134,14 +134,7 @@ def test_unimportable_plugin_is_one_line_and_writes_nothing(tmp_path: Path) -> N
     config.write_text('model = "nowhere.nets:build"\nnum_devices = 10\ndevices_per_round = 2\n')
     database = tmp_path / "store.db"
     env = {"PATH": "/usr/bin:/bin", "FEDQUEUE_DATABASE_URL": f"sqlite:///{database}"}
-    result = subprocess.run(
-        [sys.executable, "-m", "fedqueue.cli", "run", str(config)],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    result = fedqueue_cli("run", str(config), cwd=tmp_path, env=env, timeout=60)
     assert result.returncode == 2
     assert (
         result.stderr.strip()

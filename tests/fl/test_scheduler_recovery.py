@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import sys
 import time
 from collections.abc import Callable
 from dataclasses import replace
@@ -22,6 +21,7 @@ from fedqueue.fl.config import RunConfig
 from fedqueue.fl.ml.weights import decode_state
 from fedqueue.fl.store.results import count_done, list_rounds, load_checkpoint
 from fedqueue.store import Store
+from tests.cli_runner import fedqueue_cli, start_fedqueue_cli
 from tests.conftest import running_workers
 from tests.helpers import assert_same_weights, reference_final_state
 from tests.reliability_support import PLUGINS, one_result_per_device, reliable_settings, slow_config, wait_until
@@ -72,12 +72,8 @@ def killed_then_resumed(
     Redis and workers go down with it), then `fedqueue resume` once its lease has run out."""
     env = embedded_env(tmp_path)
     before = our_processes()
-    scheduler = subprocess.Popen(
-        [sys.executable, "-m", "fedqueue.cli", "run", "run.toml", "--procs", "2"],
-        cwd=tmp_path,
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
+    scheduler = start_fedqueue_cli(
+        "run", "run.toml", "--procs", "2", cwd=tmp_path, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
     )
     database = env["FEDQUEUE_DATABASE_URL"]
     wait_until(lambda: submitted_store(database) is not None, 60)
@@ -93,14 +89,7 @@ def killed_then_resumed(
 
     lease_expires_at = store.get_run(run_id).lease_expires_at or 0.0
     wait_until(lambda: time.time() > lease_expires_at, 30)  # the dead scheduler's lease runs out
-    resumed = subprocess.run(
-        [sys.executable, "-m", "fedqueue.cli", "resume", run_id, "--procs", "2"],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=240,
-    )
+    resumed = fedqueue_cli("resume", run_id, "--procs", "2", cwd=tmp_path, env=env, timeout=240)
     return store, run_id, resumed
 
 
@@ -137,14 +126,7 @@ def test_second_scheduler_on_a_live_run_is_refused(settings: Settings, tmp_path:
             scheduler.tick()
             env = {key: value for key, value in os.environ.items() if not key.startswith("FEDQUEUE_")}
             env.update(settings.to_env())
-            second = subprocess.run(
-                [sys.executable, "-m", "fedqueue.cli", "resume", handle.id],
-                cwd=tmp_path,
-                env=env,
-                capture_output=True,
-                text=True,
-                timeout=60,
-            )
+            second = fedqueue_cli("resume", handle.id, cwd=tmp_path, env=env, timeout=60)
             assert second.returncode == 2
             assert second.stderr.startswith(f"error: run {handle.id} is already scheduled by ")
             status = handle.wait(120, tick=scheduler.tick)
