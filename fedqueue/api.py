@@ -1,6 +1,7 @@
 """The Python API's kind-neutral part: where a run's workers are, submitting, scheduling and waiting.
 
-Every job kind builds its own front door on this; FL's is `fedqueue.run(config)` (fedqueue.fl.api):
+Every job kind builds its own front door on this; FL's is `fedqueue.run(config)` (fedqueue.fl.api),
+LLM batch jobs' `fedqueue.llm.run(prompts, model)` (fedqueue.llm.api):
 
 import fedqueue
 handle = fedqueue.run("examples/digits_fedavg.toml", rounds=3)
@@ -193,11 +194,14 @@ def run(
     *,
     procs: int | None = None,
     slots: int = DEFAULT_WORKER_SLOTS,
+    gpus_per_worker: int = DEFAULT_GPUS_PER_WORKER,
+    wait_for_workers: bool = False,
     timeout_s: float | None = None,
 ) -> RunHandle:
     """Check, submit and wait, scheduling the run meanwhile: on the configured broker, the cluster
-    `fedqueue up` left running for these settings, else local workers started here (beside the submit)."""
-    with placement(settings, procs, slots) as place:
+    `fedqueue up` left running for these settings, else local workers started here (beside the submit,
+    or before it with `wait_for_workers`)."""
+    with placement(settings, procs, slots, gpus_per_worker=gpus_per_worker, wait=wait_for_workers) as place:
         check(submission, place.settings)
         handle = submit(submission, place)
         with scheduling(handle) as supervisor:
