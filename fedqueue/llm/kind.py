@@ -59,7 +59,7 @@ def _show_status(store: Any, run_id: str, as_json: bool) -> None:
 
 
 def _progress(services: Services, run_id: str) -> RunProgress:
-    from fedqueue.llm.follow import PromptProgress
+    from fedqueue.llm.bars import PromptProgress
 
     return PromptProgress(services, run_id)
 

@@ -12,9 +12,9 @@ from fedqueue.core.gpus import visible_gpus
 from fedqueue.core.services import Services
 from fedqueue.core.timing import timing_of
 from fedqueue.llm.messages import KIND_NAME, GenerateBatch
-from fedqueue.llm.progress import announce_stored
 from fedqueue.llm.results import Outcome, pending_prompts, record_outcomes
 from fedqueue.llm.settings import GenerationSettings
+from fedqueue.llm.wake import announce_stored
 from fedqueue.store.repo import TaskTiming
 
 if TYPE_CHECKING:

@@ -6,13 +6,13 @@ import time
 
 from fedqueue.core.jobs import ProgressBar
 from fedqueue.core.services import Services
-from fedqueue.llm.progress import stored_waiter
 from fedqueue.llm.results import job_counts
+from fedqueue.llm.wake import stored_waiter
 
 
 class PromptProgress:
     """The rate counts tokens generated since following began. `wait` returns early when a batch is
-    stored (see fedqueue.llm.progress), so the job's end is seen at once."""
+    stored (see fedqueue.llm.wake), so the job's end is seen at once."""
 
     def __init__(self, services: Services, run_id: str) -> None:
         self.store = services.store
