@@ -19,6 +19,8 @@ from typing import TYPE_CHECKING, Any, Protocol
 from fedqueue.config import DEFAULT_GPUS_PER_WORKER, DEFAULT_PROCS_PER_GPU, DEFAULT_WORKER_SLOTS, Settings
 from fedqueue.errors import ConfigError
 
+# `import fedqueue` stays light: the store (sqlalchemy), Redis and the queue load when a run is placed, submitted
+# or read, in the functions below.
 if TYPE_CHECKING:
     from fedqueue.core.cluster_file import ClusterInfo
     from fedqueue.core.services import Services, WorkerSlots

@@ -14,6 +14,7 @@ import typer
 from rich import box
 from rich.table import Table
 
+from fedqueue import api
 from fedqueue.cli.common import (
     GpusPerWorkerOpt,
     JsonOpt,
@@ -26,8 +27,20 @@ from fedqueue.cli.common import (
     friendly_errors,
     warn_if_insecure,
 )
+from fedqueue.cli.launch import exit_unless_finished, follow_to_end, show_run
+from fedqueue.cli.local import say_ready, start_detached, stop_standing
 from fedqueue.config import DEFAULT_GPUS_PER_WORKER, DEFAULT_PROCS_PER_GPU, DEFAULT_WORKER_SLOTS, Settings, mask_url
+from fedqueue.core import cluster_file
+from fedqueue.core import jobs as job_kinds
+from fedqueue.core.adopt import RunAdopter
+from fedqueue.core.database import open_store
+from fedqueue.core.fast_exit import run_then_exit
 from fedqueue.errors import FedqueueError
+from fedqueue.queue.client import open_client_services
+from fedqueue.queue.flower import check_basic_auth, flower_command
+from fedqueue.queue.local import LocalCluster
+from fedqueue.queue.workers import WorkerGroup, detect_gpus, named, plan_workers
+from fedqueue.report import build_report, write_report
 
 app = typer.Typer(
     no_args_is_help=True,
@@ -47,8 +60,6 @@ def resume(
     plugin_path: PluginPathOpt = None,
 ) -> None:
     """Take over scheduling a run of any kind (after its scheduler died) and follow it to the end."""
-    from fedqueue import api
-    from fedqueue.cli.launch import exit_unless_finished, follow_to_end, show_run
 
     settings = Settings.from_env().with_plugin_path(plugin_path)
     settings.activate_plugin_path()
@@ -68,9 +79,6 @@ def resume(
 @friendly_errors
 def status(run_id: RunArg, json_: JsonOpt = False) -> None:
     """Show one run's progress, workers and overlap of tasks, and what its kind adds (accuracy, tokens)."""
-    from fedqueue.cli.launch import show_run
-    from fedqueue.core.database import open_store
-
     store = open_store(Settings.from_env().database_url)
     try:
         show_run(store, run_id, json_)
@@ -90,8 +98,6 @@ def report(
     ] = False,
 ) -> None:
     """Is the run really parallel, and where does the time go? Timeline, concurrency and accuracy pictures, HTML."""
-    from fedqueue.core.database import open_store
-    from fedqueue.report import build_report, write_report
 
     store = open_store(Settings.from_env().database_url)
     try:
@@ -119,8 +125,6 @@ def report(
 @friendly_errors
 def runs(json_: JsonOpt = False) -> None:
     """List the runs in the store."""
-    from fedqueue import api
-
     lines = api.runs()
     if json_:
         print(json.dumps(lines, indent=2))
@@ -161,9 +165,6 @@ def worker(
 
     The launcher also adopts running runs that nobody follows and repairs them.
     """
-    from fedqueue.core import jobs as job_kinds
-    from fedqueue.queue.client import open_client_services
-    from fedqueue.queue.workers import WorkerGroup, detect_gpus, named, plan_workers
 
     settings = Settings.from_env().with_plugin_path(plugin_path).with_jobs(jobs)
     if not settings.broker_url:
@@ -198,11 +199,6 @@ def up(
 
     In the foreground until Ctrl-C, or in the background with --detach until `fedqueue down`.
     """
-    from fedqueue.cli.local import say_ready, start_detached
-    from fedqueue.core import cluster_file
-    from fedqueue.queue.client import open_client_services
-    from fedqueue.queue.local import LocalCluster
-    from fedqueue.queue.workers import detect_gpus, plan_workers
 
     settings = Settings.from_env().with_plugin_path(plugin_path)
     # With a broker configured, `run` goes to it anyway: only an embedded Redis is announced for reuse.
@@ -239,8 +235,6 @@ def up(
 @friendly_errors
 def down(plugin_path: PluginPathOpt = None) -> None:
     """Stop the local cluster `fedqueue up` runs for these settings (running tasks finish first)."""
-    from fedqueue.cli.local import stop_standing
-
     pid = stop_standing(Settings.from_env().with_plugin_path(plugin_path))
     console.print("no local cluster is up for these settings" if pid is None else f"local cluster (pid {pid}) stopped")
 
@@ -263,9 +257,6 @@ def flower(
 
     Read-only unless --allow-actions; /metrics and /healthcheck answer without a login.
     """
-    import os
-
-    from fedqueue.queue.flower import check_basic_auth, flower_command
 
     settings = Settings.from_env()
     command = flower_command(settings, address, port, allow_actions)
@@ -277,8 +268,6 @@ def flower(
 
 def _supervise(group: Any, what: str, services: Any) -> None:
     """Wait on workers and adopt unfollowed runs. First Ctrl-C/SIGTERM: warm stop; second: stop at once."""
-    from fedqueue.core.adopt import RunAdopter
-
     adopter = RunAdopter(services)
     stops = 0
 
@@ -311,8 +300,6 @@ def _supervise(group: Any, what: str, services: Any) -> None:
 
 def _add_kind_commands() -> None:
     """Each installed job kind's own commands, as `fedqueue KIND ...`."""
-    from fedqueue.core import jobs as job_kinds
-
     for kind in job_kinds.kinds().values():
         if kind.commands is None:
             continue
@@ -326,6 +313,4 @@ _add_kind_commands()
 
 
 def main() -> None:
-    from fedqueue.core.fast_exit import run_then_exit
-
     run_then_exit(app)  # no teardown of torch's modules after the command is done (over a second)

@@ -10,7 +10,7 @@ from typing import Annotated, Any, TypeVar
 import typer
 from rich.console import Console
 
-from fedqueue.config import Settings, mask_url
+from fedqueue.config import Settings, insecure_broker, mask_url
 from fedqueue.errors import FedqueueError
 
 # Piped output is not cut at 80 columns: tables and summaries stay one line per row.
@@ -30,8 +30,6 @@ JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON for scripts.")
 
 
 def warn_if_insecure(settings: Settings) -> None:
-    from fedqueue.config import insecure_broker
-
     if insecure_broker(settings.broker_url):
         error_console.print(
             f"warning: broker {mask_url(settings.broker_url)} is reached beyond loopback without a password; "
@@ -59,6 +57,7 @@ PluginPathOpt = Annotated[
 
 
 def warn_if_no_workers(settings: Settings) -> None:
+    # Celery: loaded by the commands that ask the workers, not by every command.
     from fedqueue.queue.app import make_app
 
     celery_app = make_app(settings)

@@ -13,13 +13,12 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 from fedqueue.core.gpus import visible_gpus
-from fedqueue.store.utilization import Sample
-
-if TYPE_CHECKING:
-    from fedqueue.store import Store
+from fedqueue.store import Store
+from fedqueue.store.db import make_engine
+from fedqueue.store.utilization import Sample, record_samples
 
 log = logging.getLogger(__name__)
 
@@ -183,7 +182,6 @@ class Sampler:
     def _flush(self) -> None:
         if not self._buffer:
             return
-        from fedqueue.store.utilization import record_samples
 
         store = self._open()
         if store is None:
@@ -200,9 +198,6 @@ class Sampler:
             return self._store
         from sqlalchemy import inspect
         from sqlalchemy.engine import make_url
-
-        from fedqueue.store import Store
-        from fedqueue.store.db import make_engine
 
         try:
             url = make_url(self._database_url)

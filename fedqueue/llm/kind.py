@@ -40,6 +40,8 @@ def _generation_scope(settings: Settings) -> Iterator[None]:
         torch.use_deterministic_algorithms(deterministic)
 
 
+# The kind's commands and views (typer, rich) load in the command that shows them, never in a worker: hence the
+# imports inside these hooks.
 def _commands() -> Any:
     from fedqueue.llm.cli import app
 
