@@ -42,7 +42,7 @@ from common import (  # noqa: E402
 )
 
 from fedqueue.config import Settings  # noqa: E402
-from fedqueue.fl.results import list_rounds  # noqa: E402
+from fedqueue.fl.store.results import list_rounds  # noqa: E402
 
 TARGET = 1.2
 

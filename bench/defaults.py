@@ -29,7 +29,7 @@ from common import ForeignLoad, machine, machine_line, markdown_table, ratio, ve
 from packing import Way, cnn_case, plain_loop, through_fedqueue  # noqa: E402
 
 from fedqueue.fl.config import RunConfig, load_run_config  # noqa: E402
-from fedqueue.fl.packing import auto_pack_size  # noqa: E402
+from fedqueue.fl.packs.rules import auto_pack_size  # noqa: E402
 
 TARGET = 1.1  # defaults / best tuned way
 REPO = Path(__file__).resolve().parents[1]

@@ -68,11 +68,11 @@ def train_device(config: RunConfig, state: State, round_index: int, device: int)
     """One device's local training, exactly as a fedqueue worker does it."""
     import torch
 
-    from fedqueue.fl.data import device_data, load_federated
-    from fedqueue.fl.experiment import data_spec, train_config
-    from fedqueue.fl.models import build_model
-    from fedqueue.fl.seeding import task_seed
-    from fedqueue.fl.train import train_local
+    from fedqueue.fl.ml.data import device_data, load_federated
+    from fedqueue.fl.ml.models import build_model
+    from fedqueue.fl.ml.seeding import task_seed
+    from fedqueue.fl.ml.train import train_local
+    from fedqueue.fl.setup import data_spec, train_config
 
     spec = data_spec(config)
     federated = load_federated(spec)
@@ -84,22 +84,22 @@ def train_device(config: RunConfig, state: State, round_index: int, device: int)
 
 
 def initial(config: RunConfig) -> State:
-    from fedqueue.fl.data import load_federated
-    from fedqueue.fl.experiment import data_spec
-    from fedqueue.fl.models import initial_state
+    from fedqueue.fl.ml.data import load_federated
+    from fedqueue.fl.ml.models import initial_state
+    from fedqueue.fl.setup import data_spec
 
     data = load_federated(data_spec(config))
     return initial_state(config.model, data.input_shape, data.num_classes, config.seed, config.plugin)
 
 
 def selected(config: RunConfig, round_index: int) -> list[int]:
-    from fedqueue.fl.rounds import select_devices
+    from fedqueue.fl.strategy.sync.rounds import select_devices
 
     return select_devices(config.seed, round_index, config.num_devices, config.devices_per_round)
 
 
 def fedavg(config: RunConfig, state: State, updates: list[Update]) -> State:
-    from fedqueue.fl.aggregate import fedavg as average
+    from fedqueue.fl.ml.aggregate import fedavg as average
 
     return average(state, updates, config.global_lr)
 
@@ -133,7 +133,7 @@ _POOL_MODEL: tuple[str, State] | None = None
 def _pool_init() -> None:
     import torch
 
-    from fedqueue.fl.warmup import warm_up
+    from fedqueue.fl.ml.warmup import warm_up
 
     torch.set_num_threads(1)
     warm_up()
@@ -141,7 +141,7 @@ def _pool_init() -> None:
 
 def _pool_task(args: tuple[dict[str, Any], str, int, int]) -> tuple[int, int, bytes]:
     global _POOL_MODEL
-    from fedqueue.fl.weights import decode_state, encode_state
+    from fedqueue.fl.ml.weights import decode_state, encode_state
 
     raw_config, model_path, round_index, device = args
     if _POOL_MODEL is None or _POOL_MODEL[0] != model_path:
@@ -151,7 +151,7 @@ def _pool_task(args: tuple[dict[str, Any], str, int, int]) -> tuple[int, int, by
 
 
 def way_floor(config: RunConfig, procs: int, folder: Path) -> tuple[list[float], State]:
-    from fedqueue.fl.weights import decode_state, encode_state
+    from fedqueue.fl.ml.weights import decode_state, encode_state
 
     context = multiprocessing.get_context("spawn")  # never fork a process that has imported torch
     with context.Pool(procs, initializer=_pool_init) as pool:
@@ -171,7 +171,7 @@ def way_floor(config: RunConfig, procs: int, folder: Path) -> tuple[list[float],
 def way_fedqueue(config: RunConfig, procs: int, folder: Path) -> tuple[list[float], State, dict[str, Any]]:
     import fedqueue
     from fedqueue.config import Settings
-    from fedqueue.fl.results import list_rounds
+    from fedqueue.fl.store.results import list_rounds
     from fedqueue.report import build_report
 
     settings = Settings(database_url=f"sqlite:///{folder / 'fl_round.db'}", key_prefix="bench-fl-round")

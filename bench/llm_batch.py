@@ -157,13 +157,13 @@ def way_fedqueue(model_path: Path, input_path: Path, new_tokens: int, batch_size
     from fedqueue.llm.results import prompt_rows
     from fedqueue.llm.settings import GenerationSettings
     from fedqueue.llm.summary import job_summary
-    from fedqueue.queue.client import open_client
+    from fedqueue.queue.client import open_client_services
 
     settings = Settings(database_url=f"sqlite:///{folder / f'llm-{model_path.name}.db'}", key_prefix="bench-llm")
     generation = GenerationSettings(max_new_tokens=new_tokens, dtype="float32")
     cold = time.perf_counter()
     with fedqueue.local_cluster(settings=settings) as cluster:
-        services = open_client(cluster.settings)
+        services = open_client_services(cluster.settings)
         procs = len(cluster.workers.specs)
         # Warm-up: one-prompt batches until every worker has loaded the model.
         warm_input = folder / "warm.jsonl"
@@ -271,7 +271,7 @@ def way_fedqueue_vllm(
     from fedqueue.config import Settings
     from fedqueue.llm.job import JobRequest, submit_job
     from fedqueue.llm.settings import GenerationSettings
-    from fedqueue.queue.client import open_client
+    from fedqueue.queue.client import open_client_services
 
     tag = f"{model_path.name}-{procs}"
     settings = Settings(
@@ -282,7 +282,7 @@ def way_fedqueue_vllm(
     generation = GenerationSettings(max_new_tokens=new_tokens, dtype="float32", backend="vllm")
     cold = time.perf_counter()
     with fedqueue.local_cluster(procs, settings=settings) as cluster:
-        services = open_client(cluster.settings)
+        services = open_client_services(cluster.settings)
         # Warm-up: one-prompt batches until every worker has started its engine.
         warm_input = folder / f"warm-vllm-{tag}.jsonl"
         warm_input.write_text("".join(json.dumps({"prompt": f"warm {i}"}) + "\n" for i in range(2 * procs)))

@@ -11,8 +11,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from fedqueue.fl.data import TensorData
-from fedqueue.fl.plugins import DatasetRequest, LoadedDataset
+from fedqueue.fl.ml.plugins import DatasetRequest, LoadedDataset, TensorData
 
 
 def load(request: DatasetRequest) -> LoadedDataset:

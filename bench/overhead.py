@@ -128,7 +128,7 @@ def _pinger(app: Any) -> Callable[[], int]:
 
 
 def measure_fedqueue(url: str, client: redis.Redis, procs: int, tasks: int, folder: Path) -> dict[str, Any]:
-    from fedqueue.fl.results import list_rounds
+    from fedqueue.fl.store.results import list_rounds
     from fedqueue.queue.app import make_app
     from fedqueue.report import build_report
 
@@ -175,12 +175,12 @@ def measure_fedqueue(url: str, client: redis.Redis, procs: int, tasks: int, fold
 
 # (owner, attribute, label): the leaves of one device task, timed without nesting.
 def _timed_parts() -> list[tuple[Any, str, str]]:
-    import fedqueue.fl.data as data
-    import fedqueue.fl.device_task as device_task
-    import fedqueue.fl.experiment as experiment
-    import fedqueue.fl.models as models
-    import fedqueue.fl.strategy.synchronous as synchronous
-    import fedqueue.fl.train as train
+    import fedqueue.fl.ml.data as data
+    import fedqueue.fl.ml.models as models
+    import fedqueue.fl.ml.train as train
+    import fedqueue.fl.setup as setup
+    import fedqueue.fl.strategy.sync.strategy as synchronous
+    import fedqueue.fl.worker.device_task as device_task
     from fedqueue.core.blobs import RedisBlobStore
     from fedqueue.core.ledger import RedisLedger
 
@@ -192,7 +192,7 @@ def _timed_parts() -> list[tuple[Any, str, str]]:
         (data, "device_data", "device data (cached per worker)"),
         (data, "load_federated", "dataset (cached per worker)"),
         (models, "build_model", "build model (once per slot and run)"),
-        (experiment, "resolve_plugins", "resolve plugins"),
+        (setup, "resolve_plugins", "resolve plugins"),
         (train, "train_local", "local training (1 step)"),
         (device_task, "encode_state", "encode update (safetensors)"),
         (RedisBlobStore, "put", "update blob write (Redis SET)"),
@@ -203,21 +203,24 @@ def _timed_parts() -> list[tuple[Any, str, str]]:
 
 def breakdown(url: str, folder: Path, tasks: int) -> dict[str, Any]:
     """One device task's parts, timed in this process: the Celery task body without Celery."""
-    import fedqueue.fl.strategy.synchronous as synchronous
+    import fedqueue.fl.strategy.sync.strategy as synchronous
     from fedqueue.fl.config import RunConfig
-    from fedqueue.fl.device_task import WorkerCache, run_device_task
-    from fedqueue.fl.devices import configure_determinism
     from fedqueue.fl.messages import DeviceTask
-    from fedqueue.fl.rounds import aggregate_round, submit_run
-    from fedqueue.fl.warmup import warm_up
-    from fedqueue.queue.client import open_client
+    from fedqueue.fl.ml.torch_device import configure_determinism
+    from fedqueue.fl.ml.warmup import warm_up
+    from fedqueue.fl.scheduler import submit_run
+    from fedqueue.fl.strategy.sync.rounds import aggregate_round
+    from fedqueue.fl.strategy.sync.strategy import SYNCHRONOUS
+    from fedqueue.fl.worker.cache import WorkerCache
+    from fedqueue.fl.worker.device_task import run_device_task
+    from fedqueue.queue.client import open_client_services
 
     settings = Settings(
         broker_url=url, database_url=f"sqlite:///{folder / 'breakdown.db'}", key_prefix="bench-breakdown"
     ).with_plugin_path([str(BENCH_DIR)])
     configure_determinism(1)
     warm_up()
-    services = open_client(settings)
+    services = open_client_services(settings)
     captured: list[DeviceTask] = []
     publish = services.enqueue
     enqueue_s = 0.0
@@ -246,7 +249,7 @@ def breakdown(url: str, folder: Path, tasks: int) -> dict[str, Any]:
             task = DeviceTask.from_dict(message)
             attempt = services.ledger.start_attempt(task.attempt_key, "bench@local")
             with services.ledger.heartbeat(task.attempt_key, "bench@local"):
-                run_device_task(services, cache, task, "bench@local", attempt)
+                run_device_task(services, cache, task, "bench@local", attempt, SYNCHRONOUS)
     finally:
         total_s = time.perf_counter() - began
         timers.restore()

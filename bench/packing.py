@@ -45,7 +45,7 @@ from common import (  # noqa: E402
 from fl_round import fedavg, initial, selected  # noqa: E402
 
 from fedqueue.fl.config import RunConfig  # noqa: E402
-from fedqueue.fl.results import list_rounds  # noqa: E402
+from fedqueue.fl.store.results import list_rounds  # noqa: E402
 
 State = dict[str, Any]
 PACK = 16
@@ -139,11 +139,11 @@ def thread_pool(config: RunConfig, device: str) -> Way:
 def _train(config: RunConfig, state: State, round_index: int, device: int, where: str) -> tuple[int, int, State]:
     import torch
 
-    from fedqueue.fl.data import device_data, load_federated
-    from fedqueue.fl.experiment import data_spec, train_config
-    from fedqueue.fl.models import build_model
-    from fedqueue.fl.seeding import task_seed
-    from fedqueue.fl.train import train_local
+    from fedqueue.fl.ml.data import device_data, load_federated
+    from fedqueue.fl.ml.models import build_model
+    from fedqueue.fl.ml.seeding import task_seed
+    from fedqueue.fl.ml.train import train_local
+    from fedqueue.fl.setup import data_spec, train_config
 
     spec = data_spec(config)
     federated = load_federated(spec)

@@ -40,12 +40,12 @@ def _synchronise(where: Any) -> None:
 def in_process(config: RunConfig, repeats: int) -> list[tuple[str, str]]:
     import torch
 
-    from fedqueue.fl.data import device_data, load_federated
-    from fedqueue.fl.experiment import data_spec, train_config
-    from fedqueue.fl.models import build_model
-    from fedqueue.fl.pack_train import train_pack
-    from fedqueue.fl.train import train_local
-    from fedqueue.fl.weights import encode_state
+    from fedqueue.fl.ml.data import device_data, load_federated
+    from fedqueue.fl.ml.models import build_model
+    from fedqueue.fl.ml.pack_train import train_pack
+    from fedqueue.fl.ml.train import train_local
+    from fedqueue.fl.ml.weights import encode_state
+    from fedqueue.fl.setup import data_spec, train_config
 
     where = torch.device("cuda:0" if torch.cuda.is_available() else "cpu")
     spec = data_spec(config)
@@ -102,7 +102,7 @@ def in_process(config: RunConfig, repeats: int) -> list[tuple[str, str]]:
 def through_fedqueue(config: RunConfig, folder: Path) -> None:
     import fedqueue
     from fedqueue.config import Settings
-    from fedqueue.fl.results import list_rounds
+    from fedqueue.fl.store.results import list_rounds
 
     settings = Settings(database_url=f"sqlite:///{folder / 'breakdown.db'}", key_prefix="bench-breakdown")
     with fedqueue.local_cluster(settings=settings) as cluster:

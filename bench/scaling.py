@@ -74,10 +74,12 @@ def scheduler_steps(url: str, folder: Path, devices: int) -> dict[str, float]:
     from fedqueue.core.keys import update_key
     from fedqueue.fl.config import RunConfig
     from fedqueue.fl.messages import device_task_name
-    from fedqueue.fl.results import DeviceResult, get_round, record_device_result
-    from fedqueue.fl.rounds import aggregate_round, final_state, submit_run
-    from fedqueue.fl.weights import encode_state
-    from fedqueue.queue.client import open_client
+    from fedqueue.fl.ml.weights import encode_state
+    from fedqueue.fl.scheduler import submit_run
+    from fedqueue.fl.store.results import DeviceResult, get_round, record_device_result
+    from fedqueue.fl.strategy.common import final_state
+    from fedqueue.fl.strategy.sync.rounds import aggregate_round
+    from fedqueue.queue.client import open_client_services
     from fedqueue.store.repo import TaskTiming
 
     settings = Settings(
@@ -85,7 +87,7 @@ def scheduler_steps(url: str, folder: Path, devices: int) -> dict[str, float]:
         database_url=f"sqlite:///{folder / f'scheduler-{devices}.db'}",
         key_prefix=f"bench-scaling-{devices}",
     ).with_plugin_path([str(BENCH_DIR)])
-    services = open_client(settings)
+    services = open_client_services(settings)
     config = RunConfig.from_dict(noop_config(devices))
     submit_run(services, RunConfig.from_dict(noop_config(10)))  # imports and caches, not timed
 
@@ -154,7 +156,7 @@ def scheduler_steps(url: str, folder: Path, devices: int) -> dict[str, float]:
 
 def through_workers(sizes: list[int], procs: int, folder: Path) -> dict[int, dict[str, float]]:
     import fedqueue
-    from fedqueue.fl.results import list_rounds
+    from fedqueue.fl.store.results import list_rounds
     from fedqueue.report import build_report
 
     settings = Settings(database_url=f"sqlite:///{folder / 'workers.db'}", key_prefix="bench-scaling-e2e")

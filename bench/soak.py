@@ -30,7 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from fedqueue.config import Settings  # noqa: E402
 from fedqueue.fl import api  # noqa: E402
 from fedqueue.fl.config import RunConfig  # noqa: E402
-from fedqueue.fl.results import device_tasks, list_rounds  # noqa: E402
+from fedqueue.fl.store.results import device_tasks, list_rounds  # noqa: E402
 from fedqueue.queue.embedded import EmbeddedRedis  # noqa: E402
 from tests.helpers import reference_final_state  # noqa: E402
 from tests.reliability_support import cli_env, ping_count, wait_until  # noqa: E402

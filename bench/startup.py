@@ -90,15 +90,15 @@ def plain_loop() -> None:
     """The demo in one process, no queue: what a user's own loop costs (run as a child, timed from outside)."""
     import torch
 
-    from fedqueue.fl.aggregate import fedavg
     from fedqueue.fl.config import load_run_config
-    from fedqueue.fl.data import device_data, load_federated
-    from fedqueue.fl.evaluate import evaluate
-    from fedqueue.fl.experiment import data_spec, train_config
-    from fedqueue.fl.models import build_model, initial_state
-    from fedqueue.fl.rounds import select_devices
-    from fedqueue.fl.seeding import task_seed
-    from fedqueue.fl.train import train_local
+    from fedqueue.fl.ml.aggregate import fedavg
+    from fedqueue.fl.ml.data import device_data, load_federated
+    from fedqueue.fl.ml.evaluate import evaluate
+    from fedqueue.fl.ml.models import build_model, initial_state
+    from fedqueue.fl.ml.seeding import task_seed
+    from fedqueue.fl.ml.train import train_local
+    from fedqueue.fl.setup import data_spec, train_config
+    from fedqueue.fl.strategy.sync.rounds import select_devices
 
     torch.set_num_threads(1)  # as fedqueue's workers train
     config = load_run_config(CONFIG, {})

@@ -27,7 +27,7 @@ from common import REPO, ForeignLoad, machine, machine_line, markdown_table, wai
 
 from fedqueue.config import Settings  # noqa: E402
 from fedqueue.fl.config import load_run_config  # noqa: E402
-from fedqueue.fl.results import list_rounds  # noqa: E402
+from fedqueue.fl.store.results import list_rounds  # noqa: E402
 
 
 def curve(handle: Any) -> list[tuple[float, float]]:

@@ -2,7 +2,8 @@
 
 The Python API loads lazily, so importing a submodule never pulls in Celery or torch it does not
 need: `run`, `submit`, `RunHandle` and `RunConfig` are FL's (fedqueue.fl.api), `runs` and
-`local_cluster` serve every kind (fedqueue.api).
+`local_cluster` serve every kind (fedqueue.api), and `fedqueue.llm.run`, `submit` and `get_job` are
+LLM batch jobs' (fedqueue.llm.api).
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-__all__ = ["RunConfig", "RunHandle", "Settings", "local_cluster", "run", "runs", "submit"]
+__all__ = ["RunConfig", "RunHandle", "Settings", "llm", "local_cluster", "run", "runs", "submit"]
 
 _HOMES = {
     "RunConfig": "fedqueue.fl.api",
@@ -24,6 +25,8 @@ _HOMES = {
 
 
 def __getattr__(name: str) -> Any:
+    if name == "llm":  # a subpackage: `import fedqueue` then `fedqueue.llm.run(...)`
+        return importlib.import_module("fedqueue.llm")
     home = _HOMES.get(name)
     if home is None:
         raise AttributeError(f"module 'fedqueue' has no attribute {name!r}")

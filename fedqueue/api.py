@@ -1,6 +1,7 @@
 """The Python API's kind-neutral part: where a run's workers are, submitting, scheduling and waiting.
 
-Every job kind builds its own front door on this; FL's is `fedqueue.run(config)` (fedqueue.fl.api):
+Every job kind builds its own front door on this; FL's is `fedqueue.run(config)` (fedqueue.fl.api),
+LLM batch jobs' `fedqueue.llm.run(prompts, model)` (fedqueue.llm.api):
 
 import fedqueue
 handle = fedqueue.run("examples/digits_fedavg.toml", rounds=3)
@@ -18,6 +19,8 @@ from typing import TYPE_CHECKING, Any, Protocol
 from fedqueue.config import DEFAULT_GPUS_PER_WORKER, DEFAULT_PROCS_PER_GPU, DEFAULT_WORKER_SLOTS, Settings
 from fedqueue.errors import ConfigError
 
+# `import fedqueue` stays light: the store (sqlalchemy), Redis and the queue load when a run is placed, submitted
+# or read, in the functions below.
 if TYPE_CHECKING:
     from fedqueue.core.cluster_file import ClusterInfo
     from fedqueue.core.services import Services, WorkerSlots
@@ -136,9 +139,9 @@ def _client(place: Placement, services: Services | None) -> Iterator[Services]:
     if services is not None:
         yield services
         return
-    from fedqueue.queue.client import open_client
+    from fedqueue.queue.client import open_client_services
 
-    opened = open_client(place.settings, place.worker_slots)
+    opened = open_client_services(place.settings, place.worker_slots)
     try:
         yield opened
     finally:
@@ -193,11 +196,14 @@ def run(
     *,
     procs: int | None = None,
     slots: int = DEFAULT_WORKER_SLOTS,
+    gpus_per_worker: int = DEFAULT_GPUS_PER_WORKER,
+    wait_for_workers: bool = False,
     timeout_s: float | None = None,
 ) -> RunHandle:
     """Check, submit and wait, scheduling the run meanwhile: on the configured broker, the cluster
-    `fedqueue up` left running for these settings, else local workers started here (beside the submit)."""
-    with placement(settings, procs, slots) as place:
+    `fedqueue up` left running for these settings, else local workers started here (beside the submit,
+    or before it with `wait_for_workers`)."""
+    with placement(settings, procs, slots, gpus_per_worker=gpus_per_worker, wait=wait_for_workers) as place:
         check(submission, place.settings)
         handle = submit(submission, place)
         with scheduling(handle) as supervisor:

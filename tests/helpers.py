@@ -9,8 +9,10 @@ import torch
 from fedqueue.config import Settings
 from fedqueue.core.services import Services
 from fedqueue.fl.config import RunConfig
-from fedqueue.fl.rounds import final_state, select_devices, submit_run
-from fedqueue.queue.client import open_client
+from fedqueue.fl.scheduler import submit_run
+from fedqueue.fl.strategy.common import final_state
+from fedqueue.fl.strategy.sync.rounds import select_devices
+from fedqueue.queue.client import open_client_services
 from fedqueue.store import Store
 
 
@@ -44,7 +46,7 @@ def wait_finished(store: Store, run_id: str, timeout_s: float = 120.0) -> None:
 
 
 def run_to_end(settings: Settings, config: RunConfig, services: Services | None = None) -> tuple[str, Services]:
-    services = services or open_client(settings)
+    services = services or open_client_services(settings)
     run_id = submit_run(services, config)
     wait_finished(services.store, run_id)
     return run_id, services
@@ -52,12 +54,12 @@ def run_to_end(settings: Settings, config: RunConfig, services: Services | None 
 
 def reference_final_state(config: RunConfig) -> dict[str, torch.Tensor]:
     """The same experiment, computed in this process with no queue: what the workers must match."""
-    from fedqueue.fl.aggregate import fedavg
-    from fedqueue.fl.data import device_data, load_federated
-    from fedqueue.fl.experiment import data_spec, train_config
-    from fedqueue.fl.models import build_model, initial_state
-    from fedqueue.fl.seeding import task_seed
-    from fedqueue.fl.train import train_local
+    from fedqueue.fl.ml.aggregate import fedavg
+    from fedqueue.fl.ml.data import device_data, load_federated
+    from fedqueue.fl.ml.models import build_model, initial_state
+    from fedqueue.fl.ml.seeding import task_seed
+    from fedqueue.fl.ml.train import train_local
+    from fedqueue.fl.setup import data_spec, train_config
 
     torch.set_num_threads(1)  # the workers' threads_per_task
     spec = data_spec(config)
@@ -76,10 +78,10 @@ def reference_final_state(config: RunConfig) -> dict[str, torch.Tensor]:
 
 
 def held_out_accuracy(config: RunConfig, state: dict[str, torch.Tensor]) -> float:
-    from fedqueue.fl.data import load_federated
-    from fedqueue.fl.evaluate import evaluate
-    from fedqueue.fl.experiment import data_spec
-    from fedqueue.fl.models import build_model
+    from fedqueue.fl.ml.data import load_federated
+    from fedqueue.fl.ml.evaluate import evaluate
+    from fedqueue.fl.ml.models import build_model
+    from fedqueue.fl.setup import data_spec
 
     data = load_federated(data_spec(config))
     model = build_model(config.model, data.input_shape, data.num_classes)

@@ -6,7 +6,6 @@ import contextlib
 import os
 import signal
 import subprocess
-import sys
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import replace
@@ -18,8 +17,9 @@ import psutil
 from fedqueue.config import Settings
 from fedqueue.fl import api
 from fedqueue.fl.config import RunConfig
-from fedqueue.fl.results import device_tasks, has_result, list_rounds
+from fedqueue.fl.store.results import device_tasks, has_result, list_rounds
 from fedqueue.queue.app import make_app
+from tests.cli_runner import start_fedqueue_cli
 from tests.helpers import small_config
 
 PLUGINS = Path(__file__).with_name("plugin_modules")
@@ -63,13 +63,8 @@ def ping_count(settings: Settings) -> int:
 def launcher(settings: Settings, procs: int, cwd: Path) -> Iterator[subprocess.Popen[str]]:
     """`fedqueue worker --procs N` as a user starts it; stopped (and reaped) at the end."""
     log = open(cwd / f"launcher-{time.monotonic_ns()}.log", "w")  # noqa: SIM115 - closed when the launcher stops
-    process = subprocess.Popen(
-        [sys.executable, "-m", "fedqueue.cli", "worker", "--procs", str(procs)],
-        cwd=cwd,
-        env=cli_env(settings),
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        text=True,
+    process = start_fedqueue_cli(
+        "worker", "--procs", str(procs), cwd=cwd, env=cli_env(settings), stdout=log, stderr=subprocess.STDOUT
     )
     try:
         wait_until(lambda: ping_count(settings) >= procs, 90)

@@ -8,8 +8,6 @@ import json
 import os
 import shutil
 import socket
-import subprocess
-import sys
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -19,6 +17,7 @@ from typing import Any
 import pytest
 import redis
 
+from tests.cli_runner import start_fedqueue_cli
 from tests.reliability_support import wait_until
 
 
@@ -63,9 +62,7 @@ def redis_answers(client: redis.Redis) -> bool:
 def running_flower(env: dict[str, str], port: int, log: Path) -> Iterator[str]:
     """`fedqueue flower` as the README starts it (the password only in `env`); yields its base URL."""
     with log.open("wb") as out:
-        process = subprocess.Popen(
-            [sys.executable, "-m", "fedqueue.cli", "flower", "--port", str(port)], env=env, stdout=out, stderr=out
-        )
+        process = start_fedqueue_cli("flower", "--port", str(port), env=env, stdout=out, stderr=out)
     base = f"http://127.0.0.1:{port}"
     try:
         wait_until(lambda: http_get(f"{base}/healthcheck")[0] == 200 or process.poll() is not None, 60)

@@ -15,7 +15,7 @@ import torch
 from fedqueue.core.blobs import DirBlobStore, RedisBlobStore
 from fedqueue.core.codec import BlobRef
 from fedqueue.errors import BlobIntegrityError
-from fedqueue.fl.weights import decode_state, encode_state
+from fedqueue.fl.ml.weights import decode_state, encode_state
 
 TTL_S = 120
 

@@ -6,7 +6,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -16,19 +15,14 @@ from sqlalchemy import create_engine, inspect
 
 from fedqueue.config import Settings
 from fedqueue.core.database import open_store
+from tests.cli_runner import fedqueue_cli, start_fedqueue_cli
 from tests.reliability_support import ping_count, wait_until
-
-FEDQUEUE = [sys.executable, "-m", "fedqueue.cli"]
 
 
 def cli_env(**extra: str) -> dict[str, str]:
     env = {key: value for key, value in os.environ.items() if not key.startswith("FEDQUEUE_")}
     env.update(extra)
     return env
-
-
-def fedqueue(*args: str, cwd: Path, env: dict[str, str], timeout: float = 60) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([*FEDQUEUE, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
 
 
 def our_processes() -> set[int]:
@@ -54,7 +48,7 @@ def test_run_with_nothing_configured_uses_embedded_redis_and_leaves_nothing(tmp_
     """`fedqueue run` with no broker: embedded Redis + local workers, default SQLite store, clean exit."""
     before = our_processes()
     config = write_config(tmp_path, SMALL)
-    result = fedqueue("run", str(config), "--procs", "2", cwd=tmp_path, env=cli_env(), timeout=240)
+    result = fedqueue_cli("run", str(config), "--procs", "2", cwd=tmp_path, env=cli_env(), timeout=240)
     assert result.returncode == 0, result.stdout + result.stderr
     assert "embedded Redis at redis://127.0.0.1:" in result.stdout
     assert ":6379/" not in result.stdout  # never the Redis it did not start
@@ -62,9 +56,9 @@ def test_run_with_nothing_configured_uses_embedded_redis_and_leaves_nothing(tmp_
     assert (tmp_path / "fedqueue.db").exists()
     assert our_processes() - before == set()
 
-    runs = json.loads(fedqueue("runs", "--json", cwd=tmp_path, env=cli_env()).stdout)
+    runs = json.loads(fedqueue_cli("runs", "--json", cwd=tmp_path, env=cli_env()).stdout)
     assert len(runs) == 1 and runs[0]["state"] == "finished" and runs[0]["rounds"] == "2/2"
-    status = json.loads(fedqueue("status", runs[0]["id"], "--json", cwd=tmp_path, env=cli_env()).stdout)
+    status = json.loads(fedqueue_cli("status", runs[0]["id"], "--json", cwd=tmp_path, env=cli_env()).stdout)
     assert status["rounds_done"] == 2 and status["tasks_done"] == 16
     assert set(status["accuracy"]) == {"1", "2"}
     assert len(status["workers"]) == 2 and status["max_concurrency"] >= 2
@@ -75,13 +69,8 @@ def test_up_then_submit_from_another_shell(tmp_path: Path) -> None:
     """`fedqueue up` serves a broker; `submit` from elsewhere returns an id; the run finishes."""
     env = cli_env(FEDQUEUE_DATABASE_URL=f"sqlite:///{tmp_path / 'shared.db'}")
     before = our_processes()
-    up = subprocess.Popen(
-        [*FEDQUEUE, "up", "--procs", "1"],
-        cwd=tmp_path,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
+    up = start_fedqueue_cli(
+        "up", "--procs", "1", cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
     )
     try:
         broker = None
@@ -91,14 +80,14 @@ def test_up_then_submit_from_another_shell(tmp_path: Path) -> None:
                 broker = line.strip().split("FEDQUEUE_BROKER_URL=")[1]
                 break
         assert broker and broker.startswith("redis://127.0.0.1:")
-        submitted = fedqueue(
+        submitted = fedqueue_cli(
             "submit", str(write_config(tmp_path, SMALL)), cwd=tmp_path, env={**env, "FEDQUEUE_BROKER_URL": broker}
         )
         assert submitted.returncode == 0, submitted.stderr
         run_id = submitted.stdout.strip()
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:
-            status = json.loads(fedqueue("status", run_id, "--json", cwd=tmp_path, env=env).stdout)
+            status = json.loads(fedqueue_cli("status", run_id, "--json", cwd=tmp_path, env=env).stdout)
             if status["state"] != "running":
                 break
             time.sleep(0.5)
@@ -111,13 +100,8 @@ def test_up_then_submit_from_another_shell(tmp_path: Path) -> None:
 
 def test_worker_stops_on_sigterm_and_leaves_no_children(settings: Settings, tmp_path: Path) -> None:
     env = cli_env(**settings.to_env())
-    worker = subprocess.Popen(
-        [*FEDQUEUE, "worker", "--procs", "1"],
-        cwd=tmp_path,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
+    worker = start_fedqueue_cli(
+        "worker", "--procs", "1", cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
     )
     children: list[psutil.Process] = []
     deadline = time.monotonic() + 60
@@ -170,7 +154,7 @@ def test_bad_config_is_one_line_exit_2_and_writes_nothing(tmp_path: Path, text: 
     config = write_config(tmp_path, text)
     database = tmp_path / "store.db"
     env = cli_env(FEDQUEUE_DATABASE_URL=f"sqlite:///{database}", FEDQUEUE_BROKER_URL="redis://127.0.0.1:1/0")
-    result = fedqueue("submit", str(config), cwd=tmp_path, env=env)
+    result = fedqueue_cli("submit", str(config), cwd=tmp_path, env=env)
     assert result.returncode == 2
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and field in lines[0], result.stderr
@@ -181,7 +165,7 @@ def test_bad_config_is_one_line_exit_2_and_writes_nothing(tmp_path: Path, text: 
 def test_bad_override_names_the_field(tmp_path: Path) -> None:
     config = write_config(tmp_path, SMALL)
     env = cli_env(FEDQUEUE_BROKER_URL="redis://127.0.0.1:1/0")
-    result = fedqueue("submit", str(config), "--set", "devices_per_round=50", cwd=tmp_path, env=env)
+    result = fedqueue_cli("submit", str(config), "--set", "devices_per_round=50", cwd=tmp_path, env=env)
     assert result.returncode == 2 and "devices_per_round" in result.stderr
 
 
@@ -195,7 +179,7 @@ def test_bad_override_names_the_field(tmp_path: Path) -> None:
 def test_unreachable_service_is_one_line_within_10s(tmp_path: Path, variable: str, url: str, what: str) -> None:
     env = cli_env(**{"FEDQUEUE_BROKER_URL": "redis://127.0.0.1:1/0", variable: url})
     started = time.monotonic()
-    result = fedqueue("run", str(write_config(tmp_path, SMALL)), cwd=tmp_path, env=env)
+    result = fedqueue_cli("run", str(write_config(tmp_path, SMALL)), cwd=tmp_path, env=env)
     assert time.monotonic() - started < 10
     assert result.returncode == 2
     assert result.stderr.startswith(f"error: {what}") and "unreachable" in result.stderr
@@ -204,20 +188,20 @@ def test_unreachable_service_is_one_line_within_10s(tmp_path: Path, variable: st
 
 def test_unknown_run_id(tmp_path: Path) -> None:
     """A store with no runs yet: read-only commands say so in one line and create nothing."""
-    result = fedqueue("status", "nope", cwd=tmp_path, env=cli_env())
+    result = fedqueue_cli("status", "nope", cwd=tmp_path, env=cli_env())
     assert result.returncode == 2 and len(result.stderr.strip().splitlines()) == 1
     assert "has no fedqueue tables" in result.stderr
     database = tmp_path / "fedqueue.db"
     assert not database.exists() or not inspect(create_engine(f"sqlite:///{database}")).get_table_names()
     open_store(f"sqlite:///{tmp_path / 'fedqueue.db'}", migrate=True).close()
-    result = fedqueue("status", "nope", cwd=tmp_path, env=cli_env())
+    result = fedqueue_cli("status", "nope", cwd=tmp_path, env=cli_env())
     assert result.returncode == 2 and result.stderr.strip() == "error: run 'nope' does not exist"
 
 
 def test_flower_without_a_broker_or_basic_auth_is_one_line_and_starts_nothing(tmp_path: Path) -> None:
-    result = fedqueue("flower", cwd=tmp_path, env=cli_env(FLOWER_BASIC_AUTH="admin:pw"))
+    result = fedqueue_cli("flower", cwd=tmp_path, env=cli_env(FLOWER_BASIC_AUTH="admin:pw"))
     assert result.returncode == 2 and "FEDQUEUE_BROKER_URL: not set" in result.stderr
     assert "Traceback" not in result.stderr + result.stdout
-    result = fedqueue("flower", cwd=tmp_path, env=cli_env(FEDQUEUE_BROKER_URL="redis://127.0.0.1:6379/0"))
+    result = fedqueue_cli("flower", cwd=tmp_path, env=cli_env(FEDQUEUE_BROKER_URL="redis://127.0.0.1:6379/0"))
     assert result.returncode == 2 and "FLOWER_BASIC_AUTH: not set" in result.stderr
     assert "Traceback" not in result.stderr + result.stdout

@@ -37,7 +37,7 @@ import torch
 import yaml
 
 from fedqueue.core.database import open_store
-from fedqueue.fl.results import device_tasks, list_rounds
+from fedqueue.fl.store.results import device_tasks, list_rounds
 from tests.helpers import assert_same_weights
 from tests.reliability_support import wait_until
 from tests.service_support import http_get, redis_answers
@@ -242,7 +242,7 @@ class Finished:
 
 
 def _finished(stack: Stack, run_id: str, output: str = "", seconds: float = 0.0) -> Finished:
-    from fedqueue.fl.rounds import final_state
+    from fedqueue.fl.strategy.common import final_state
     from fedqueue.report.summary import run_summary
 
     store = open_store(stack.database_url())

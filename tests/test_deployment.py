@@ -29,7 +29,7 @@ import redis
 import yaml
 
 from fedqueue.core.database import open_store
-from fedqueue.fl.results import device_tasks, list_rounds
+from fedqueue.fl.store.results import device_tasks, list_rounds
 from tests.reliability_support import wait_until
 from tests.service_support import free_port, http_get, redis_answers, required_tool
 

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 
 import redis
@@ -17,6 +15,7 @@ from fedqueue.fl import api
 from fedqueue.fl.config import RunConfig, load_run_config
 from fedqueue.fl.kind import TRAIN_DEVICE
 from fedqueue.queue.app import make_app
+from tests.cli_runner import fedqueue_cli
 from tests.conftest import running_workers
 from tests.helpers import small_config
 from tests.reliability_support import cli_env, wait_until
@@ -55,14 +54,7 @@ def test_any_toml_text_is_accepted_or_refused_in_one_line(tmp_path: Path, text: 
 def test_refused_submit_leaves_nothing_in_store_or_queue(settings: Settings, tmp_path: Path) -> None:
     config = tmp_path / "run.toml"
     config.write_text("num_devices = 5\ndevices_per_round = 9\n")
-    result = subprocess.run(
-        [sys.executable, "-m", "fedqueue.cli", "submit", str(config)],
-        cwd=tmp_path,
-        env=cli_env(settings),
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    result = fedqueue_cli("submit", str(config), cwd=tmp_path, env=cli_env(settings), timeout=60)
     assert result.returncode == 2 and "devices_per_round" in result.stderr
     assert len(result.stderr.strip().splitlines()) == 1, result.stderr
     client = redis.Redis.from_url(settings.broker_url or "")

@@ -8,14 +8,14 @@ by the launcher that adopted the run.
 from __future__ import annotations
 
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 from fedqueue.config import Settings
 from fedqueue.fl import api
-from fedqueue.fl.results import device_tasks, get_round, list_rounds
-from fedqueue.fl.rounds import select_devices
+from fedqueue.fl.store.results import device_tasks, get_round, list_rounds
+from fedqueue.fl.strategy.sync.rounds import select_devices
+from tests.cli_runner import fedqueue_cli
 from tests.helpers import assert_same_weights, reference_final_state, small_config
 from tests.reliability_support import (
     SLOW_STEP,
@@ -45,14 +45,7 @@ def test_a_raising_aggregation_fails_a_plain_submit_with_its_traceback(settings:
     assert run.error is not None and "round 1: aggregation failed after 2 attempts" in run.error
     assert "RuntimeError: this rule fails on purpose" in run.error
     assert len(list_rounds(handle.store, handle.id)) == 1  # round 2 never started
-    shown = subprocess.run(
-        [sys.executable, "-m", "fedqueue.cli", "status", handle.id],
-        cwd=tmp_path,
-        env=cli_env(settings),
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    shown = fedqueue_cli("status", handle.id, cwd=tmp_path, env=cli_env(settings), timeout=60)
     assert "aggregation failed after 2 attempts" in shown.stdout
     assert "this rule fails on purpose" in shown.stdout
 

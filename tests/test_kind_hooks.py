@@ -15,7 +15,7 @@ import pytest
 
 from fedqueue.core import jobs
 from fedqueue.fl.kind import KIND as FL_KIND
-from fedqueue.fl.results import add_round, claim_round, complete_round, record_device_result
+from fedqueue.fl.store.results import add_round, claim_round, complete_round, record_device_result
 from fedqueue.report import build_report, write_report
 from fedqueue.report.html import KindPage
 from fedqueue.report.summary import run_lines, run_summary

@@ -7,6 +7,8 @@ import inside a function counts as much as one at the top of a module.
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -113,93 +115,64 @@ def test_the_check_sees_every_form_of_import_even_inside_functions(tmp_path: Pat
     assert imported_packages(module) == {"llm": ["lazy.py:1"], "report": ["lazy.py:2"], "fl": ["lazy.py:4"]}
 
 
-# FL's machine-learning code: torch and numbers only, no store, no broker, no scheduling. The rest of fl/
-# (rounds, strategies' passes, the device task, repair) orchestrates above it. Plugins import these
-# modules by path (`fedqueue.fl.models:mlp`), so the split is held here rather than by moving files.
-FL_PURE = {
-    "aggregate",
-    "cifar_fixture",
-    "clock",
-    "data",
-    "devices",
-    "evaluate",
-    "models",
-    "pack_train",
-    "packing",
-    "plugins",
-    "revive",
-    "seeding",
-    "staleness",
-    "synthesis",
-    "train",
-    "trial_update",
-    "warmup",
-    "weights",
-    "strategy.schedule",
-}
+# FL's rooms, by folder: a new file is held to its folder's rule with no list to update.
+FL = PACKAGE / "fl"
+# ... and of the core, one stdlib-only module: which GPUs the environment shows.
+FL_ML_MAY_IMPORT = ("fedqueue.errors", "fedqueue.fl.ml.", "fedqueue.core.gpus")
+# What a worker's own code never imports: how runs are planned, repaired, shown or submitted. It reaches its
+# run's strategy through the protocol (fl/strategy/base.py) that the kind hands it.
+FL_WORKER_NEVER = (
+    "fedqueue.fl.strategy.",
+    "fedqueue.fl.scheduler",
+    "fedqueue.fl.view.",
+    "fedqueue.fl.cli",
+    "fedqueue.fl.api",
+)
 
 
-def fl_modules_imported(path: Path) -> set[str]:
-    """The fedqueue.fl modules a source file imports, as names under fl/ (`strategy.schedule`)."""
-    found = set()
-    for node in ast.walk(ast.parse(path.read_text())):
-        if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-            names = [f"{node.module}.{alias.name}" for alias in node.names] + [node.module]
-        elif isinstance(node, ast.Import):
-            names = [alias.name for alias in node.names]
-        else:
-            continue
-        for name in names:
-            if name.startswith("fedqueue.fl."):
-                module = name.removeprefix("fedqueue.fl.")
-                if (PACKAGE / "fl" / f"{module.replace('.', '/')}.py").exists():
-                    found.add(module)
-    return found
+def _sources(folder: Path) -> list[Path]:
+    return sorted(path for path in folder.rglob("*.py") if "migrations" not in path.parts)
 
 
-@pytest.mark.parametrize("module", sorted(FL_PURE))
-def test_fl_machine_learning_code_imports_no_core_and_no_orchestration(module: str) -> None:
-    path = PACKAGE / "fl" / f"{module.replace('.', '/')}.py"
-    reached = imported_packages(path).keys() - {"fl", "errors"}
-    assert not reached, f"fl/{module} imports fedqueue.{reached}"
-    orchestration = fl_modules_imported(path) - FL_PURE
-    assert not orchestration, f"fl/{module} imports fl modules above it: {sorted(orchestration)}"
+def _label(path: Path) -> str:
+    return str(path.relative_to(PACKAGE.parent))
 
 
-# Worker side: what a worker runs for a task. It may ask for scheduler steps (fedqueue.fl.requests) and call the
-# strategy seam (fedqueue.fl.strategy), never import the code that plans rounds, aggregates or repairs them.
-WORKER_SIDE = [
-    "fl/device_task.py",
-    "fl/pack_train.py",
-    "fl/train.py",
-    "fl/data.py",
-    "fl/models.py",
-    "fl/seeding.py",
-    "fl/weights.py",
-    "fl/timing.py",
-    "fl/pack_cache.py",
-    "llm/worker.py",
-    "llm/generate.py",
-    "llm/progress.py",
-]
-SCHEDULER_SIDE = {
-    "fedqueue.fl.rounds",
-    "fedqueue.fl.repair",
-    "fedqueue.fl.strategy.synchronous",
-    "fedqueue.fl.strategy.buffered",
-    "fedqueue.fl.strategy.fedbuff",
-    "fedqueue.fl.strategy.schedule",
-    "fedqueue.fl.strategy.revived",
-    "fedqueue.llm.repair",
-    "fedqueue.llm.planner",
-    "fedqueue.llm.job",
-}
+@pytest.mark.parametrize("path", _sources(FL / "ml"), ids=_label)
+def test_fl_machine_learning_code_imports_nothing_but_itself(path: Path) -> None:
+    imports = imported_modules(path)
+    outside = {name: where for name, where in imports.items() if not name.startswith(FL_ML_MAY_IMPORT)}
+    assert not outside, outside
 
 
-@pytest.mark.parametrize("module", WORKER_SIDE)
-def test_no_worker_module_imports_scheduler_code(module: str) -> None:
-    imports = imported_modules(PACKAGE / module)
-    assert not SCHEDULER_SIDE & imports.keys(), {name: imports[name] for name in SCHEDULER_SIDE & imports.keys()}
+def test_the_core_module_fl_machine_learning_code_reads_imports_nothing_of_fedqueue() -> None:
+    path = _module_path("fedqueue.core.gpus")
+    assert path is not None
+    assert not imported_modules(path), imported_modules(path)
+
+
+@pytest.mark.parametrize("path", _sources(FL / "worker"), ids=_label)
+def test_fl_worker_code_imports_no_scheduler_code(path: Path) -> None:
+    imports = imported_modules(path)
+    allowed = {"fedqueue.fl.strategy.base"}
+    found = {name: where for name, where in imports.items() if name.startswith(FL_WORKER_NEVER) and name not in allowed}
+    assert not found, found
+
+
+@pytest.mark.parametrize(("strategy", "other"), [("sync", "fedbuff"), ("fedbuff", "sync")])
+def test_the_two_strategies_do_not_import_each_other(strategy: str, other: str) -> None:
+    for path in _sources(FL / "strategy" / strategy):
+        imports = imported_modules(path)
+        found = {name: where for name, where in imports.items() if name.startswith(f"fedqueue.fl.strategy.{other}")}
+        assert not found, found
+
+
+def test_the_folder_rules_see_a_new_file(tmp_path: Path) -> None:
+    # The rules read each folder afresh: a module added to fl/ml/ that imports the store is caught.
+    stray = tmp_path / "stray.py"
+    stray.write_text("from fedqueue.store import Store\nfrom fedqueue.fl.ml.data import load_federated\n")
+    with pytest.raises(AssertionError, match="fedqueue.store"):
+        test_fl_machine_learning_code_imports_nothing_but_itself(stray)
 
 
 def loaded_on_import(module: str) -> set[str]:
@@ -220,37 +193,129 @@ def loaded_on_import(module: str) -> set[str]:
     return loaded
 
 
-@pytest.mark.parametrize(
-    "module",
-    [
-        "fedqueue.fl.device_task",
-        # What a worker storing a result of a synchronous run loads through the strategy seam.
-        "fedqueue.fl.strategy.synchronous",
-    ],
-)
-def test_a_worker_storing_a_result_does_not_load_the_round_scheduler(module: str) -> None:
-    assert "fedqueue.fl.rounds" not in loaded_on_import(module)
+def reached(module: str) -> set[str]:
+    """Every fedqueue module that `module` can load, at import or later: each import followed, lazy ones too."""
+    found: set[str] = set()
+    waiting = [module]
+    while waiting:
+        name = waiting.pop()
+        path = _module_path(name)
+        if name in found or path is None:
+            continue
+        found.add(name)
+        waiting += imported_modules(path)
+    return found
+
+
+def test_an_llm_worker_never_reaches_the_job_planner_or_its_repair() -> None:
+    scheduler_side = {"fedqueue.llm.repair", "fedqueue.llm.planner", "fedqueue.llm.job"}
+    assert not scheduler_side & reached("fedqueue.llm.worker")
+
+
+def test_the_command_line_and_the_kinds_load_no_torch_celery_or_matplotlib() -> None:
+    # Every command and every worker launcher loads these; torch, Celery and matplotlib wait for the work.
+    script = (
+        "import sys, fedqueue, fedqueue.cli.commands, fedqueue.fl.kind, fedqueue.llm.kind, fedqueue.fl.api\n"
+        "print(sorted(name for name in ('torch', 'celery', 'matplotlib', 'transformers') if name in sys.modules))"
+    )
+    loaded = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True).stdout
+    assert loaded.strip() == "[]"
+
+
+def import_graph() -> dict[str, set[str]]:
+    """fedqueue's modules and what each imports of the others, every import counted (in functions and under
+    TYPE_CHECKING too); `from a import b` counts as importing package a as well as module a.b."""
+    modules = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        if "migrations" in path.parts:
+            continue
+        name = ".".join(path.relative_to(PACKAGE.parent).with_suffix("").parts).removesuffix(".__init__")
+        modules[name] = path
+    graph: dict[str, set[str]] = {}
+    for name, path in modules.items():
+        targets: set[str] = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                targets.add(node.module)
+                targets.update(f"{node.module}.{alias.name}" for alias in node.names)
+            elif isinstance(node, ast.Import):
+                targets.update(alias.name for alias in node.names)
+        graph[name] = {target for target in targets if target in modules and target not in (name, "fedqueue")}
+    return graph
+
+
+def import_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan's algorithm, iterative)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    cycles: list[list[str]] = []
+    for root in graph:
+        if root in index:
+            continue
+        work = [(root, iter(sorted(graph[root])))]
+        index[root] = low[root] = len(index)
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            node, children = work[-1]
+            child = next(children, None)
+            if child is not None:
+                if child not in index:
+                    index[child] = low[child] = len(index)
+                    stack.append(child)
+                    on_stack.add(child)
+                    work.append((child, iter(sorted(graph[child]))))
+                elif child in on_stack:
+                    low[node] = min(low[node], index[child])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == index[node]:
+                component = []
+                while True:
+                    member = stack.pop()
+                    on_stack.discard(member)
+                    component.append(member)
+                    if member == node:
+                        break
+                if len(component) > 1:
+                    cycles.append(sorted(component))
+    return cycles
+
+
+def test_no_import_cycle_anywhere_in_fedqueue() -> None:
+    assert import_cycles(import_graph()) == []
+
+
+def test_the_cycle_check_finds_a_loop_through_a_function_level_import() -> None:
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
+    assert import_cycles(graph) == [["a", "b", "c"]]
+    assert import_cycles({"a": {"b"}, "b": set()}) == []
 
 
 def test_the_import_closure_follows_module_imports_and_skips_lazy_and_type_only_ones(tmp_path: Path) -> None:
     module = tmp_path / "lazy.py"
     module.write_text(
         "from typing import TYPE_CHECKING\n"
-        "from fedqueue.fl import rounds\n"
+        "from fedqueue.fl.strategy.sync import rounds\n"
         "import fedqueue.core.keys\n"
         "if TYPE_CHECKING:\n"
-        "    from fedqueue.fl.repair import reconcile\n"
+        "    from fedqueue.fl.strategy.sync.repair import reconcile\n"
         "def f():\n"
         "    from fedqueue.llm.repair import reconcile\n"
     )
     assert imported_modules(module, at_import=True) == {
-        "fedqueue.fl.rounds": ["lazy.py:2"],
+        "fedqueue.fl.strategy.sync.rounds": ["lazy.py:2"],
         "fedqueue.core.keys": ["lazy.py:3"],
     }
     assert imported_modules(module).keys() == {
-        "fedqueue.fl.rounds",
+        "fedqueue.fl.strategy.sync.rounds",
         "fedqueue.core.keys",
-        "fedqueue.fl.repair",
+        "fedqueue.fl.strategy.sync.repair",
         "fedqueue.llm.repair",
     }
-    assert "fedqueue.fl.rounds" in loaded_on_import("fedqueue.fl.repair")  # followed through fedqueue.fl.repair
+    # Followed through the repair module's own imports.
+    assert "fedqueue.fl.strategy.sync.rounds" in loaded_on_import("fedqueue.fl.strategy.sync.repair")

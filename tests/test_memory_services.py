@@ -21,12 +21,13 @@ from fedqueue.core.database import open_store
 from fedqueue.core.ledger import RedisLedger, TaskLedger
 from fedqueue.core.memory import ManualClock, MemoryLedger, RecordingEnqueuer, memory_services
 from fedqueue.core.services import Services, connect_redis
-from fedqueue.fl import repair as fl_repair
+from fedqueue.fl import scheduler as fl_scheduler
 from fedqueue.fl.messages import AggregateTask, DeviceTask, FoldTask, fold_key
-from fedqueue.fl.results import device_tasks, list_rounds
-from fedqueue.fl.rounds import aggregate_round, round_key, select_devices, submit_run
-from fedqueue.fl.strategy.fedbuff import on_result_stored, publish_head
-from fedqueue.fl.strategy.schedule import Trip
+from fedqueue.fl.scheduler import submit_run
+from fedqueue.fl.store.results import device_tasks, list_rounds
+from fedqueue.fl.strategy.fedbuff.fold import on_result_stored, publish_head
+from fedqueue.fl.strategy.fedbuff.schedule import Trip
+from fedqueue.fl.strategy.sync.rounds import aggregate_round, round_key, select_devices
 from fedqueue.llm import repair as llm_repair
 from fedqueue.llm.job import JobRequest, submit_job
 from fedqueue.llm.messages import GenerateBatch
@@ -241,7 +242,7 @@ def test_a_submitted_run_records_round_one_enqueues_its_packs_and_publishes_its_
     assert services.ledger.was_enqueued(round_key(run_id, 1))
     assert services.store.get_run(run_id).broker_id == services.ledger.broker_id()
     assert services.ledger.queue_length("devices") == 2
-    assert fl_repair.reconcile(services, run_id) == []  # all is well: waiting on the queue
+    assert fl_scheduler.reconcile(services, run_id) == []  # all is well: waiting on the queue
 
 
 def test_fl_repair_enqueues_again_a_task_whose_worker_died(services: Services, clock: ManualClock) -> None:
@@ -249,12 +250,12 @@ def test_fl_repair_enqueues_again_a_task_whose_worker_died(services: Services, c
     lost, *others = _sent(services).of_type(DeviceTask)
     _sent(services).waiting = list(others)  # the others still wait on the queue
     services.ledger.start_attempt(lost.attempt_key, "w1")
-    assert fl_repair.reconcile(services, run_id) == []  # running
+    assert fl_scheduler.reconcile(services, run_id) == []  # running
     clock.advance(HEARTBEAT_S + 1)
-    assert fl_repair.reconcile(services, run_id) == [f"round 1: enqueued again 1 devices: {lost.devices[0]}"]
+    assert fl_scheduler.reconcile(services, run_id) == [f"round 1: enqueued again 1 devices: {lost.devices[0]}"]
     assert [task.attempt_key for task in _sent(services).waiting] == [t.attempt_key for t in others + [lost]]
     assert services.ledger.requeued_of([lost.attempt_key]) == {lost.attempt_key: 1}
-    assert fl_repair.reconcile(services, run_id) == []  # that delivery is awaited, not sent twice
+    assert fl_scheduler.reconcile(services, run_id) == []  # that delivery is awaited, not sent twice
 
 
 def test_fl_repair_sends_a_message_stranded_with_a_dead_worker_after_a_heartbeat(
@@ -262,9 +263,9 @@ def test_fl_repair_sends_a_message_stranded_with_a_dead_worker_after_a_heartbeat
 ) -> None:
     run_id = submit_run(services, small_config(devices_per_round=1))
     (task,) = _sent(services).take()  # taken by a worker that died before starting it
-    assert fl_repair.reconcile(services, run_id) == []
+    assert fl_scheduler.reconcile(services, run_id) == []
     clock.advance(HEARTBEAT_S + 1)
-    assert fl_repair.reconcile(services, run_id) == [f"round 1: enqueued again 1 devices: {task.devices[0]}"]
+    assert fl_scheduler.reconcile(services, run_id) == [f"round 1: enqueued again 1 devices: {task.devices[0]}"]
 
 
 def test_fl_repair_fails_a_device_after_its_attempts_and_the_round_then_fails_the_run(
@@ -274,9 +275,9 @@ def test_fl_repair_fails_a_device_after_its_attempts_and_the_round_then_fails_th
     (task,) = _sent(services).of_type(DeviceTask)
     for attempt in (1, 2):
         assert _lost_worker(services, clock, task.attempt_key) == attempt
-        assert fl_repair.reconcile(services, run_id) == [f"round 1: enqueued again 1 devices: {task.devices[0]}"]
+        assert fl_scheduler.reconcile(services, run_id) == [f"round 1: enqueued again 1 devices: {task.devices[0]}"]
     assert _lost_worker(services, clock, task.attempt_key) == 3
-    assert fl_repair.reconcile(services, run_id) == [f"round 1: device {task.devices[0]} failed after 3 attempts"]
+    assert fl_scheduler.reconcile(services, run_id) == [f"round 1: device {task.devices[0]} failed after 3 attempts"]
     (row,) = device_tasks(services.store, run_id, 1)
     assert row.state == "failed" and row.error == "worker lost during each of 3 attempts (crashed or killed)"
     (aggregation,) = _sent(services).take()  # the round is complete: its aggregation was asked for
@@ -295,7 +296,7 @@ def test_fl_repair_after_a_broker_restart_republishes_the_model_and_sends_the_ro
     assert isinstance(services.ledger, MemoryLedger)
     services.ledger.restart()  # no persistence: queues, marks and blobs gone
     services.blobs.clear()  # type: ignore[attr-defined]
-    actions = fl_repair.reconcile(services, run_id)
+    actions = fl_scheduler.reconcile(services, run_id)
     assert actions[:2] == [
         "broker restarted (its run_id changed): checking the current round",
         "round 1: global model 0 republished",
@@ -304,7 +305,7 @@ def test_fl_repair_after_a_broker_restart_republishes_the_model_and_sends_the_ro
     assert services.blobs.exists(keys.global_key(run_id, 0))
     assert [task.attempt_key for task in sent.waiting] == first
     assert services.store.get_run(run_id).broker_id == services.ledger.broker_id()
-    assert fl_repair.reconcile(services, run_id) == []
+    assert fl_scheduler.reconcile(services, run_id) == []
 
 
 def test_a_fedbuff_result_asks_for_a_fold_pass_only_when_it_holds_the_head(services: Services) -> None:

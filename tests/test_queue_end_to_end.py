@@ -9,9 +9,10 @@ from pathlib import Path
 import pytest
 
 from fedqueue.config import Settings
-from fedqueue.fl.results import count_done, device_tasks, list_rounds
-from fedqueue.fl.rounds import final_state, submit_run
-from fedqueue.queue.client import open_client
+from fedqueue.fl.scheduler import submit_run
+from fedqueue.fl.store.results import count_done, device_tasks, list_rounds
+from fedqueue.fl.strategy.common import final_state
+from fedqueue.queue.client import open_client_services
 from fedqueue.report.summary import run_summary
 from tests.conftest import running_workers
 from tests.helpers import (
@@ -110,7 +111,7 @@ def test_round_overlaps_on_two_workers(settings: Settings, tmp_path: Path) -> No
 
 def test_task_delivered_twice_is_stored_and_aggregated_once(settings: Settings, tmp_path: Path) -> None:
     config = small_config(rounds=2)
-    services = open_client(settings)
+    services = open_client_services(settings)
     publish = services.enqueue
     services.enqueue = lambda tasks: publish(list(tasks) + list(tasks))  # every message sent twice
     with running_workers(settings, procs=2, log_dir=tmp_path / "logs"):
@@ -139,7 +140,7 @@ def test_an_aggregation_jumps_a_long_queue_of_device_tasks(settings: Settings, t
     short = small_config(rounds=1, num_devices=4, devices_per_round=2, local_iters=2)
     # 150 device tasks of about 0.1 s each: some 15 s of queue behind the short run's two devices.
     long = slow_config(0.05, rounds=1, num_devices=150, devices_per_round=150, local_iters=2)
-    services = open_client(settings)
+    services = open_client_services(settings)
     with running_workers(settings, procs=1, log_dir=tmp_path / "logs"):
         short_id = submit_run(services, short)
         long_id = submit_run(services, long)

@@ -17,8 +17,8 @@ import pytest
 
 from fedqueue.config import Settings
 from fedqueue.fl import api
-from fedqueue.fl.results import count_done, device_tasks, get_round, has_result
-from fedqueue.fl.rounds import select_devices
+from fedqueue.fl.store.results import count_done, device_tasks, get_round, has_result
+from fedqueue.fl.strategy.sync.rounds import select_devices
 from fedqueue.queue.embedded import EmbeddedRedis
 from tests.conftest import running_workers
 from tests.helpers import assert_same_weights, reference_final_state

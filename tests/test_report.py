@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import re
 import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -19,9 +18,9 @@ import fedqueue
 from fedqueue.config import Settings
 from fedqueue.core.database import open_store
 from fedqueue.errors import NotFound
-from fedqueue.fl.report import report_page, rounds_report
-from fedqueue.fl.results import add_round, claim_round, complete_round
-from fedqueue.fl.schema import RoundRow
+from fedqueue.fl.store.results import add_round, claim_round, complete_round
+from fedqueue.fl.store.schema import RoundRow
+from fedqueue.fl.view.report import report_page, rounds_report
 from fedqueue.report import RunData, build_report, compute_report, write_report
 from fedqueue.report.html import render_html
 from fedqueue.report.timeline import Span
@@ -29,6 +28,7 @@ from fedqueue.store import Store
 from fedqueue.store.repo import TaskTiming
 from fedqueue.store.schema import RunRow
 from fedqueue.store.utilization import Sample, record_samples, samples_between
+from tests.cli_runner import fedqueue_cli
 from tests.conftest import running_workers
 from tests.helpers import small_config
 
@@ -283,9 +283,7 @@ def test_unknown_run_is_not_found(tmp_path: Path) -> None:
 
 def cli(*args: str, database: Path, cwd: Path) -> subprocess.CompletedProcess[str]:
     env = {"PATH": "/usr/bin:/bin", "FEDQUEUE_DATABASE_URL": f"sqlite:///{database}"}
-    return subprocess.run(
-        [sys.executable, "-m", "fedqueue.cli", *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=120
-    )
+    return fedqueue_cli(*args, cwd=cwd, env=env, timeout=120)
 
 
 def test_report_of_a_real_run_through_workers(settings: Settings, tmp_path: Path) -> None:

@@ -14,7 +14,6 @@ import os
 import shutil
 import socket
 import subprocess
-import sys
 import threading
 import uuid
 from collections.abc import Iterator
@@ -26,7 +25,8 @@ import redis
 
 from fedqueue.config import Settings
 from fedqueue.fl import api
-from fedqueue.fl.results import device_tasks
+from fedqueue.fl.store.results import device_tasks
+from tests.cli_runner import FEDQUEUE_CLI
 from tests.helpers import assert_same_weights, reference_final_state
 from tests.reliability_support import cli_env, ping_count, reliable_settings, slow_config, wait_until
 from tests.service_support import free_port, http_get, redis_answers, running_flower
@@ -156,7 +156,7 @@ def test_a_second_host_shares_the_run_and_the_weights_match_one_host(
         }
         here_env = {**cli_env(here), "FEDQUEUE_REDIS_PASSWORD": PASSWORD}
         here = replace(here, broker_url=f"redis://:{PASSWORD}@127.0.0.1:{redis_port}/0")
-        worker = [sys.executable, "-m", "fedqueue.cli", "worker", "--procs", "1"]
+        worker = [*FEDQUEUE_CLI, "worker", "--procs", "1"]
         in_namespace = [
             "ip",
             "netns",

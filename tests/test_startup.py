@@ -20,15 +20,16 @@ from fedqueue.errors import ServiceUnavailable
 from fedqueue.fl import api
 from fedqueue.queue.local import LocalCluster
 from fedqueue.queue.workers import WorkerGroup, plan_workers
+from tests.cli_runner import fedqueue_cli
 from tests.conftest import running_workers
 from tests.helpers import assert_same_weights, reference_final_state, small_config
 from tests.reliability_support import ping_count
-from tests.test_cli import SMALL, cli_env, fedqueue, our_processes, write_config
+from tests.test_cli import SMALL, cli_env, our_processes, write_config
 
 
 def test_warm_up_leaves_what_tasks_read_as_it_found_it() -> None:
     """It runs beside tasks: drawing from torch's global generator would change their weights."""
-    from fedqueue.fl.warmup import warm_up
+    from fedqueue.fl.ml.warmup import warm_up
 
     torch.manual_seed(1234)
     rng = torch.get_rng_state()
@@ -42,7 +43,7 @@ def test_digits_read_from_the_file_equal_scikit_learns_loader() -> None:
     import numpy as np
     from sklearn.datasets import load_digits
 
-    from fedqueue.fl.data import _digits_arrays
+    from fedqueue.fl.ml.data import _digits_arrays
 
     images, target = _digits_arrays()
     bunch = load_digits()
@@ -109,7 +110,7 @@ def test_local_cluster_without_waiting_runs_what_was_submitted_at_once(settings:
 
 
 def _up(tmp_path: Path, env: dict[str, str]) -> int:
-    result = fedqueue("up", "--detach", "--procs", "1", cwd=tmp_path, env=env, timeout=180)
+    result = fedqueue_cli("up", "--detach", "--procs", "1", cwd=tmp_path, env=env, timeout=180)
     assert result.returncode == 0, result.stdout + result.stderr
     found = re.search(r"local cluster up \(pid (\d+)", result.stdout)
     assert found, result.stdout
@@ -128,21 +129,21 @@ def test_run_reuses_the_cluster_up_left_running_and_down_stops_it(tmp_path: Path
         assert len(cluster) == 2 and cluster <= our_processes()  # one embedded Redis, one worker
         config = write_config(tmp_path, SMALL)
         for _ in range(2):  # the second run finds the same cluster: it was not stopped by the first
-            result = fedqueue("run", str(config), cwd=tmp_path, env=env, timeout=180)
+            result = fedqueue_cli("run", str(config), cwd=tmp_path, env=env, timeout=180)
             assert result.returncode == 0, result.stdout + result.stderr
             assert f"using the local cluster of fedqueue up (pid {pid}" in result.stdout
             assert "starting embedded Redis" not in result.stdout
             assert _children(pid) == cluster
-        runs = json.loads(fedqueue("runs", "--json", cwd=tmp_path, env=env).stdout)
+        runs = json.loads(fedqueue_cli("runs", "--json", cwd=tmp_path, env=env).stdout)
         assert [run["state"] for run in runs] == ["finished", "finished"]
-        again = fedqueue("up", "--detach", cwd=tmp_path, env=env)
+        again = fedqueue_cli("up", "--detach", cwd=tmp_path, env=env)
         assert again.returncode == 1 and f"already up (pid {pid}" in again.stderr
     finally:
-        down = fedqueue("down", cwd=tmp_path, env=env, timeout=120)
+        down = fedqueue_cli("down", cwd=tmp_path, env=env, timeout=120)
     assert down.returncode == 0 and f"local cluster (pid {pid}) stopped" in down.stdout, down.stdout + down.stderr
     assert not any(cluster_file.pid_alive(child) for child in {pid, *cluster})
     assert not cluster_file.cluster_path(Settings.from_env(env)).exists()
-    assert "no local cluster is up" in fedqueue("down", cwd=tmp_path, env=env).stdout
+    assert "no local cluster is up" in fedqueue_cli("down", cwd=tmp_path, env=env).stdout
 
 
 def test_a_run_with_other_settings_starts_its_own_cluster(tmp_path: Path) -> None:
@@ -150,13 +151,13 @@ def test_a_run_with_other_settings_starts_its_own_cluster(tmp_path: Path) -> Non
     pid = _up(tmp_path, env)
     try:
         other = {**env, "FEDQUEUE_DATABASE_URL": f"sqlite:///{tmp_path / 'other.db'}"}
-        result = fedqueue(
+        result = fedqueue_cli(
             "run", str(write_config(tmp_path, SMALL)), "--procs", "1", cwd=tmp_path, env=other, timeout=180
         )
         assert result.returncode == 0, result.stdout + result.stderr
         assert "starting embedded Redis" in result.stdout and "using the local cluster" not in result.stdout
     finally:
-        fedqueue("down", cwd=tmp_path, env=env, timeout=120)
+        fedqueue_cli("down", cwd=tmp_path, env=env, timeout=120)
     assert not cluster_file.pid_alive(pid)
 
 

@@ -23,7 +23,7 @@ from fedqueue.core.database import open_store
 from fedqueue.core.jobs import schema_branches
 from fedqueue.errors import ConfigError, NotFound, ServiceUnavailable
 from fedqueue.fl.messages import device_task_name
-from fedqueue.fl.results import (
+from fedqueue.fl.store.results import (
     DeviceResult,
     add_round,
     claim_round,
@@ -41,7 +41,7 @@ from fedqueue.fl.results import (
     save_checkpoint,
     unclaim_round,
 )
-from fedqueue.fl.schema import CheckpointRow, RoundRow
+from fedqueue.fl.store.schema import CheckpointRow, RoundRow
 from fedqueue.llm import schema as llm_schema
 from fedqueue.store import Store
 from fedqueue.store.db import make_engine

@@ -8,7 +8,6 @@ import json
 import os
 import re
 import shutil
-import subprocess
 import sys
 from pathlib import Path
 
@@ -17,6 +16,7 @@ import pytest
 from fedqueue.config import Settings
 from fedqueue.core.database import open_store
 from fedqueue.store.migrate import SchemaBranch, head_revision, schema_revision
+from tests.cli_runner import fedqueue_cli
 from tests.reliability_support import cli_env, launcher
 
 PLUGINS = Path(__file__).with_name("plugin_modules")
@@ -35,12 +35,6 @@ def install_toy_kind(folder: Path) -> Path:
     return folder
 
 
-def fedqueue(env: dict[str, str], cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "fedqueue.cli", *args], env=env, cwd=cwd, capture_output=True, text=True, timeout=180
-    )
-
-
 def test_no_line_of_fedqueue_names_the_toy_kind() -> None:
     assert not [path for path in PACKAGE.rglob("*.py") if "toy" in path.read_text().lower()]
 
@@ -52,10 +46,12 @@ def test_a_third_kind_runs_through_real_workers_and_shows_in_status_runs_and_rep
     # Workers and commands started from here find the kind as they would find an installed package.
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(installed), os.environ.get("PYTHONPATH", "")]))
     env = cli_env(settings)
-    assert "toy" in fedqueue(env, tmp_path, "--help").stdout  # its commands joined `fedqueue`
+    assert "toy" in fedqueue_cli("--help", env=env, cwd=tmp_path, timeout=180).stdout  # its commands joined `fedqueue`
 
     with launcher(settings, procs=2, cwd=tmp_path):  # `fedqueue worker`, which finds the kind's queue as a user's would
-        done = fedqueue(env, tmp_path, "toy", "run", "--count", str(COUNT), "--sleep-ms", "150")
+        done = fedqueue_cli(
+            "toy", "run", "--count", str(COUNT), "--sleep-ms", "150", env=env, cwd=tmp_path, timeout=180
+        )
     assert done.returncode == 0, done.stdout + done.stderr
     found = re.search(r"toy job (toy-\w+) submitted", done.stdout)
     assert found is not None, done.stdout
@@ -76,16 +72,16 @@ def test_a_third_kind_runs_through_real_workers_and_shows_in_status_runs_and_rep
     finally:
         store.close()
 
-    status = json.loads(fedqueue(env, tmp_path, "status", run_id, "--json").stdout)
+    status = json.loads(fedqueue_cli("status", run_id, "--json", env=env, cwd=tmp_path, timeout=180).stdout)
     assert status["state"] == "finished" and status["error"] is None
     assert status["tasks_done"] == COUNT and status["tasks_failed"] == 0
     assert len(status["workers"]) == 2  # both workers took squares: the kind's queue reached every worker
 
-    listed = json.loads(fedqueue(env, tmp_path, "runs", "--json").stdout)
+    listed = json.loads(fedqueue_cli("runs", "--json", env=env, cwd=tmp_path, timeout=180).stdout)
     assert [(line["id"], line["state"]) for line in listed] == [(run_id, "finished")]
 
-    report = fedqueue(env, tmp_path, "report", run_id, "--out", str(tmp_path / "report"))
+    report = fedqueue_cli("report", run_id, "--out", str(tmp_path / "report"), env=env, cwd=tmp_path, timeout=180)
     assert report.returncode == 0, report.stdout + report.stderr
-    numbers = json.loads(fedqueue(env, tmp_path, "report", run_id, "--json").stdout)
+    numbers = json.loads(fedqueue_cli("report", run_id, "--json", env=env, cwd=tmp_path, timeout=180).stdout)
     assert numbers["tasks_done"] == COUNT and numbers["tasks_failed"] == 0
     assert (tmp_path / "report" / "report.html").exists() and (tmp_path / "report" / "timeline.png").exists()

@@ -1,3 +1,3 @@
-from fedqueue.cli import main
+from fedqueue.cli.commands import main
 
 main()

@@ -14,6 +14,7 @@ import typer
 from rich import box
 from rich.table import Table
 
+from fedqueue import api
 from fedqueue.cli.common import (
     GpusPerWorkerOpt,
     JsonOpt,
@@ -22,12 +23,24 @@ from fedqueue.cli.common import (
     ProcsPerGpuOpt,
     SlotsOpt,
     console,
-    errors,
+    error_console,
     friendly_errors,
     warn_if_insecure,
 )
+from fedqueue.cli.launch import exit_unless_finished, follow_to_end, show_run
+from fedqueue.cli.local import say_ready, start_detached, stop_standing
 from fedqueue.config import DEFAULT_GPUS_PER_WORKER, DEFAULT_PROCS_PER_GPU, DEFAULT_WORKER_SLOTS, Settings, mask_url
+from fedqueue.core import cluster_file
+from fedqueue.core import jobs as job_kinds
+from fedqueue.core.adopt import RunAdopter
+from fedqueue.core.database import open_store
+from fedqueue.core.fast_exit import run_then_exit
 from fedqueue.errors import FedqueueError
+from fedqueue.queue.client import open_client_services
+from fedqueue.queue.flower import check_basic_auth, flower_command
+from fedqueue.queue.local import LocalCluster
+from fedqueue.queue.workers import WorkerGroup, detect_gpus, named, plan_workers
+from fedqueue.report import build_report, write_report
 
 app = typer.Typer(
     no_args_is_help=True,
@@ -47,8 +60,6 @@ def resume(
     plugin_path: PluginPathOpt = None,
 ) -> None:
     """Take over scheduling a run of any kind (after its scheduler died) and follow it to the end."""
-    from fedqueue import api
-    from fedqueue.cli.launch import exit_unless_finished, follow_to_end, show_run
 
     settings = Settings.from_env().with_plugin_path(plugin_path)
     settings.activate_plugin_path()
@@ -68,9 +79,6 @@ def resume(
 @friendly_errors
 def status(run_id: RunArg, json_: JsonOpt = False) -> None:
     """Show one run's progress, workers and overlap of tasks, and what its kind adds (accuracy, tokens)."""
-    from fedqueue.cli.launch import show_run
-    from fedqueue.core.database import open_store
-
     store = open_store(Settings.from_env().database_url)
     try:
         show_run(store, run_id, json_)
@@ -90,8 +98,6 @@ def report(
     ] = False,
 ) -> None:
     """Is the run really parallel, and where does the time go? Timeline, concurrency and accuracy pictures, HTML."""
-    from fedqueue.core.database import open_store
-    from fedqueue.report import build_report, write_report
 
     store = open_store(Settings.from_env().database_url)
     try:
@@ -119,8 +125,6 @@ def report(
 @friendly_errors
 def runs(json_: JsonOpt = False) -> None:
     """List the runs in the store."""
-    from fedqueue import api
-
     lines = api.runs()
     if json_:
         print(json.dumps(lines, indent=2))
@@ -161,9 +165,6 @@ def worker(
 
     The launcher also adopts running runs that nobody follows and repairs them.
     """
-    from fedqueue.core import jobs as job_kinds
-    from fedqueue.queue.client import open_client
-    from fedqueue.queue.workers import WorkerGroup, detect_gpus, named, plan_workers
 
     settings = Settings.from_env().with_plugin_path(plugin_path).with_jobs(jobs)
     if not settings.broker_url:
@@ -172,7 +173,7 @@ def worker(
     job_kinds.select(settings.jobs)  # an unknown kind is refused before anything starts
     found = [g.strip() for g in gpus.split(",") if g.strip()] if gpus else detect_gpus()
     specs = named(plan_workers(found, procs, slots, gpus_per_worker, procs_per_gpu), name)
-    services = open_client(settings)  # the broker answers, the store is current
+    services = open_client_services(settings)  # the broker answers, the store is current
     group = WorkerGroup(settings, specs).start()
     try:
         _supervise(group, f"{len(group.specs)} workers on {mask_url(settings.broker_url)}", services)
@@ -198,11 +199,6 @@ def up(
 
     In the foreground until Ctrl-C, or in the background with --detach until `fedqueue down`.
     """
-    from fedqueue.cli.local import say_ready, start_detached
-    from fedqueue.core import cluster_file
-    from fedqueue.queue.client import open_client
-    from fedqueue.queue.local import LocalCluster
-    from fedqueue.queue.workers import detect_gpus, plan_workers
 
     settings = Settings.from_env().with_plugin_path(plugin_path)
     # With a broker configured, `run` goes to it anyway: only an embedded Redis is announced for reuse.
@@ -225,7 +221,7 @@ def up(
         log_dir=str(cluster.log_dir),
     )
     console.print(f"broker ready: export FEDQUEUE_BROKER_URL={cluster.settings.broker_url}")
-    services = open_client(cluster.settings)
+    services = open_client_services(cluster.settings)
     try:
         with cluster_file.announced(settings, info) if announce else contextlib.nullcontext():
             say_ready(ready_fd)
@@ -239,8 +235,6 @@ def up(
 @friendly_errors
 def down(plugin_path: PluginPathOpt = None) -> None:
     """Stop the local cluster `fedqueue up` runs for these settings (running tasks finish first)."""
-    from fedqueue.cli.local import stop_standing
-
     pid = stop_standing(Settings.from_env().with_plugin_path(plugin_path))
     console.print("no local cluster is up for these settings" if pid is None else f"local cluster (pid {pid}) stopped")
 
@@ -263,9 +257,6 @@ def flower(
 
     Read-only unless --allow-actions; /metrics and /healthcheck answer without a login.
     """
-    import os
-
-    from fedqueue.queue.flower import check_basic_auth, flower_command
 
     settings = Settings.from_env()
     command = flower_command(settings, address, port, allow_actions)
@@ -277,8 +268,6 @@ def flower(
 
 def _supervise(group: Any, what: str, services: Any) -> None:
     """Wait on workers and adopt unfollowed runs. First Ctrl-C/SIGTERM: warm stop; second: stop at once."""
-    from fedqueue.core.adopt import RunAdopter
-
     adopter = RunAdopter(services)
     stops = 0
 
@@ -286,7 +275,7 @@ def _supervise(group: Any, what: str, services: Any) -> None:
         nonlocal stops
         stops += 1
         if stops == 1:
-            errors.print("stopping: running tasks finish first (signal again to stop at once)")
+            error_console.print("stopping: running tasks finish first (signal again to stop at once)")
             group.signal_all(signal.SIGTERM)
         else:
             group.signal_all(signal.SIGKILL)
@@ -300,9 +289,9 @@ def _supervise(group: Any, what: str, services: Any) -> None:
                 # A worker that crashed or was killed is started again; its lost task is
                 # enqueued again by the run's scheduler.
                 for name in group.restart_exited():
-                    errors.print(f"worker {name} exited; started again")
+                    error_console.print(f"worker {name} exited; started again")
                 for action in adopter.tick():
-                    errors.print(f"repair: {action}", highlight=False)
+                    error_console.print(f"repair: {action}", highlight=False)
             time.sleep(0.2)
     finally:
         adopter.release_all()
@@ -311,8 +300,6 @@ def _supervise(group: Any, what: str, services: Any) -> None:
 
 def _add_kind_commands() -> None:
     """Each installed job kind's own commands, as `fedqueue KIND ...`."""
-    from fedqueue.core import jobs as job_kinds
-
     for kind in job_kinds.kinds().values():
         if kind.commands is None:
             continue
@@ -326,6 +313,4 @@ _add_kind_commands()
 
 
 def main() -> None:
-    from fedqueue.core.fast_exit import run_then_exit
-
     run_then_exit(app)  # no teardown of torch's modules after the command is done (over a second)

@@ -10,12 +10,12 @@ from typing import Annotated, Any, TypeVar
 import typer
 from rich.console import Console
 
-from fedqueue.config import Settings, mask_url
+from fedqueue.config import Settings, insecure_broker, mask_url
 from fedqueue.errors import FedqueueError
 
 # Piped output is not cut at 80 columns: tables and summaries stay one line per row.
 console = Console(width=None if sys.stdout.isatty() else 160)
-errors = Console(stderr=True, soft_wrap=True)
+error_console = Console(stderr=True, soft_wrap=True)
 F = TypeVar("F", bound=Callable[..., Any])
 
 ProcsOpt = Annotated[int | None, typer.Option(help="Worker processes on a host without GPUs (default: one per core).")]
@@ -30,10 +30,8 @@ JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON for scripts.")
 
 
 def warn_if_insecure(settings: Settings) -> None:
-    from fedqueue.config import insecure_broker
-
     if insecure_broker(settings.broker_url):
-        errors.print(
+        error_console.print(
             f"warning: broker {mask_url(settings.broker_url)} is reached beyond loopback without a password; "
             "set one (requirepass) and FEDQUEUE_REDIS_PASSWORD"
         )
@@ -47,7 +45,7 @@ def friendly_errors(command: F) -> F:
         try:
             return command(*args, **kwargs)
         except FedqueueError as err:
-            errors.print(f"[red]error:[/red] {err}", highlight=False)
+            error_console.print(f"[red]error:[/red] {err}", highlight=False)
             raise typer.Exit(err.exit_code) from None
 
     return wrapper  # type: ignore[return-value]
@@ -59,12 +57,15 @@ PluginPathOpt = Annotated[
 
 
 def warn_if_no_workers(settings: Settings) -> None:
+    # Celery: loaded by the commands that ask the workers, not by every command.
     from fedqueue.queue.app import make_app
 
     celery_app = make_app(settings)
     try:
         # limit=1: the first answer is enough, instead of collecting answers for the whole second.
         if not celery_app.control.ping(timeout=1.0, limit=1):
-            errors.print("warning: no worker answers on this broker yet; its tasks wait for one (fedqueue worker)")
+            error_console.print(
+                "warning: no worker answers on this broker yet; its tasks wait for one (fedqueue worker)"
+            )
     finally:
         celery_app.close()

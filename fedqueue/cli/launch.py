@@ -9,9 +9,15 @@ from typing import Any
 import typer
 
 from fedqueue import api
-from fedqueue.cli.common import console, errors, warn_if_insecure, warn_if_no_workers
+from fedqueue.cli.common import console, error_console, warn_if_insecure, warn_if_no_workers
+from fedqueue.cli.follow import follow
 from fedqueue.config import DEFAULT_GPUS_PER_WORKER, DEFAULT_WORKER_SLOTS, Settings
+from fedqueue.core import jobs
+from fedqueue.core.cluster_file import pid_alive
+from fedqueue.core.database import open_store
 from fedqueue.errors import FedqueueError
+from fedqueue.queue.client import open_client_services
+from fedqueue.report.summary import run_summary
 
 
 def submit_and_follow(
@@ -31,12 +37,9 @@ def submit_and_follow(
     with api.placement(
         settings, procs, slots, gpus_per_worker=gpus_per_worker, wait=wait_for_workers, say=console.print
     ) as place:
-        from fedqueue.core.database import open_store
-        from fedqueue.queue.client import open_client
-
         api.check(submission, place.settings)
         open_store(place.settings.database_url, migrate=True).close()  # a bad database before a bad broker
-        services = open_client(place.settings, place.worker_slots)
+        services = open_client_services(place.settings, place.worker_slots)
         try:
             handle = api.submit(submission, place, services)
             if not place.workers_known:
@@ -63,7 +66,6 @@ def follow_to_end(handle: api.RunHandle, place: api.Placement, services: Any = N
 
     With the cluster of `fedqueue up` running the workers, following stops if that cluster stops.
     """
-    from fedqueue.cli.follow import follow
 
     with api.scheduling(handle, services) as supervisor:
         tick = api.keep_running(supervisor, place.cluster)
@@ -73,14 +75,13 @@ def follow_to_end(handle: api.RunHandle, place: api.Placement, services: Any = N
             follow(supervisor.services, handle.id, console, tick=tick)
         except KeyboardInterrupt:
             if place.cluster is None:
-                errors.print(f"stopped following; run {handle.id} goes on (fedqueue resume {handle.id})")
+                error_console.print(f"stopped following; run {handle.id} goes on (fedqueue resume {handle.id})")
             raise typer.Exit(130) from None
     show_run(handle.store, handle.id, as_json=False)
 
 
 def _while_up(tick: Callable[[], list[str]], pid: int, run_id: str) -> Callable[[], list[str]]:
     """A tick that fails once the `fedqueue up` running the workers is gone: nothing would run the tasks."""
-    from fedqueue.core.cluster_file import pid_alive
 
     def checked() -> list[str]:
         if not pid_alive(pid):
@@ -92,9 +93,6 @@ def _while_up(tick: Callable[[], list[str]], pid: int, run_id: str) -> Callable[
 
 def show_run(store: Any, run_id: str, as_json: bool) -> None:
     """What `fedqueue status` prints: the kind's own view of the run, else the tasks' summary."""
-    from fedqueue.core import jobs
-    from fedqueue.report.summary import run_summary
-
     kind = jobs.kinds().get(store.get_run(run_id).kind)
     if kind is not None and kind.show_status is not None:
         kind.show_status(store, run_id, as_json)

@@ -1,4 +1,8 @@
-"""The connections one process holds: store, blob store, task ledger. Opened once, shared by threads."""
+"""The connections one process holds: store, blob store, task ledger. Opened once, shared by threads.
+
+Opened by `fedqueue.core.connect.open_services`: this module stays below the job-kind registry, which names
+`Services` in its handlers' signatures.
+"""
 
 from __future__ import annotations
 
@@ -9,9 +13,8 @@ from typing import Any
 import redis
 
 from fedqueue.config import Settings, mask_url
-from fedqueue.core.blobs import BlobStore, DirBlobStore, RedisBlobStore
-from fedqueue.core.database import open_store
-from fedqueue.core.ledger import RedisLedger, TaskLedger
+from fedqueue.core.blobs import BlobStore
+from fedqueue.core.ledger import TaskLedger
 from fedqueue.errors import ConfigError, ServiceUnavailable
 from fedqueue.store import Store
 
@@ -56,25 +59,3 @@ class Services:
     def close(self) -> None:
         self.store.close()
         self.ledger.close()
-
-
-def open_services(
-    settings: Settings, enqueue: Enqueue, *, migrate: bool, worker_slots: WorkerSlots = no_workers_known
-) -> Services:
-    if not settings.broker_url:
-        raise ConfigError("FEDQUEUE_BROKER_URL: not set")
-    client = connect_redis(settings.broker_url)
-    store = open_store(settings.database_url, migrate=migrate)
-    blobs: BlobStore
-    if settings.blob_dir:
-        blobs = DirBlobStore(settings.blob_dir)
-    else:
-        blobs = RedisBlobStore(client, settings.key_prefix, settings.blob_ttl_s)
-    return Services(
-        settings=settings,
-        store=store,
-        blobs=blobs,
-        ledger=RedisLedger(client, settings),
-        enqueue=enqueue,
-        worker_slots=worker_slots,
-    )

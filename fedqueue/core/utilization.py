@@ -13,12 +13,12 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
-from fedqueue.store.utilization import Sample
-
-if TYPE_CHECKING:
-    from fedqueue.store import Store
+from fedqueue.core.gpus import visible_gpus
+from fedqueue.store import Store
+from fedqueue.store.db import make_engine
+from fedqueue.store.utilization import Sample, record_samples
 
 log = logging.getLogger(__name__)
 
@@ -88,15 +88,14 @@ class GpuProbe:
 
 def pinned_gpu() -> str | None:
     """The physical GPU this worker trains on (as CUDA_VISIBLE_DEVICES names it), or None on a CPU worker."""
-    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-    first = (visible or "").split(",")[0].strip()
-    if visible is not None and (not first or first == "-1"):
+    visible = visible_gpus()
+    if visible == []:
         return None  # GPUs hidden on purpose: do not even load torch's CUDA check
     import torch
 
     if not torch.cuda.is_available():
         return None
-    return first or "0"
+    return visible[0] if visible else "0"
 
 
 def make_probe() -> Probe:
@@ -183,7 +182,6 @@ class Sampler:
     def _flush(self) -> None:
         if not self._buffer:
             return
-        from fedqueue.store.utilization import record_samples
 
         store = self._open()
         if store is None:
@@ -200,9 +198,6 @@ class Sampler:
             return self._store
         from sqlalchemy import inspect
         from sqlalchemy.engine import make_url
-
-        from fedqueue.store import Store
-        from fedqueue.store.db import make_engine
 
         try:
             url = make_url(self._database_url)

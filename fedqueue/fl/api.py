@@ -20,6 +20,9 @@ from fedqueue.api import submit as submit_job
 from fedqueue.config import DEFAULT_WORKER_SLOTS, Settings
 from fedqueue.errors import ConfigError
 from fedqueue.fl.config import RunConfig, load_run_config
+from fedqueue.fl.scheduler import submit_run
+from fedqueue.fl.store.results import list_rounds
+from fedqueue.fl.strategy.common import final_state
 
 if TYPE_CHECKING:
     import torch
@@ -66,13 +69,11 @@ class RunSubmission:
 
     def check(self, settings: Settings) -> None:
         """Every plugin the config names imports and takes its options (the config was checked when loaded)."""
-        from fedqueue.fl.experiment import check_plugins  # imports torch: after the workers were started
+        from fedqueue.fl.setup import check_plugins  # imports torch: after the workers were started
 
         check_plugins(self.config)
 
     def submit(self, services: Services) -> str:
-        from fedqueue.fl.rounds import submit_run
-
         run_id = submit_run(services, self.config)
         if self.announce is not None:
             self.announce(run_id, self.config)
@@ -84,8 +85,6 @@ class RunHandle(AnyRunHandle):
 
     def report(self) -> dict[str, Any]:
         """The status plus one row per round."""
-        from fedqueue.fl.results import list_rounds
-
         rounds = [
             {
                 "round": row.round_index,
@@ -102,8 +101,6 @@ class RunHandle(AnyRunHandle):
 
     def final_weights(self) -> dict[str, torch.Tensor]:
         """The latest checkpointed global model."""
-        from fedqueue.fl.rounds import final_state
-
         return final_state(self.store, self.id)
 
 

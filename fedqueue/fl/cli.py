@@ -15,6 +15,7 @@ from fedqueue.cli.launch import exit_unless_finished, submit_and_follow, submit_
 from fedqueue.config import DEFAULT_WORKER_SLOTS, Settings
 from fedqueue.fl.api import RunSubmission
 from fedqueue.fl.config import RunConfig, load_run_config, parse_override
+from fedqueue.report.summary import run_summary
 from fedqueue.store import Store
 
 app = typer.Typer(no_args_is_help=True, pretty_exceptions_enable=False)
@@ -74,8 +75,6 @@ def submit(
 
 def show_status(store: Store, run_id: str, as_json: bool) -> None:
     """What `fedqueue status` prints for an FL run."""
-    from fedqueue.report.summary import run_summary
-
     summary = run_summary(store, run_id)
     if as_json:
         print(json.dumps(summary, indent=2))

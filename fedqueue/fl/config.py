@@ -11,12 +11,13 @@ import math
 import tomllib
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
-from typing import Any
+from types import UnionType
+from typing import Any, get_args, get_origin, get_type_hints
 
 from fedqueue.errors import ConfigError, DataError
 from fedqueue.fl.messages import PACK_MAX, PACK_MODES
-from fedqueue.fl.plugins import describe_choices, is_valid_name
-from fedqueue.fl.staleness import STALENESS_WEIGHTS
+from fedqueue.fl.ml.plugins import describe_choices, is_valid_name
+from fedqueue.fl.strategy.fedbuff.staleness import STALENESS_WEIGHTS
 from fedqueue.store.schema import NAME_MAX
 
 PARTITIONS = ("iid", "dirichlet")
@@ -57,13 +58,13 @@ class RunConfig:
     aggregate: str = "fedavg"
     # Devices per task ("auto": chosen at submit from the round's size and the workers' slots), and
     # how a task trains its pack: "sequential" (back to back), "vmap" (one stacked step), or "auto"
-    # (both timed at submit, see fl/packing.py). The choice is written into the stored config.
-    pack_size: int | str = "auto"
+    # (both timed at submit, see fl/packs/rules.py). The choice is written into the stored config.
+    pack_size: int | str = field(default="auto", metadata={"expected": 'a positive integer or "auto"'})
     pack_mode: str = "auto"
     # Written at submit: how "auto" was resolved, for the config and the report to show.
     pack_choice: str = ""
     # How updates become versions: "fedavg" (synchronous rounds), "fedbuff" (buffered asynchronous),
-    # or "fedrevive" (FedBuff whose stale updates are mixed with a distilled one, fl/revive.py).
+    # or "fedrevive" (FedBuff whose stale updates are mixed with a distilled one, fl/ml/distill.py).
     mode: str = "fedavg"
     # Buffered async (fedbuff): devices training at once (default devices_per_round), updates per
     # new version, the last version (default `rounds`), staleness weighting and cut-off, reuse of
@@ -86,10 +87,10 @@ class RunConfig:
     kd_batch_size: int = 32
     kd_temperature: float = 2.0
     kd_version: str = "distribution_match_batch"
-    kd_beta: float | str = 0.5
+    kd_beta: float | str = field(default=0.5, metadata={"expected": "a number or a schedule name"})
     kd_beta_factor: float = 75.0
     # Where the distillation's inputs come from: "simple_kd" (the held-out kd_split) or "dfkd"
-    # (images a generator learns from the teachers, fl/synthesis.py), with the generator's knobs
+    # (images a generator learns from the teachers, fl/ml/synthesis.py), with the generator's knobs
     # and freeze_rounds in the `dfkd` table, named as in FedRevive's dfkd_settings.
     kd_augmentation: str = "simple_kd"
     dfkd: dict[str, Any] = field(default_factory=dict)
@@ -272,7 +273,8 @@ class RunConfig:
         return self.mode == "fedrevive" and self.kd_augmentation == "dfkd"
 
     def _check_revive_rules(self) -> None:
-        from fedqueue.fl.revive import BETA_SCHEDULES, KD_AUGMENTATIONS, KD_VERSIONS
+        # torch: every command reads a run config; FedRevive's names load with its math, for a FedRevive config only
+        from fedqueue.fl.ml.distill import BETA_SCHEDULES, KD_AUGMENTATIONS, KD_VERSIONS
 
         _choice("kd_augmentation", self.kd_augmentation, KD_AUGMENTATIONS)
         if not self.data_free and not 0 < self.kd_split < 1:
@@ -303,7 +305,8 @@ def _numbers(key: str, value: Any, minimum: float = 0.0) -> list[float]:
 
 def _check_dfkd(table: dict[str, Any]) -> None:
     """dfkd = {...}: each key a knob of the synthesizer (or freeze_rounds), each value of its default's type."""
-    from fedqueue.fl.revive import dfkd_defaults
+    # torch, as above
+    from fedqueue.fl.ml.distill import dfkd_defaults
 
     if not table:
         return
@@ -342,62 +345,39 @@ def _check_clock(speed: dict[str, Any], delay: dict[str, Any]) -> None:
             raise ConfigError(f"communication_delay.{name}: one number (seconds), got {delay[name]!r}")
 
 
-# The declared type of each field, as (accepted python types, type name for messages, optional).
-_FIELD_TYPES: dict[str, tuple[tuple[type, ...], str, bool]] = {
-    "name": ((str,), "a string", False),
-    "dataset": ((str,), "a string", False),
-    "data_root": ((str,), "a string", True),
-    "model": ((str,), "a string", False),
-    "local_optimizer": ((str,), "a string", False),
-    "partition": ((str,), "a string", False),
-    "local_step": ((str,), "a string", False),
-    "on_failure": ((str,), "a string", False),
-    "aggregate": ((str,), "a string", False),
-    "pack_mode": ((str,), "a string", False),
-    "pack_choice": ((str,), "a string", False),
-    "pack_size": ((int, str), 'a positive integer or "auto"', False),
-    "plugin": ((dict,), "a table", False),
-    "device_speed": ((dict,), "a table", False),
-    "communication_delay": ((dict,), "a table", False),
-    "mode": ((str,), "a string", False),
-    "staleness_weight": ((str,), "a string", False),
-    "staleness_exponent": ((float, int), "a number", False),
-    "device_reuse": ((bool,), "true or false", False),
-    "kd_split": ((float, int), "a number", False),
-    "kd_lr": ((float, int), "a number", False),
-    "kd_temperature": ((float, int), "a number", False),
-    "kd_beta_factor": ((float, int), "a number", False),
-    "kd_beta": ((float, int, str), "a number or a schedule name", False),
-    "kd_version": ((str,), "a string", False),
-    "kd_augmentation": ((str,), "a string", False),
-    "dfkd": ((dict,), "a table", False),
-    "kd_buffer_size": ((int,), "an integer", False),
-    "kd_iters": ((int,), "an integer", False),
-    "kd_batch_size": ((int,), "an integer", False),
-    "local_lr": ((float, int), "a number", False),
-    "local_momentum": ((float, int), "a number", False),
-    "global_lr": ((float, int), "a number", False),
-    "alpha": ((float, int), "a number", False),
-    **{
-        key: ((int,), "an integer", False)
-        for key in (
-            "num_devices",
-            "devices_per_round",
-            "rounds",
-            "local_batch_size",
-            "eval_every",
-            "seed",
-            "min_devices_per_round",
-        )
-    },
-    **{
-        key: ((int,), "an integer", True)
-        for key in ("local_iters", "local_epochs", "samples_per_device", "concurrency", "max_model_version")
-    },
-    "max_staleness": ((int,), "an integer", True),
-    "buffer_size": ((int,), "an integer", False),
-    "min_refill": ((int,), "an integer", False),
+# How a TOML value of each annotated type is checked: the Python types it may be (a float takes an int too) and the
+# words an error names it with.
+_ACCEPTED: dict[type, tuple[tuple[type, ...], str]] = {
+    str: ((str,), "a string"),
+    int: ((int,), "an integer"),
+    float: ((float, int), "a number"),
+    bool: ((bool,), "true or false"),
+    dict: ((dict,), "a table"),
 }
+
+
+def _field_types() -> dict[str, tuple[tuple[type, ...], str, bool]]:
+    """Each field's (accepted types, words for errors, may be None), read from RunConfig's annotations.
+
+    A field whose union the words of its parts would describe poorly says what it expects in its metadata.
+    """
+    hints = get_type_hints(RunConfig)
+    specs: dict[str, tuple[tuple[type, ...], str, bool]] = {}
+    for spec in fields(RunConfig):
+        hint = hints[spec.name]
+        members = get_args(hint) if isinstance(hint, UnionType) else (hint,)
+        accepted: tuple[type, ...] = ()
+        words: list[str] = []
+        for member in members:
+            if member is not type(None):
+                python_types, word = _ACCEPTED[get_origin(member) or member]
+                accepted += python_types
+                words.append(word)
+        specs[spec.name] = (accepted, spec.metadata.get("expected", " or ".join(words)), type(None) in members)
+    return specs
+
+
+_FIELD_TYPES = _field_types()
 
 
 def _check_type(key: str, value: Any, spec: tuple[tuple[type, ...], str, bool]) -> Any:

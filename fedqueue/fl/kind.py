@@ -12,30 +12,44 @@ from typing import Any
 from fedqueue.config import Settings
 from fedqueue.core.jobs import CONTROL_QUEUE, JobKind, RunProgress, TaskContext, TaskHandler
 from fedqueue.core.services import Services
-from fedqueue.fl.device_task import WorkerCache, give_up_on, run_device_task
 from fedqueue.fl.messages import DEVICES_QUEUE, KIND_NAME, AggregateTask, DeviceTask, FoldTask
-from fedqueue.fl.repair import reconcile
-from fedqueue.fl.rounds import aggregate_round, fail_aggregation
-from fedqueue.fl.timing import task_timing
+from fedqueue.fl.ml.warmup import warm_up
+from fedqueue.fl.scheduler import reconcile
+from fedqueue.fl.strategy.base import Strategy
+from fedqueue.fl.strategy.choose import strategy_for
+from fedqueue.fl.strategy.fedbuff.fold import fold_updates
+from fedqueue.fl.strategy.sync.rounds import aggregate_round, fail_aggregation
+from fedqueue.fl.worker.cache import WorkerCache
+from fedqueue.fl.worker.device_task import give_up_on, run_device_task
+from fedqueue.fl.worker.timing_rows import task_timing
 
 TRAIN_DEVICE = "fedqueue.train_device"
 AGGREGATE_ROUND = "fedqueue.aggregate_round"
 FOLD_UPDATES = "fedqueue.fold_updates"
 
 
+def _strategy(context: TaskContext, run_id: str) -> Strategy:
+    return strategy_for(context.cache.run_config(context.services, run_id))
+
+
+def _device_label() -> str:
+    # torch: the kind is loaded by every command; only a worker's tasks load torch.
+    from fedqueue.fl.ml.torch_device import device_label
+
+    return device_label()
+
+
 def _train(context: TaskContext, task: DeviceTask) -> None:
-    run_device_task(context.services, context.cache, task, context.worker, context.attempt)
+    strategy = _strategy(context, task.run_id)
+    run_device_task(context.services, context.cache, task, context.worker, context.attempt, strategy)
 
 
 def _device_failed(context: TaskContext, task: DeviceTask, attempts: int, error: str) -> None:
-    from fedqueue.fl.devices import device_label
-
-    give_up_on(context.services, task, context.worker, attempts, error, device_label())
+    strategy = _strategy(context, task.run_id)
+    give_up_on(context.services, task, context.worker, attempts, error, strategy, _device_label())
 
 
 def _aggregate(context: TaskContext, task: AggregateTask) -> None:
-    from fedqueue.fl.devices import device_label
-
     # A claim names this delivery, so a worker that lost its claim can never finish the round.
     owner = f"{context.worker}#{uuid.uuid4().hex[:8]}"
     # Timed from the round's completion: a wait through the round's tail (reading ahead) is not aggregating.
@@ -47,23 +61,19 @@ def _aggregate(context: TaskContext, task: AggregateTask) -> None:
     else:
         took_ms = (time.time() - started_at) * 1000
         timing = task_timing(
-            task, None, "done", context.worker, context.attempt, device_label(), started_at, compute_ms=took_ms
+            task, None, "done", context.worker, context.attempt, _device_label(), started_at, compute_ms=took_ms
         )
         context.services.store.record_timing(timing)
 
 
 def _aggregation_failed(context: TaskContext, task: AggregateTask, attempts: int, error: str) -> None:
-    from fedqueue.fl.devices import device_label
-
     fail_aggregation(context.services, task.run_id, task.round_index, attempts, error)
     now = time.time()
-    timing = task_timing(task, None, "failed", context.worker, attempts, device_label(), now, error=error[-4000:])
+    timing = task_timing(task, None, "failed", context.worker, attempts, _device_label(), now, error=error[-4000:])
     context.services.store.record_timing(timing)
 
 
 def _fold(context: TaskContext, task: FoldTask) -> None:
-    from fedqueue.fl.strategy.fedbuff import fold_updates
-
     fold_updates(context.services, context.cache, task.run_id, context.worker, context.attempt)
     # A run's fold passes share one attempt key: a pass that went through clears the failures before it.
     context.services.ledger.reset_attempts(task.attempt_key)
@@ -78,9 +88,10 @@ def _fold_failed(context: TaskContext, task: FoldTask, attempts: int, error: str
 @contextlib.contextmanager
 def _deterministic(settings: Settings) -> Iterator[None]:
     """FL tasks run with a fixed thread count and, on a GPU, deterministic kernels; other kinds get theirs back."""
+    # torch, as in _device_label.
     import torch
 
-    from fedqueue.fl.devices import configure_determinism
+    from fedqueue.fl.ml.torch_device import configure_determinism
 
     threads, deterministic = torch.get_num_threads(), torch.are_deterministic_algorithms_enabled()
     configure_determinism(settings.threads_per_task)
@@ -92,13 +103,13 @@ def _deterministic(settings: Settings) -> Iterator[None]:
 
 
 def _warm_up(settings: Settings) -> None:
-    from fedqueue.fl.warmup import warm_up
-
     # No _deterministic scope here: the warm-up runs beside tasks, and restoring the thread
     # count or kernel choice on its way out would change them under a running task.
     warm_up()
 
 
+# The kind's commands and views (typer, rich, the report's pictures) load in the command that shows them, never in
+# a worker: hence the imports inside these hooks.
 def _commands() -> Any:
     from fedqueue.fl.cli import app
 
@@ -106,7 +117,7 @@ def _commands() -> Any:
 
 
 def _progress(services: Services, run_id: str) -> RunProgress:
-    from fedqueue.fl.progress import RoundProgress
+    from fedqueue.fl.view.bars import RoundProgress
 
     return RoundProgress(services.store, run_id)
 
@@ -121,32 +132,32 @@ def _show_status(store: Any, run_id: str, as_json: bool) -> None:
 
 
 def _summary(store: Any, run: Any, spans: Sequence[Any]) -> dict[str, Any]:
-    from fedqueue.fl.summary import run_status
+    from fedqueue.fl.view.summary import run_status
 
     return run_status(store, run, spans)
 
 
 def _report_numbers(store: Any, data: Any, numbers: dict[str, Any]) -> dict[str, Any]:
-    from fedqueue.fl.report import report_numbers
+    from fedqueue.fl.view.report import report_numbers
 
     return report_numbers(store, data, numbers)
 
 
 def _report_page(numbers: dict[str, Any]) -> Any:
-    from fedqueue.fl.report import report_page
+    from fedqueue.fl.view.report import report_page
 
     return report_page(numbers)
 
 
 def _run_columns(store: Any, runs: Sequence[Any]) -> dict[str, dict[str, Any]]:
-    from fedqueue.fl.summary import run_columns
+    from fedqueue.fl.view.summary import run_columns
 
     return run_columns(store, runs)
 
 
 KIND = JobKind(
     name=KIND_NAME,
-    migrations=Path(__file__).with_name("migrations"),
+    migrations=Path(__file__).parent / "store" / "migrations",
     handlers=(
         TaskHandler(TRAIN_DEVICE, DEVICES_QUEUE, DeviceTask, _train, _device_failed),
         TaskHandler(AGGREGATE_ROUND, CONTROL_QUEUE, AggregateTask, _aggregate, _aggregation_failed),

@@ -1,13 +1,11 @@
-"""`fedqueue llm ...`: submit a batch job of prompts, follow it, read its status, export its outputs."""
+"""`fedqueue llm ...`: submit a batch job of prompts, follow it, read its status, export its outputs.
+
+The commands over what the Python API (fedqueue.llm.api) submits through: llm/submission.py, llm/export.py.
+"""
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import os
-import tempfile
-from concurrent.futures import Future
-from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -21,17 +19,17 @@ from fedqueue.cli.common import (
     ProcsOpt,
     SlotsOpt,
     console,
-    errors,
+    error_console,
     friendly_errors,
 )
 from fedqueue.cli.launch import exit_unless_finished, submit_and_follow, submit_detached
 from fedqueue.config import DEFAULT_GPUS_PER_WORKER, DEFAULT_WORKER_SLOTS, Settings
 from fedqueue.core.database import open_store
-from fedqueue.core.services import Services
 from fedqueue.errors import ConfigError
-from fedqueue.llm.job import DEFAULT_BATCH_SIZE, JobRequest, Submitted, check_request, submit_job
-from fedqueue.llm.results import prompt_rows
+from fedqueue.llm.export import check_out_folder, write_export
+from fedqueue.llm.job import DEFAULT_BATCH_SIZE, JobRequest, Submitted, require_job
 from fedqueue.llm.settings import GenerationSettings
+from fedqueue.llm.submission import model_name, prepare
 from fedqueue.llm.summary import job_summary
 from fedqueue.store import Store
 
@@ -86,32 +84,23 @@ def submit(
     )
     request = JobRequest(
         input_path=input_path,
-        model=_model_name(model),
+        model=model_name(model),
         generation=generation,
         batch_size=batch_size,
         max_batch_tokens=max_batch_tokens,
         job=job,
         strict=strict,
     )
-    check_request(request)  # a bad input line (--strict), limit or job name: refused before anything is written
     if out is not None:
-        _check_out_folder(out)
+        check_out_folder(out, "--out")
     settings = Settings.from_env().with_plugin_path(plugin_path)
     if detach and not settings.broker_url:
         raise ConfigError("--detach: needs FEDQUEUE_BROKER_URL (start `fedqueue up` and export the URL it prints)")
     if detach and out is not None:
         raise ConfigError("--out: the job is not followed with --detach; use `fedqueue llm export` later")
-    # vLLM and the model where the workers start here; a bad database before any worker starts.
-    _check_backend(backend, workers_here=not settings.broker_url)
-    submission = JobSubmission(request)
-    if settings.broker_url:
-        from fedqueue.llm.slots import answering_slots_later
-
-        submission.answering = answering_slots_later(settings)  # the workers answer while this process connects
-        _check_model_here(request.model, must_exist=False)
-    else:
-        _check_model_here(request.model, must_exist=True)
-        open_store(settings.database_url, migrate=True).close()
+    # The input, vLLM and the model (where the workers start here); a bad database before any worker starts.
+    submission = prepare(request, settings, ask_slots=bool(settings.broker_url), warn=_warn, option=_option)
+    submission.announce = _announce
     if detach:
         print(submit_detached(submission, settings))
         return
@@ -123,77 +112,13 @@ def submit(
     exit_unless_finished(handle)
 
 
-@dataclass
-class JobSubmission:
-    """An LLM batch job to submit: its batches are planned for the worker slots that will run them."""
-
-    request: JobRequest
-    # The slots of the workers answering on a configured broker, asked while the rest is checked;
-    # None where the workers were started here or by `fedqueue up`.
-    answering: Future[int | None] | None = None
-
-    def check(self, settings: Settings) -> None:
-        """The input, the model and the backend were checked before any worker started."""
-
-    def submit(self, services: Services) -> str:
-        if self.answering is not None:
-            slots = _answered(self.answering)
-        else:  # workers started here or by `fedqueue up`: their slots are known
-            slots = sum(services.worker_slots().values()) or None
-        submitted = submit_job(services, replace(self.request, slots=slots))
-        _announce(submitted)
-        return submitted.job_id
+def _warn(message: str) -> None:
+    error_console.print(f"warning: {message}", highlight=False)
 
 
-def _answered(answering: Future[int | None]) -> int | None:
-    """The slots the workers on the broker offer; None (the default plan) when none answers."""
-    try:
-        found = answering.result()
-    except Exception as error:  # a broker that answers the publisher but not a broadcast: plan by default
-        found = None
-        errors.print(f"warning: could not ask the workers for their slots ({error})", highlight=False)
-    return found
-
-
-def _model_name(model: str) -> str:
-    """A model on disk is named by its absolute path, so workers started elsewhere find it."""
-    path = Path(model).expanduser()
-    if path.exists():
-        return str(path.resolve())
-    return model
-
-
-def _check_model_here(model: str, must_exist: bool) -> None:
-    """Models are read from local files only: say so now rather than fail every batch on the workers.
-
-    Workers elsewhere (a broker is configured) may hold a model this machine lacks: then only a warning.
-    """
-    if Path(model).exists():
-        return
-    looks_like_path = model.startswith(("/", ".", "~")) or model.count("/") > 1 or model.endswith(".gguf")
-    if looks_like_path:
-        problem = "no such file or directory"
-    else:
-        from huggingface_hub import try_to_load_from_cache
-
-        if isinstance(try_to_load_from_cache(model, "config.json"), str):
-            return
-        problem = "not in this machine's Hugging Face cache (models are never downloaded)"
-    if must_exist:
-        raise ConfigError(f"--model {model}: {problem}")
-    errors.print(f"warning: --model {model}: {problem}; the workers must have it", highlight=False)
-
-
-def _check_backend(backend: str, workers_here: bool) -> None:
-    """vLLM runs on the workers: missing here is fatal only when the workers are started here."""
-    if backend != "vllm" or importlib.util.find_spec("vllm") is not None:
-        return
-    if workers_here:
-        raise ConfigError(
-            "--backend vllm: vllm is not installed here (pip install 'fedqueue[vllm]', or make vllm); "
-            "use --backend transformers"
-        )
-    errors.print("warning: --backend vllm: vllm is not installed here; the workers must have it", highlight=False)
+def _option(field: str) -> str:
+    """A request field as its option is spelled here: max_batch_tokens is --max-batch-tokens."""
+    return "--" + field.replace("_", "-")
 
 
 def _announce(submitted: Submitted) -> None:
@@ -204,9 +129,9 @@ def _announce(submitted: Submitted) -> None:
         highlight=False,
     )
     for error in submitted.input_errors[:5]:
-        errors.print(f"[yellow]skipped[/yellow] {error}", highlight=False)
+        error_console.print(f"[yellow]skipped[/yellow] {error}", highlight=False)
     if len(submitted.input_errors) > 5:
-        errors.print(f"... {len(submitted.input_errors) - 5} more bad lines (stored as failed rows)")
+        error_console.print(f"... {len(submitted.input_errors) - 5} more bad lines (stored as failed rows)")
 
 
 def print_job(out: Console, summary: dict[str, Any]) -> None:
@@ -245,7 +170,7 @@ def status(job: JobArg, json_: JsonOpt = False) -> None:
     """Prompts done, failed and pending, tokens per second per worker, padding, the first errors."""
     store = open_store(Settings.from_env().database_url)
     try:
-        _require_llm_job(store, job)
+        require_job(store, job)
         show_status(store, job, json_)
     finally:
         store.close()
@@ -260,7 +185,7 @@ def export(
     """Write one JSON line per input line, in input order: id, line, state, output, tokens, finish reason, error."""
     store = open_store(Settings.from_env().database_url)
     try:
-        _require_llm_job(store, job)
+        require_job(store, job)
         export_job(store, job, out)
     finally:
         store.close()
@@ -268,50 +193,7 @@ def export(
 
 def export_job(store: Store, job: str, out: Path) -> None:
     """The job's rows as JSON lines in input order, written whole to `out`."""
-    rows = prompt_rows(store, job)
-    lines = [
-        json.dumps(
-            {
-                "id": row.input_id,
-                "line": row.line,
-                "state": row.state,
-                "output": row.output,
-                "prompt_tokens": row.prompt_tokens,
-                "generated_tokens": row.generated_tokens,
-                "finish_reason": row.finish_reason,
-                "error": row.error,
-            },
-            ensure_ascii=False,
-        )
-        for row in rows
-    ]
-    _write_atomically(out, "".join(line + "\n" for line in lines))
-    pending = sum(1 for row in rows if row.state == "pending")
+    rows = write_export(store, job, out, "--out")
+    pending = sum(1 for row in rows if row["state"] == "pending")
     note = f" ({pending} still pending)" if pending else ""
-    errors.print(f"{len(lines)} lines written to {out}{note}", highlight=False)
-
-
-def _require_llm_job(store: Store, job_id: str) -> None:
-    run = store.get_run(job_id)  # NotFound names the id
-    if run.kind != "llm":
-        raise ConfigError(f"{job_id}: a run of kind {run.kind!r}, not an LLM job (fedqueue status {job_id})")
-
-
-def _check_out_folder(path: Path) -> Path:
-    folder = path.parent if str(path.parent) else Path(".")
-    if not folder.is_dir():
-        raise ConfigError(f"--out {path}: folder {folder} does not exist")
-    return folder
-
-
-def _write_atomically(path: Path, text: str) -> None:
-    """Write beside the target and rename over it: a reader never sees half a file."""
-    folder = _check_out_folder(path)
-    handle, temporary = tempfile.mkstemp(prefix=f".{path.name}.", dir=folder)
-    try:
-        with os.fdopen(handle, "w", encoding="utf-8") as file:
-            file.write(text)
-        os.replace(temporary, path)
-    except BaseException:
-        Path(temporary).unlink(missing_ok=True)
-        raise
+    error_console.print(f"{len(rows)} lines written to {out}{note}", highlight=False)

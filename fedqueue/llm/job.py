@@ -28,7 +28,7 @@ from fedqueue.llm.planner import (
     plan_batches,
     token_counter,
 )
-from fedqueue.llm.prompts import InputError, PromptLine, read_prompt_file
+from fedqueue.llm.prompts import InputError, PromptLine, read_input, read_prompt_bytes
 from fedqueue.llm.results import (
     assign_batches,
     insert_prompts,
@@ -39,6 +39,7 @@ from fedqueue.llm.results import (
 )
 from fedqueue.llm.schema import LlmPromptRow
 from fedqueue.llm.settings import GenerationSettings
+from fedqueue.store import Store
 
 DEFAULT_BATCH_SIZE = 32  # `--batch-size`: most prompts per batch
 JOB_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,31}")
@@ -46,7 +47,7 @@ JOB_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,31}")
 
 @dataclass(frozen=True)
 class JobRequest:
-    """What `fedqueue llm submit` asks for."""
+    """What `fedqueue llm submit` (or fedqueue.llm.submit) asks for."""
 
     input_path: Path
     model: str
@@ -58,10 +59,18 @@ class JobRequest:
     # Worker slots the batches are sized for (DEFAULT_SLOTS when None). Not part of the job's identity:
     # the same job continued on more or fewer workers is planned for those.
     slots: int | None = None
+    # The input's bytes where the prompts were given in Python; `input_path` then only names them.
+    input_data: bytes | None = None
 
     @property
     def planned_slots(self) -> int:
         return DEFAULT_SLOTS if self.slots is None else self.slots
+
+    def read_input(self) -> bytes:
+        return read_input(self.input_path) if self.input_data is None else self.input_data
+
+    def read_prompts(self, raw: bytes) -> tuple[list[PromptLine], list[InputError]]:
+        return read_prompt_bytes(raw, self.input_path, strict=self.strict)
 
     def config(self, input_sha256: str) -> dict[str, Any]:
         """The run row's config: what decides the outputs, and the input it came from."""
@@ -102,14 +111,15 @@ def check_request(request: JobRequest) -> None:
     """Everything about a request that can be wrong, checked before anything is started or written."""
     check_limits(request.batch_size, request.max_batch_tokens, request.planned_slots)
     job_id_for(request, "")
-    read_prompt_file(request.input_path, strict=request.strict)
+    request.read_prompts(request.read_input())
 
 
 def submit_job(services: Services, request: JobRequest) -> Submitted:
     """Record the job (or find it), add its prompts, plan and enqueue whatever is pending."""
     check_limits(request.batch_size, request.max_batch_tokens, request.planned_slots)
-    prompts, input_errors = read_prompt_file(request.input_path, strict=request.strict)
-    input_sha256 = hashlib.sha256(request.input_path.read_bytes()).hexdigest()
+    raw = request.read_input()
+    prompts, input_errors = request.read_prompts(raw)
+    input_sha256 = hashlib.sha256(raw).hexdigest()
     job_id = job_id_for(request, input_sha256)
     config = request.config(input_sha256)
     resumed = _open_job(services, job_id, config)
@@ -146,6 +156,13 @@ def plan_pending(services: Services, job_id: str, request: JobRequest) -> list[P
     now = time.time()
     services.enqueue([GenerateBatch(job_id, batch.index, batch.keys, now) for batch in batches])
     return batches
+
+
+def require_job(store: Store, job_id: str) -> None:
+    """A ConfigError unless `job_id` is an LLM job (NotFound when it is no run at all)."""
+    run = store.get_run(job_id)
+    if run.kind != KIND_NAME:
+        raise ConfigError(f"{job_id}: a run of kind {run.kind!r}, not an LLM job (fedqueue status {job_id})")
 
 
 def _open_job(services: Services, job_id: str, config: dict[str, Any]) -> bool:

@@ -40,6 +40,8 @@ def _generation_scope(settings: Settings) -> Iterator[None]:
         torch.use_deterministic_algorithms(deterministic)
 
 
+# The kind's commands and views (typer, rich) load in the command that shows them, never in a worker: hence the
+# imports inside these hooks.
 def _commands() -> Any:
     from fedqueue.llm.cli import app
 
@@ -59,7 +61,7 @@ def _show_status(store: Any, run_id: str, as_json: bool) -> None:
 
 
 def _progress(services: Services, run_id: str) -> RunProgress:
-    from fedqueue.llm.follow import PromptProgress
+    from fedqueue.llm.bars import PromptProgress
 
     return PromptProgress(services, run_id)
 

@@ -4,14 +4,14 @@ A JSONL line is an object with `prompt` (text) or `messages` (a chat, a list of 
 and an optional `id` (string or integer) that names the prompt in the export. Lines without an id
 are named by their line number, so the same file submitted again names every prompt the same.
 A bad line is an `InputError` naming its line; the job stores it as a failed row in its place,
-or, with `strict`, refuses the whole file. No torch here.
+or, with `strict`, refuses the whole file. Prompts given in Python become the same JSONL. No torch here.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -67,14 +67,23 @@ class InputError:
 
 def read_prompt_file(path: Path, *, strict: bool = False) -> tuple[list[PromptLine], list[InputError]]:
     """Valid prompts and bad lines of an input file; a file that cannot be read at all is a ConfigError."""
+    return read_prompt_bytes(read_input(path), path, strict=strict)
+
+
+def read_input(path: Path) -> bytes:
+    """An input file's bytes; one that cannot be read is a ConfigError naming it."""
     try:
-        raw = path.read_bytes()
+        return path.read_bytes()
     except FileNotFoundError:
         raise ConfigError(f"input {path}: no such file") from None
     except IsADirectoryError:
         raise ConfigError(f"input {path}: is a directory, not a file of prompts") from None
     except OSError as error:
         raise ConfigError(f"input {path}: cannot read it ({error.strerror})") from None
+
+
+def read_prompt_bytes(raw: bytes, path: Path, *, strict: bool = False) -> tuple[list[PromptLine], list[InputError]]:
+    """Valid prompts and bad lines of an input's bytes; `path` names it (its suffix says whether it is text)."""
     try:
         text = raw.decode("utf-8-sig")
     except UnicodeDecodeError as error:
@@ -117,6 +126,26 @@ def read_prompts(
             if strict:
                 break
     return prompts, errors
+
+
+def prompts_as_jsonl(items: Iterable[object]) -> bytes:
+    """Prompts given in Python, as the JSONL file they stand for (item N is line N): a string is
+    `{"prompt": ...}`, a dict is a line as it is (prompt or messages, optional id)."""
+    if isinstance(items, str | bytes | Mapping):  # iterating these would give characters or keys
+        raise ConfigError(f"prompts: expected a path or a list of prompts, got one {type(items).__name__}")
+    lines = []
+    for index, item in enumerate(items):
+        if isinstance(item, str):
+            item = {"prompt": item}
+        elif not isinstance(item, Mapping):
+            raise ConfigError(f"prompts[{index}]: expected a string or a dict, got {type(item).__name__}")
+        try:
+            lines.append(json.dumps(dict(item), ensure_ascii=False, allow_nan=False))
+        except (TypeError, ValueError) as error:
+            raise ConfigError(f"prompts[{index}]: not JSON data ({error})") from None
+    if not lines:
+        raise ConfigError("prompts: empty (give at least one prompt)")
+    return "".join(line + "\n" for line in lines).encode()
 
 
 class _LineError(Exception):

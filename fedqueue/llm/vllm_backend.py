@@ -23,6 +23,7 @@ from typing import Any
 
 import torch
 
+from fedqueue.core.gpus import visible_gpus
 from fedqueue.errors import ConfigError
 from fedqueue.llm.generate import BatchStats, Generation, PromptIn, encode_prompt, prompt_seed
 from fedqueue.llm.model import LoadedModel, resolve_dtype
@@ -66,8 +67,7 @@ def load_vllm(name: str, dtype: str) -> LoadedModel:
         os.environ.setdefault(variable, value)
     device = torch.device("cpu" if on_cpu else "cuda")
     torch_dtype = resolve_dtype(dtype, device)
-    visible = [part for part in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if part.strip()]
-    parallel = 1 if on_cpu else max(1, len(visible))
+    parallel = 1 if on_cpu else max(1, len(visible_gpus() or []))
     options: dict[str, Any] = {"tensor_parallel_size": parallel}
     if parallel == 1:
         options["distributed_executor_backend"] = "uni"  # the model runner in this process too

@@ -8,11 +8,13 @@ import time
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
+from fedqueue.core.gpus import visible_gpus
 from fedqueue.core.services import Services
+from fedqueue.core.timing import timing_of
 from fedqueue.llm.messages import KIND_NAME, GenerateBatch
-from fedqueue.llm.progress import announce_stored
 from fedqueue.llm.results import Outcome, pending_prompts, record_outcomes
 from fedqueue.llm.settings import GenerationSettings
+from fedqueue.llm.wake import announce_stored
 from fedqueue.store.repo import TaskTiming
 
 if TYPE_CHECKING:
@@ -135,17 +137,16 @@ def _timing(
     load_ms: float,
     compute_ms: float,
 ) -> TaskTiming:
-    return TaskTiming(
-        run_id=task.run_id,
+    return timing_of(
+        task,
         kind=KIND_NAME,
         task_type="generate",
         task=task.task_name,
         round_index=None,
         state=state,
         worker=worker,
-        device_used=device_used[:32],
         attempt=attempt,
-        enqueued_at=task.enqueued_at,
+        device_used=device_used,
         started_at=started_at,
         load_ms=load_ms,
         compute_ms=compute_ms,
@@ -154,10 +155,7 @@ def _timing(
 
 def _device_map() -> str | None:
     """A worker pinned to several GPUs spreads a model over them; one GPU or a CPU holds it whole."""
-    import os
-
-    visible = [part for part in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if part.strip()]
-    return "auto" if len(visible) > 1 else None
+    return "auto" if len(visible_gpus() or []) > 1 else None
 
 
 def _elapsed_ms(start: float) -> float:

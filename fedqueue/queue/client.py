@@ -5,7 +5,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from fedqueue.config import Settings
-from fedqueue.core.services import Services, WorkerSlots, open_services
+from fedqueue.core.connect import open_services
+from fedqueue.core.services import Services, WorkerSlots
 
 if TYPE_CHECKING:
     from celery import Celery
@@ -16,7 +17,7 @@ if TYPE_CHECKING:
 STATS_TIMEOUT_S = 1.0
 
 
-def open_client(settings: Settings, worker_slots: WorkerSlots | None = None) -> Services:
+def open_client_services(settings: Settings, worker_slots: WorkerSlots | None = None) -> Services:
     """`worker_slots`: the workers' slots where the caller knows them (it started them), else asked of the workers."""
     from fedqueue.queue.app import make_app
     from fedqueue.queue.publish import enqueue_with

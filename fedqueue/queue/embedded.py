@@ -51,6 +51,7 @@ class EmbeddedRedis:
             "--logfile",
             str(Path(self._dir.name) / "redis.log"),
         ]
+        # The worker launcher's module brings Redis's client and the store; an embedded Redis needs one function.
         from fedqueue.queue.workers import stop_when_parent_dies
 
         self._process = subprocess.Popen(

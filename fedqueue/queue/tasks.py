@@ -20,7 +20,8 @@ from celery.exceptions import Reject, Retry
 from fedqueue.config import Settings
 from fedqueue.core import jobs
 from fedqueue.core.codec import MessageError
-from fedqueue.core.services import Services, open_services
+from fedqueue.core.connect import open_services
+from fedqueue.core.services import Services
 from fedqueue.core.watchdog import Watchdog
 from fedqueue.queue.publish import enqueue_with
 

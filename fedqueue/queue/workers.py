@@ -22,6 +22,7 @@ from typing import IO
 
 from fedqueue.config import DEFAULT_GPUS_PER_WORKER, DEFAULT_PROCS_PER_GPU, Settings
 from fedqueue.core import jobs
+from fedqueue.core.gpus import visible_gpus
 from fedqueue.core.watchdog import TIMEOUT_EXIT_CODE
 from fedqueue.errors import ConfigError, ServiceUnavailable
 from fedqueue.queue.readiness import READY_KEY_ENV, forget, new_ready_key, wait_for_names
@@ -49,9 +50,9 @@ class WorkerSpec:
 
 def detect_gpus() -> list[str]:
     """GPU indices this host offers, found without touching CUDA in this process."""
-    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    visible = visible_gpus()
     if visible is not None:
-        return [part.strip() for part in visible.split(",") if part.strip() and part.strip() != "-1"]
+        return visible
     smi = shutil.which("nvidia-smi")
     if smi is None:
         return []

@@ -16,6 +16,7 @@ from typing import Any
 
 from fedqueue.core import jobs
 from fedqueue.errors import ConfigError
+from fedqueue.report.html import KindPage, render_html
 from fedqueue.report.timeline import (
     Lane,
     Span,
@@ -215,8 +216,8 @@ def rounded(value: float | None, digits: int = 3) -> float | None:
 
 def write_report(store: Store, run_id: str, out_dir: Path, now: float | None = None) -> dict[str, Any]:
     """Write the pictures and report.html into out_dir; return the numbers."""
-    from fedqueue.report import plots
-    from fedqueue.report.html import KindPage, render_html
+    # Imported here: plots loads matplotlib, which a process reading only the numbers does without.
+    import fedqueue.report.plots as plots
 
     data = load_run_data(store, run_id, now)
     report = report_of(store, data)

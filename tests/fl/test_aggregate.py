@@ -6,7 +6,7 @@ import threading
 import pytest
 import torch
 
-from fedqueue.fl.aggregate import LoadedOnUse, fedavg
+from fedqueue.fl.ml.aggregate import LoadedOnUse, fedavg
 
 
 def _state(seed: int, dtype: torch.dtype = torch.float32) -> dict[str, torch.Tensor]:

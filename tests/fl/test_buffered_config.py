@@ -71,10 +71,10 @@ def test_clock_tables_apply_to_sync_runs_too() -> None:
 
 def test_the_examples_load(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The async examples validate and build their clocks (CIFAR-10 read from ./data/cifar10, as in compose)."""
-    from fedqueue.fl.cifar_fixture import write_cifar_batches
     from fedqueue.fl.config import load_run_config
-    from fedqueue.fl.data import load_federated
-    from fedqueue.fl.experiment import data_spec, device_clock
+    from fedqueue.fl.ml.cifar_fixture import write_cifar_batches
+    from fedqueue.fl.ml.data import load_federated
+    from fedqueue.fl.setup import data_spec, device_clock
 
     examples = Path(__file__).resolve().parents[2] / "examples"
     write_cifar_batches(tmp_path / "data" / "cifar10", train_samples=20000, test_samples=100)

@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from fedqueue.errors import DataError
-from fedqueue.fl.cifar_fixture import write_cifar_batches
-from fedqueue.fl.data import DataSpec, load_federated
+from fedqueue.fl.ml.cifar_fixture import write_cifar_batches
+from fedqueue.fl.ml.data import DataSpec, load_federated
 
 MEAN = torch.tensor((0.4914, 0.4822, 0.4465)).view(1, 3, 1, 1)
 STD = torch.tensor((0.2470, 0.2435, 0.2616)).view(1, 3, 1, 1)
@@ -77,7 +77,7 @@ def test_the_cifar10_example_reads_its_batches_from_data_cifar10(
 ) -> None:
     """examples/cifar10_fedavg.toml, run where ./data/cifar10 holds the batches (as in docker compose)."""
     from fedqueue.fl.config import load_run_config
-    from fedqueue.fl.experiment import data_spec
+    from fedqueue.fl.setup import data_spec
 
     example = Path(__file__).resolve().parents[2] / "examples" / "cifar10_fedavg.toml"
     write_cifar_batches(tmp_path / "data" / "cifar10", train_samples=2000, test_samples=100)

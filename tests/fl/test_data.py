@@ -5,10 +5,10 @@ import pytest
 import torch
 
 from fedqueue.errors import ConfigError
-from fedqueue.fl.data import DataSpec, device_data, load_federated
-from fedqueue.fl.evaluate import evaluate
-from fedqueue.fl.models import build_model
-from fedqueue.fl.train import LocalTrainConfig, train_local
+from fedqueue.fl.ml.data import DataSpec, device_data, load_federated
+from fedqueue.fl.ml.evaluate import evaluate
+from fedqueue.fl.ml.models import build_model
+from fedqueue.fl.ml.train import LocalTrainConfig, train_local
 
 CPU = torch.device("cpu")
 
@@ -107,7 +107,7 @@ def test_unknown_names_raise_config_error() -> None:
 
 
 def test_partition_matches_partition_indices() -> None:
-    from fedqueue.fl.data import partition_indices
+    from fedqueue.fl.ml.data import partition_indices
 
     spec = DataSpec(dataset="digits", seed=4, num_devices=6, partition="dirichlet", alpha=0.5)
     fed = load_federated(spec)
@@ -117,7 +117,7 @@ def test_partition_matches_partition_indices() -> None:
 
 def test_server_split_is_held_out_of_every_partition() -> None:
     """A kd_split holds a seeded share of the training set for the server; the devices share the rest."""
-    from fedqueue.fl.data import DataSpec, load_federated
+    from fedqueue.fl.ml.data import DataSpec, load_federated
 
     plain = load_federated(DataSpec(dataset="digits", num_devices=20, seed=3))
     spec = DataSpec(dataset="digits", num_devices=20, seed=3, server_fraction=0.1)

@@ -7,9 +7,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from fedqueue.fl import devices
-from fedqueue.fl.data import TensorData
-from fedqueue.fl.evaluate import evaluate
+from fedqueue.fl.ml import torch_device as devices
+from fedqueue.fl.ml.evaluate import evaluate
+from fedqueue.fl.ml.plugins import TensorData
 
 
 def test_evaluate_matches_a_direct_computation_across_batches() -> None:

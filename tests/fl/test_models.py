@@ -5,7 +5,7 @@ import torch
 from torch import nn
 
 from fedqueue.errors import ConfigError
-from fedqueue.fl.models import MODELS, build_model, initial_state
+from fedqueue.fl.ml.models import MODELS, build_model, initial_state
 
 SHAPES = [(1, 8, 8), (3, 32, 32)]
 

@@ -9,11 +9,11 @@ import pytest
 import torch
 from torch import nn
 
-from fedqueue.fl.data import TensorData
-from fedqueue.fl.models import build_model, initial_state
-from fedqueue.fl.pack_train import train_pack, vmap_refusal
-from fedqueue.fl.rounds import cut_packs
-from fedqueue.fl.train import LocalTrainConfig, TrainOutcome, train_local
+from fedqueue.fl.ml.models import build_model, initial_state
+from fedqueue.fl.ml.pack_train import train_pack, vmap_refusal
+from fedqueue.fl.ml.plugins import TensorData
+from fedqueue.fl.ml.train import LocalTrainConfig, TrainOutcome, train_local
+from fedqueue.fl.packs.tasks import cut_packs
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "plugins"
 
@@ -136,8 +136,8 @@ def test_packs_are_cut_from_the_sorted_selection(selected: list[int], size: int,
 
 def test_a_pack_summed_for_fedavg_gives_fedavg_of_its_devices() -> None:
     """The pack's pre-summed update, averaged with a device stored alone, is FedAvg of all of them."""
-    from fedqueue.fl.aggregate import fedavg
-    from fedqueue.fl.pack_train import train_pack
+    from fedqueue.fl.ml.aggregate import fedavg
+    from fedqueue.fl.ml.pack_train import train_pack
 
     torch.set_num_threads(1)
     cfg = LocalTrainConfig(local_iters=3, local_epochs=None, batch_size=4, optimizer="sgd", lr=0.1, momentum=0.0)

@@ -9,9 +9,8 @@ from pathlib import Path
 import pytest
 
 from fedqueue.fl.config import RunConfig
-from fedqueue.fl.data import load_federated
-from fedqueue.fl.experiment import data_spec, resolve_packing
-from fedqueue.fl.packing import (
+from fedqueue.fl.ml.data import load_federated
+from fedqueue.fl.packs.rules import (
     AUTO_PACK_MAX,
     VMAP_TOLERANCE,
     auto_pack_mode,
@@ -20,6 +19,8 @@ from fedqueue.fl.packing import (
     measured_pack_mode,
     total_slots,
 )
+from fedqueue.fl.packs.trial import resolve_packing
+from fedqueue.fl.setup import data_spec
 
 
 @pytest.mark.parametrize(

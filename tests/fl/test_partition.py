@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from fedqueue.errors import ConfigError, DataError
-from fedqueue.fl.data import partition_indices
+from fedqueue.fl.ml.data import partition_indices
 
 
 def _labels(count: int = 1000, classes: int = 10) -> np.ndarray:

@@ -9,8 +9,8 @@ import pytest
 import torch
 from torch import nn
 
-from fedqueue.fl.aggregate import fold_buffer, fold_deltas
-from fedqueue.fl.revive import KdData, class_proportions, distil, kd_beta, mixed_delta
+from fedqueue.fl.ml.aggregate import fold_buffer, fold_deltas
+from fedqueue.fl.ml.distill import KdData, class_proportions, distil, kd_beta, mixed_delta
 
 
 @pytest.mark.parametrize(

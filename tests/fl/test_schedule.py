@@ -11,8 +11,8 @@ from dataclasses import replace
 
 import pytest
 
-from fedqueue.fl.strategy import schedule
-from fedqueue.fl.strategy.schedule import Arrival, Dispatch, NewVersion, Outcome, Rules, ScheduleState, Trip
+from fedqueue.fl.strategy.fedbuff import schedule
+from fedqueue.fl.strategy.fedbuff.schedule import Arrival, Dispatch, NewVersion, Outcome, Rules, ScheduleState, Trip
 
 SECONDS = {0: 1.0, 1: 2.0, 2: 5.0}
 RULES = Rules(

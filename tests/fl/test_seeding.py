@@ -6,7 +6,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from fedqueue.fl.seeding import task_seed
+from fedqueue.fl.ml.seeding import task_seed
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -25,7 +25,7 @@ def test_every_input_changes_the_seed() -> None:
 
 
 def test_seed_is_the_same_in_another_process() -> None:
-    code = "from fedqueue.fl.seeding import task_seed; print(task_seed(11, 3, 7))"
+    code = "from fedqueue.fl.ml.seeding import task_seed; print(task_seed(11, 3, 7))"
     env = {**os.environ, "PYTHONHASHSEED": "12345", "PYTHONPATH": str(REPO_ROOT)}
     out = subprocess.run(
         [sys.executable, "-c", code],

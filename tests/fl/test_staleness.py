@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from fedqueue.fl.staleness import is_too_stale, staleness_weight
+from fedqueue.fl.strategy.fedbuff.staleness import is_too_stale, staleness_weight
 
 
 @pytest.mark.parametrize(

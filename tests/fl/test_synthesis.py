@@ -7,8 +7,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from fedqueue.fl.models import build_model
-from fedqueue.fl.synthesis import SynthesisSettings, Synthesizer, _FeatureStats, image_shape
+from fedqueue.fl.ml.models import build_model
+from fedqueue.fl.ml.synthesis import SynthesisSettings, Synthesizer, _FeatureStats, image_shape
 
 SMALL = SynthesisSettings(nz=8, ngf=8, synth_batch_size=8, g_steps=2, warmup_rounds=1, pool_size=20)
 UNIFORM = np.full(10, 0.1)

@@ -8,10 +8,11 @@ import torch
 from torch import nn
 
 from fedqueue.errors import ConfigError
-from fedqueue.fl.data import DataSpec, TensorData, load_federated
-from fedqueue.fl.evaluate import evaluate
-from fedqueue.fl.models import build_model, initial_state
-from fedqueue.fl.train import LocalTrainConfig, TrainOutcome, train_local
+from fedqueue.fl.ml.data import DataSpec, load_federated
+from fedqueue.fl.ml.evaluate import evaluate
+from fedqueue.fl.ml.models import build_model, initial_state
+from fedqueue.fl.ml.plugins import TensorData
+from fedqueue.fl.ml.train import LocalTrainConfig, TrainOutcome, train_local
 
 CPU = torch.device("cpu")
 SGD = LocalTrainConfig(local_iters=20, local_epochs=None, batch_size=16, optimizer="sgd", lr=0.05, momentum=0.9)
@@ -45,7 +46,12 @@ def test_same_seed_bit_identical_other_seed_differs(name: str) -> None:
 
 def test_adam_is_reproducible_too() -> None:
     cfg = LocalTrainConfig(10, None, 32, "adam", 1e-3, 0.0)
-    assert _same(_run(3, cfg).state, _run(3, cfg).state)
+    first = _run(3, cfg).state
+    assert _same(first, _run(3, cfg).state)
+    # Adam trained: every weight tensor moved from where it started (an optimizer that never stepped leaves them all).
+    initial = _model().state_dict()
+    assert first.keys() == initial.keys()
+    assert not any(torch.equal(first[key], initial[key]) for key in initial)
 
 
 def test_global_rng_is_neither_used_nor_needed() -> None:

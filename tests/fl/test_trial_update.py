@@ -9,8 +9,8 @@ import textwrap
 import pytest
 import torch
 
-from fedqueue.fl.train import LocalTrainConfig, make_optimizer
-from fedqueue.fl.trial_update import TrialUpdate
+from fedqueue.fl.ml.train import LocalTrainConfig, make_optimizer
+from fedqueue.fl.ml.trial_update import TrialUpdate
 
 
 @pytest.mark.parametrize(("optimizer", "momentum"), [("sgd", 0.0), ("sgd", 0.9), ("adam", 0.0)])
@@ -42,8 +42,9 @@ def test_timing_the_pack_modes_at_submit_leaves_torch_optim_unloaded() -> None:
         """
         import sys
         from fedqueue.fl.config import RunConfig
-        from fedqueue.fl.data import load_federated
-        from fedqueue.fl.experiment import data_spec, time_pack_modes
+        from fedqueue.fl.ml.data import load_federated
+        from fedqueue.fl.packs.trial import time_pack_modes
+        from fedqueue.fl.setup import data_spec
         config = RunConfig.from_dict({"dataset": "digits", "model": "mlp", "num_devices": 20, "devices_per_round": 10})
         sequential, vmapped = time_pack_modes(config, load_federated(data_spec(config)), 4)
         assert sequential > 0 and vmapped > 0

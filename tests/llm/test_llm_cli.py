@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.test_cli import cli_env, fedqueue, our_processes
+from tests.cli_runner import fedqueue_cli
+from tests.test_cli import cli_env, our_processes
 
 
 def write_prompts(path: Path, lines: list[str]) -> Path:
@@ -21,7 +22,7 @@ def test_submit_with_nothing_configured_then_status_and_export(tmp_path: Path, t
     input_path = write_prompts(tmp_path / "in.jsonl", [*prompts[:5], "{bad", *prompts[5:]])
     args = ("llm", "submit", str(input_path), "--model", str(tiny_model_path), "--max-new-tokens", "8")
     first_out = tmp_path / "first.jsonl"
-    result = fedqueue(
+    result = fedqueue_cli(
         *args, "--batch-size", "4", "--procs", "2", "-o", str(first_out), cwd=tmp_path, env=cli_env(), timeout=240
     )
     assert result.returncode == 0, result.stdout + result.stderr
@@ -29,8 +30,8 @@ def test_submit_with_nothing_configured_then_status_and_export(tmp_path: Path, t
     assert "batches for 2 worker slots" in result.stdout  # planned for the local workers it started
     assert "line 6: not valid JSON" in result.stderr  # the bad line is named, the job goes on
     assert our_processes() - before == set()
-    [job] = json.loads(fedqueue("runs", "--json", cwd=tmp_path, env=cli_env()).stdout)
-    status = json.loads(fedqueue("status", job["id"], "--json", cwd=tmp_path, env=cli_env()).stdout)
+    [job] = json.loads(fedqueue_cli("runs", "--json", cwd=tmp_path, env=cli_env()).stdout)
+    status = json.loads(fedqueue_cli("status", job["id"], "--json", cwd=tmp_path, env=cli_env()).stdout)
     assert (status["kind"], status["state"], status["done"], status["failed"]) == ("llm", "finished", 12, 1)
     assert status["generated_tokens"] == 12 * 8 and len(status["workers"]) >= 1
     assert status["errors"] == [
@@ -42,7 +43,7 @@ def test_submit_with_nothing_configured_then_status_and_export(tmp_path: Path, t
     ]
 
     out = tmp_path / "out.jsonl"
-    exported = fedqueue("llm", "export", job["id"], "-o", str(out), cwd=tmp_path, env=cli_env())
+    exported = fedqueue_cli("llm", "export", job["id"], "-o", str(out), cwd=tmp_path, env=cli_env())
     assert exported.returncode == 0, exported.stderr
     lines = [json.loads(line) for line in out.read_text().splitlines()]
     assert [line["line"] for line in lines] == list(range(1, 14))  # input order, the bad line in its place
@@ -52,10 +53,10 @@ def test_submit_with_nothing_configured_then_status_and_export(tmp_path: Path, t
     assert [json.loads(line) for line in first_out.read_text().splitlines()] == lines
 
     # The same input and model again: nothing left to generate, the stored rows stay as they were.
-    again = fedqueue(*args, "--batch-size", "4", "--procs", "1", cwd=tmp_path, env=cli_env(), timeout=240)
+    again = fedqueue_cli(*args, "--batch-size", "4", "--procs", "1", cwd=tmp_path, env=cli_env(), timeout=240)
     assert again.returncode == 0, again.stderr
     assert "continued: 12 prompts, 0 to generate" in again.stdout
-    exported = fedqueue("llm", "export", job["id"], "-o", str(out), cwd=tmp_path, env=cli_env())
+    exported = fedqueue_cli("llm", "export", job["id"], "-o", str(out), cwd=tmp_path, env=cli_env())
     assert [json.loads(line) for line in out.read_text().splitlines()] == lines
 
 
@@ -81,7 +82,9 @@ def test_bad_input_is_one_line_exit_2_and_writes_nothing(
         write_prompts(input_path, lines)
     database = tmp_path / "store.db"
     env = cli_env(FEDQUEUE_DATABASE_URL=f"sqlite:///{database}")
-    result = fedqueue("llm", "submit", str(input_path), "--model", str(tiny_model_path), *extra, cwd=tmp_path, env=env)
+    result = fedqueue_cli(
+        "llm", "submit", str(input_path), "--model", str(tiny_model_path), *extra, cwd=tmp_path, env=env
+    )
     assert result.returncode == 2, result.stdout + result.stderr
     errors = result.stderr.strip().splitlines()
     assert len(errors) == 1 and field in errors[0], result.stderr
@@ -92,12 +95,12 @@ def test_bad_input_is_one_line_exit_2_and_writes_nothing(
 def test_a_missing_model_is_refused_before_workers_start(tmp_path: Path) -> None:
     input_path = write_prompts(tmp_path / "in.jsonl", ['{"prompt": "a"}'])
     for model in ("./no-such-model", "nobody/no-such-model"):
-        result = fedqueue("llm", "submit", str(input_path), "--model", model, cwd=tmp_path, env=cli_env())
+        result = fedqueue_cli("llm", "submit", str(input_path), "--model", model, cwd=tmp_path, env=cli_env())
         assert result.returncode == 2 and result.stderr.startswith(f"error: --model {model}: "), result.stderr
         assert "embedded Redis" not in result.stdout
 
 
 def test_export_of_an_fl_run_or_unknown_job_is_one_line(tmp_path: Path) -> None:
-    result = fedqueue("llm", "export", "nope", "-o", str(tmp_path / "x.jsonl"), cwd=tmp_path, env=cli_env())
+    result = fedqueue_cli("llm", "export", "nope", "-o", str(tmp_path / "x.jsonl"), cwd=tmp_path, env=cli_env())
     assert result.returncode == 2 and len(result.stderr.strip().splitlines()) == 1
     assert not (tmp_path / "x.jsonl").exists()

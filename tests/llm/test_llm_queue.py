@@ -9,7 +9,8 @@ from typing import Any
 
 from fedqueue.config import Settings
 from fedqueue.core.services import Services
-from fedqueue.fl.rounds import final_state, submit_run
+from fedqueue.fl.scheduler import submit_run
+from fedqueue.fl.strategy.common import final_state
 from fedqueue.llm.generate import PromptIn, generate_batch
 from fedqueue.llm.job import JobRequest, Submitted, submit_job
 from fedqueue.llm.messages import GenerateBatch
@@ -17,7 +18,7 @@ from fedqueue.llm.model import load_model
 from fedqueue.llm.results import prompt_rows
 from fedqueue.llm.settings import GenerationSettings
 from fedqueue.llm.slots import answering_slots
-from fedqueue.queue.client import open_client
+from fedqueue.queue.client import open_client_services
 from fedqueue.report import write_report
 from tests.conftest import running_workers
 from tests.helpers import assert_same_weights, reference_final_state, small_config, wait_finished
@@ -63,7 +64,7 @@ def test_a_job_on_two_workers_equals_the_one_at_a_time_loop(
     settings: Settings, tmp_path: Path, tiny_model_path: Path
 ) -> None:
     input_path = write_input(tmp_path / "prompts.jsonl", 40)
-    services = open_client(settings)
+    services = open_client_services(settings)
     submitted = submit(services, input_path, tiny_model_path, batch_size=8)
     assert (submitted.prompts, [e.line for e in submitted.input_errors]) == (42, [42])
     assert submitted.enqueued == 41  # the repeated prompt is stored from its first copy, not generated
@@ -103,7 +104,7 @@ def test_submitting_again_generates_only_what_is_missing(
 ) -> None:
     """Half the batches are lost from the queue; submitting the same input again generates just their prompts."""
     input_path = write_input(tmp_path / "prompts.jsonl", 23)  # 24 prompts to generate
-    services = open_client(settings)
+    services = open_client_services(settings)
     first = submit(services, input_path, tiny_model_path, batch_size=4, slots=2)
     assert len(first.batches) >= 6 and len(first.batches) % 2 == 0
     lost = drop_queued(settings, len(first.batches) // 2)
@@ -135,7 +136,7 @@ def test_a_job_planned_for_the_two_slots_that_answer_keeps_one_row_per_prompt_in
     input_path = tmp_path / "prompts.jsonl"
     texts = [f"Q{i}: " + "why " * (i * 7 % 23) for i in range(48)]  # 4 to 96 characters, in no order
     input_path.write_text("".join(json.dumps({"id": f"q{i}", "prompt": text}) + "\n" for i, text in enumerate(texts)))
-    services = open_client(settings)
+    services = open_client_services(settings)
     with running_workers(settings, procs=2, log_dir=tmp_path / "logs"):
         slots = answering_slots(settings)
         assert slots == 2
@@ -177,7 +178,7 @@ def pending_keys(services: Services, job_id: str) -> set[str]:
 
 def test_a_batch_delivered_twice_is_stored_once(settings: Settings, tmp_path: Path, tiny_model_path: Path) -> None:
     input_path = write_input(tmp_path / "prompts.jsonl", 10)
-    services = open_client(settings)
+    services = open_client_services(settings)
     publish = services.enqueue
     services.enqueue = lambda tasks: publish(list(tasks) + list(tasks))  # every batch sent twice
     submitted = submit(services, input_path, tiny_model_path, batch_size=16, slots=1)
@@ -200,7 +201,7 @@ def test_fl_rounds_and_an_llm_job_share_the_same_workers(
     procs = 2
     config = small_config(rounds=2)
     input_path = write_input(tmp_path / "prompts.jsonl", 16)
-    services = open_client(settings)
+    services = open_client_services(settings)
     with running_workers(settings, procs=procs, log_dir=tmp_path / "logs"):
         run_id = submit_run(services, config)
         job = submit(services, input_path, tiny_model_path, batch_size=4)
@@ -222,7 +223,7 @@ def test_a_model_that_cannot_load_fails_its_prompts_in_one_line(settings: Settin
     broken.mkdir()
     (broken / "config.json").write_text("{}")
     input_path = write_input(tmp_path / "prompts.jsonl", 6)
-    services = open_client(settings)
+    services = open_client_services(settings)
     submitted = submit(services, input_path, broken, batch_size=16)
     with running_workers(settings, procs=1, log_dir=tmp_path / "logs"):
         wait_finished(services.store, submitted.job_id, 120)

@@ -16,7 +16,7 @@ from fedqueue.llm.job import JobRequest, submit_job
 from fedqueue.llm.messages import batch_task_name
 from fedqueue.llm.results import prompt_rows
 from fedqueue.llm.settings import GenerationSettings
-from fedqueue.queue.client import open_client
+from fedqueue.queue.client import open_client_services
 from tests.llm.test_llm_queue import expected_outputs
 from tests.reliability_support import launcher, pid_of_worker, reliable_settings, wait_until, worker_children
 
@@ -51,7 +51,7 @@ def kill_a_worker_mid_batch(
 ) -> KilledMidBatch:
     """SIGKILL the worker generating one of the job's batches, then follow the job to its end; the
     launcher has started a fresh worker in its place."""
-    services = open_client(settings)
+    services = open_client_services(settings)
     handle = api.RunHandle(submitted.job_id, settings)
     indices = [batch.index for batch in submitted.batches]
 
@@ -101,7 +101,7 @@ def test_a_worker_killed_mid_batch_loses_nothing(settings: Settings, tmp_path: P
     settings = reliable_settings(settings)
     input_path = tmp_path / "prompts.jsonl"
     input_path.write_text("".join(json.dumps({"id": i, "prompt": f"Item {i}: " + "go " * i}) + "\n" for i in range(16)))
-    services = open_client(settings)
+    services = open_client_services(settings)
     with launcher(settings, procs=2, cwd=tmp_path) as workers:
         request = JobRequest(input_path, str(slow_model_path), GENERATION, batch_size=4)
         killed = kill_a_worker_mid_batch(settings, workers, submit_job(services, request), 90, 240)

@@ -29,7 +29,7 @@ from fedqueue.llm.job import JobRequest, submit_job  # noqa: E402
 from fedqueue.llm.results import prompt_rows  # noqa: E402
 from fedqueue.llm.settings import GenerationSettings  # noqa: E402
 from fedqueue.llm.tiny import build_tiny_llama  # noqa: E402
-from fedqueue.queue.client import open_client  # noqa: E402
+from fedqueue.queue.client import open_client_services  # noqa: E402
 from tests.conftest import running_workers  # noqa: E402
 from tests.helpers import wait_finished  # noqa: E402
 from tests.llm.test_llm_reliability import assert_the_killed_batch_ran_again, kill_a_worker_mid_batch  # noqa: E402
@@ -112,7 +112,7 @@ def test_jobs_on_two_vllm_workers_equal_vllm_offline_with_one_engine_per_worker(
     input_path = tmp_path / "prompts.jsonl"
     input_path.write_text("\n".join(lines) + "\n")
 
-    services = open_client(settings)
+    services = open_client_services(settings)
     with running_workers(settings, procs=2, log_dir=tmp_path / "logs"):
         first = submit_job(services, JobRequest(input_path, str(vllm_model_path), GENERATION, batch_size=8, slots=2))
         wait_finished(services.store, first.job_id, ENGINE_START_S)
@@ -149,7 +149,7 @@ def test_a_vllm_worker_killed_mid_job_loses_nothing(
     input_path.write_text("".join(json.dumps({"id": i, "prompt": text}) + "\n" for i, text in enumerate(KILL_TEXTS)))
     warm_path = tmp_path / "warm.jsonl"
     warm_path.write_text("".join(json.dumps({"prompt": f"warm {i}"}) + "\n" for i in range(4)))
-    services = open_client(settings)
+    services = open_client_services(settings)
     with launcher(settings, procs=2, cwd=tmp_path) as workers:
         # Both workers start their engines first, so the kill lands in the middle of generation.
         warm = submit_job(services, JobRequest(warm_path, str(vllm_model_path), generation, batch_size=1, slots=2))

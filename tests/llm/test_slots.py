@@ -5,10 +5,10 @@ from __future__ import annotations
 import time
 
 from fedqueue.config import Settings
+from fedqueue.core.connect import open_services
 from fedqueue.core.keys import llm_stored
-from fedqueue.core.services import open_services
-from fedqueue.llm.progress import announce_stored, stored_waiter
 from fedqueue.llm.slots import answering_slots, llm_slots
+from fedqueue.llm.wake import announce_stored, stored_waiter
 
 LLM = "fq.llm"
 

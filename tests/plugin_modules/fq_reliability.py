@@ -18,8 +18,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from fedqueue.fl.data import _digits, partition_indices
-from fedqueue.fl.plugins import DatasetRequest, LoadedDataset
+from fedqueue.fl.ml.data import _digits, partition_indices
+from fedqueue.fl.ml.plugins import DatasetRequest, LoadedDataset
 
 POISON_MARK = 1e9  # a pixel value no real image has
 
@@ -72,6 +72,6 @@ class _TrainsOnly(nn.Module):
 
 def eval_refusing_mlp(input_shape: tuple[int, ...], num_classes: int, options: Mapping[str, Any]) -> nn.Module:
     """The built-in MLP, except that it fails in eval mode: devices train, every aggregation's evaluation fails."""
-    from fedqueue.fl.models import build_model
+    from fedqueue.fl.ml.models import build_model
 
     return _TrainsOnly(build_model("mlp", input_shape, num_classes))

@@ -21,6 +21,7 @@ from fedqueue.config import Settings
 from fedqueue.core.codec import MessageError, require_fields
 from fedqueue.core.jobs import JobKind, TaskContext, TaskHandler
 from fedqueue.core.services import Services
+from fedqueue.core.timing import timing_of
 from fedqueue.store import Store
 from fedqueue.store.repo import TaskTiming, dialect_insert
 
@@ -83,8 +84,8 @@ class Square:
 
 
 def _timing(task: Square, context: TaskContext, state: str, started_at: float, error: str | None = None) -> TaskTiming:
-    return TaskTiming(
-        run_id=task.run_id,
+    return timing_of(
+        task,
         kind=KIND_NAME,
         task_type="square",
         task=f"square {task.number}",
@@ -93,7 +94,6 @@ def _timing(task: Square, context: TaskContext, state: str, started_at: float, e
         worker=context.worker,
         device_used="cpu",
         attempt=context.attempt,
-        enqueued_at=task.enqueued_at,
         started_at=started_at,
         compute_ms=(time.time() - started_at) * 1000,
         error=error,

@@ -21,8 +21,8 @@ from typing import Any
 
 from torch import Tensor
 
-from fedqueue.fl.aggregate import LoadedOnUse, counts_of, fedavg
-from fedqueue.fl.plugins import Update
+from fedqueue.fl.ml.aggregate import LoadedOnUse, counts_of, fedavg
+from fedqueue.fl.ml.plugins import Update
 
 
 def validate_options(options: dict[str, Any]) -> None:

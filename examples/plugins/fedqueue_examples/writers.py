@@ -13,8 +13,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from fedqueue.fl.data import TensorData
-from fedqueue.fl.plugins import DatasetRequest, LoadedDataset
+from fedqueue.fl.ml.plugins import DatasetRequest, LoadedDataset, TensorData
 
 WRITERS = 40
 

@@ -1,9 +1,12 @@
 """The aggregation-strategy seam: what a run dispatches first, what a stored result triggers, how it is repaired.
 
 How updates are folded into versions is each strategy's own: synchronous FedAvg aggregates a
-round once all its devices are stored (fedqueue.fl.rounds); FedBuff folds updates in simulated
-arrival order as they come (fedqueue.fl.strategy.fedbuff). The arithmetic of both is pure
-(fedqueue.fl.aggregate), as is FedBuff's schedule (fedqueue.fl.strategy.schedule).
+round once all its devices are stored (fedqueue.fl.strategy.sync.rounds); FedBuff folds updates in simulated
+arrival order as they come (fedqueue.fl.strategy.fedbuff.fold). The arithmetic of both is pure
+(fedqueue.fl.ml.aggregate), as is FedBuff's schedule (fedqueue.fl.strategy.fedbuff.schedule).
+
+Worker code never imports a strategy: the kind picks a run's (fedqueue.fl.strategy.choose) and hands
+it to the device task, which calls it through this protocol.
 """
 
 from __future__ import annotations
@@ -13,8 +16,8 @@ from typing import TYPE_CHECKING, Protocol
 if TYPE_CHECKING:
     from fedqueue.core.services import Services
     from fedqueue.fl.config import RunConfig
-    from fedqueue.fl.device_task import WorkerCache
     from fedqueue.fl.messages import DeviceTask
+    from fedqueue.fl.worker.cache import WorkerCache
 
 
 class Strategy(Protocol):

@@ -1,0 +1,36 @@
+"""Opening a process's services: the broker's Redis, the store with every installed kind's tables, blobs, ledger.
+
+Apart from `Services` (fedqueue.core.services) because opening the store reads the job-kind registry, and the
+registry's handlers take `Services`: the type sits below both, the opener above them.
+"""
+
+from __future__ import annotations
+
+from fedqueue.config import Settings
+from fedqueue.core.blobs import BlobStore, DirBlobStore, RedisBlobStore
+from fedqueue.core.database import open_store
+from fedqueue.core.ledger import RedisLedger
+from fedqueue.core.services import Enqueue, Services, WorkerSlots, connect_redis, no_workers_known
+from fedqueue.errors import ConfigError
+
+
+def open_services(
+    settings: Settings, enqueue: Enqueue, *, migrate: bool, worker_slots: WorkerSlots = no_workers_known
+) -> Services:
+    if not settings.broker_url:
+        raise ConfigError("FEDQUEUE_BROKER_URL: not set")
+    client = connect_redis(settings.broker_url)
+    store = open_store(settings.database_url, migrate=migrate)
+    blobs: BlobStore
+    if settings.blob_dir:
+        blobs = DirBlobStore(settings.blob_dir)
+    else:
+        blobs = RedisBlobStore(client, settings.key_prefix, settings.blob_ttl_s)
+    return Services(
+        settings=settings,
+        store=store,
+        blobs=blobs,
+        ledger=RedisLedger(client, settings),
+        enqueue=enqueue,
+        worker_slots=worker_slots,
+    )

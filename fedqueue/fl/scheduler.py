@@ -1,0 +1,76 @@
+"""The scheduler's two ways into a run: submitting it, and the repair pass that keeps its queue in line with its store.
+
+Both pick the run's strategy (fedqueue.fl.strategy.choose) and leave the rest to it. The repair pass
+runs every few seconds in whoever holds the run's lease: the process that follows it (`fedqueue run`,
+`fedqueue resume`), or else a `fedqueue worker` launcher that adopted it.
+"""
+
+from __future__ import annotations
+
+import uuid
+
+from fedqueue.core.services import Services
+from fedqueue.fl.config import RunConfig
+from fedqueue.fl.messages import KIND_NAME
+from fedqueue.fl.ml.weights import encode_state
+from fedqueue.fl.strategy.choose import strategy_for
+from fedqueue.fl.strategy.common import checkpoint_version
+
+
+def new_run_id() -> str:
+    return uuid.uuid4().hex[:12]
+
+
+def submit_run(services: Services, config: RunConfig, run_id: str | None = None) -> str:
+    """Record the run, publish version 0 of the model and enqueue its first work."""
+    # torch: loaded by the process that submits, never by the repair pass (every command and worker loads it).
+    from fedqueue.fl.ml.data import load_federated
+    from fedqueue.fl.ml.models import initial_state
+    from fedqueue.fl.packs.trial import resolve_packing
+    from fedqueue.fl.setup import call_plugin, check_plugins, data_spec
+
+    check_plugins(config)
+    run_id = run_id or new_run_id()
+    data = call_plugin("dataset", config.dataset, load_federated, data_spec(config))
+    state = call_plugin(
+        "model",
+        config.model,
+        initial_state,
+        config.model,
+        data.input_shape,
+        data.num_classes,
+        config.seed,
+        config.plugin,
+    )
+    # After the model plugin proved it builds: packing builds it again, and tries a vmapped step.
+    config = resolve_packing(config, data, services.worker_slots)
+    encoded = encode_state(state)
+    services.store.create_run(
+        run_id,
+        config.name,
+        config.to_dict(),
+        config.last_version,
+        kind=KIND_NAME,
+        broker_id=services.ledger.broker_id(),
+    )
+    checkpoint_version(services, run_id, 0, encoded)
+    strategy_for(config).start(services, run_id, config, encoded)
+    return run_id
+
+
+def reconcile(services: Services, run_id: str) -> list[str]:
+    """One repair pass; returns what it did, one line per action (empty when all is well)."""
+    run = services.store.get_run(run_id)
+    if run.state != "running":
+        return []
+    config = RunConfig.from_dict(run.config)
+    actions: list[str] = []
+    # Redis's own run_id changes when it restarts; without persistence its queue and blobs are gone.
+    broker_id = services.ledger.broker_id()
+    broker_lost = run.broker_id is not None and run.broker_id != broker_id
+    if broker_lost:
+        actions.append("broker restarted (its run_id changed): checking the current round")
+    actions += strategy_for(config).repair(services, run_id, config, broker_lost)
+    if run.broker_id != broker_id:
+        services.store.set_broker_id(run_id, broker_id)
+    return actions

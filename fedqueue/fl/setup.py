@@ -1,0 +1,106 @@
+"""From a run config to what the torch code takes: specs and resolved plugins, for workers and scheduler alike."""
+
+from __future__ import annotations
+
+import functools
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from fedqueue.errors import ConfigError, FedqueueError
+from fedqueue.fl.clock import Delay, DeviceClock, DeviceSpeed, samples_processed
+from fedqueue.fl.config import RunConfig
+from fedqueue.fl.ml.data import DataSpec, FederatedData, load_federated
+from fedqueue.fl.ml.plugins import AggregateRule, LocalStep, check_options, resolve
+from fedqueue.fl.ml.train import LocalTrainConfig
+
+
+def data_spec(config: RunConfig) -> DataSpec:
+    return DataSpec(
+        dataset=config.dataset,
+        root=config.data_root,
+        seed=config.seed,
+        num_devices=config.num_devices,
+        partition=config.partition,
+        alpha=config.alpha,
+        samples_per_device=config.samples_per_device,
+        server_fraction=config.held_out,
+        options_json=json.dumps(config.plugin, sort_keys=True),
+    )
+
+
+def train_config(config: RunConfig) -> LocalTrainConfig:
+    return LocalTrainConfig(
+        local_iters=config.local_iters,
+        local_epochs=config.effective_local_epochs,
+        batch_size=config.local_batch_size,
+        optimizer=config.local_optimizer,
+        lr=config.local_lr,
+        momentum=config.local_momentum,
+    )
+
+
+def _floats(value: Any) -> tuple[float, ...]:
+    return tuple(float(v) for v in (value if isinstance(value, list) else [value]))
+
+
+def run_clock(config: RunConfig) -> DeviceClock:
+    """The run's device clock, built once per process and config (a fold pass asks on every pass)."""
+    return _clock_of(json.dumps(config.to_dict(), sort_keys=True))
+
+
+@functools.lru_cache(maxsize=8)
+def _clock_of(config_json: str) -> DeviceClock:
+    config = RunConfig.from_dict(json.loads(config_json))
+    return device_clock(config, load_federated(data_spec(config)))
+
+
+def device_clock(config: RunConfig, data: FederatedData) -> DeviceClock:
+    """The run's simulated trip times: its speed classes and delays, and each device's training work."""
+    speed = DeviceSpeed()
+    if config.device_speed:
+        mean = _floats(config.device_speed["mean"])
+        std = _floats(config.device_speed.get("std", [0.0] * len(mean)))
+        share = _floats(config.device_speed["share"]) if "share" in config.device_speed else None
+        speed = DeviceSpeed(mean=mean, std=std, share=share)
+    delay = Delay(
+        mean=float(config.communication_delay.get("mean", 0.0)), std=float(config.communication_delay.get("std", 0.0))
+    )
+    work = [
+        samples_processed(len(part), config.local_batch_size, config.local_iters, config.effective_local_epochs)
+        for part in data.partitions
+    ]
+    return DeviceClock(config.seed, speed, delay, work)
+
+
+@dataclass(frozen=True)
+class Plugins:
+    """The callables a run uses, resolved from its config."""
+
+    local_step: LocalStep
+    aggregate: AggregateRule
+    options: dict[str, Any]
+
+
+def resolve_plugins(config: RunConfig) -> Plugins:
+    return Plugins(
+        local_step=resolve("local_step", config.local_step),
+        aggregate=resolve("aggregate", config.aggregate),
+        options=dict(config.plugin),
+    )
+
+
+def check_plugins(config: RunConfig) -> None:
+    """Import every plugin the run names and let each check its options: before anything is written."""
+    for kind in ("dataset", "model", "local_step", "aggregate"):
+        check_options(kind, resolve(kind, getattr(config, kind)), config.plugin)
+
+
+def call_plugin(kind: str, name: str, function: Any, *args: Any) -> Any:
+    """Run plugin code in the submitting process; its failure becomes one line naming the plugin."""
+    try:
+        return function(*args)
+    except FedqueueError:
+        raise
+    except Exception as err:  # user code: any exception is a refusal of this run, not a crash
+        raise ConfigError(f"{kind}: {name!r} failed: {type(err).__name__}: {err}") from None

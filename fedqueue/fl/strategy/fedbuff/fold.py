@@ -1,0 +1,529 @@
+"""Buffered asynchronous FL (FedBuff) on the queue: the fold pass that runs the schedule.
+
+Workers train whatever device tasks are queued, as in synchronous rounds. The worker that stores
+the result the fold waits for runs a fold pass right there (one pass per run at a time; a result
+stored while one runs leaves a request that the pass takes on its way out). The pass holds the
+run's schedule row, takes arrivals in simulated order as far as results are stored
+(fedqueue.fl.strategy.fedbuff.schedule), makes each version that fills its buffer, sends refilled
+devices off with the version current at that simulated instant, and saves the schedule.
+
+A round row stands for a version: round r lists the devices sent off with version r - 1 and
+closes when version r is made, so progress bars, status and the report read async runs as
+they read rounds. A pass that dies is replayed from the last saved schedule: the same events,
+the same weights; a task sent twice is stored once.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import time
+import uuid
+from collections.abc import Iterator, Mapping
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from fedqueue.core import keys
+from fedqueue.core.blobs import blobs_per_read
+from fedqueue.core.codec import BlobRef
+from fedqueue.core.keys import global_key
+from fedqueue.core.services import Services
+from fedqueue.fl.config import RunConfig
+from fedqueue.fl.messages import AggregateTask, DeviceTask, FoldTask, fold_key
+from fedqueue.fl.ml.weights import decode_state, encode_state
+from fedqueue.fl.packs.tasks import tasks_of_packs
+from fedqueue.fl.store import schedule_rows
+from fedqueue.fl.store.results import add_round, get_round
+from fedqueue.fl.store.schema import RoundRow
+from fedqueue.fl.strategy.common import ClaimLost, evaluate_version, renewing
+from fedqueue.fl.strategy.fedbuff import schedule
+from fedqueue.fl.strategy.fedbuff.schedule import Arrival, Dispatch, NewVersion, Outcome, Rules, ScheduleState, Trip
+from fedqueue.fl.worker.timing_rows import task_timing
+
+if TYPE_CHECKING:
+    import torch
+    from sqlalchemy.engine import Row
+
+    # torch: FedRevive's distillation, loaded by a FedRevive run's fold pass only
+    from fedqueue.fl.strategy.fedbuff.revive import Reviver
+    from fedqueue.fl.worker.cache import WorkerCache
+
+log = logging.getLogger(__name__)
+
+
+def rules_of(config: RunConfig) -> Rules:
+    return Rules(
+        num_devices=config.num_devices,
+        concurrency=config.resolved_concurrency,
+        buffer_size=config.buffer_size,
+        max_model_version=config.last_version,
+        max_staleness=config.max_staleness,
+        min_refill=config.min_refill,
+        device_reuse=config.device_reuse,
+        seed=config.seed,
+        staleness_weight=config.staleness_weight,
+        staleness_exponent=config.staleness_exponent,
+        pack_size=config.resolved_pack_size,
+        keep_recent=config.kd_buffer_size if config.mode == "fedrevive" else 0,
+    )
+
+
+def _trip_seconds(config: RunConfig) -> schedule.TripTime:
+    # torch: the clock reads the devices' data sizes; loaded by the fold pass, not by the command line
+    from fedqueue.fl.setup import run_clock
+
+    return run_clock(config).trip_seconds
+
+
+def start_buffered(services: Services, run_id: str, config: RunConfig, model: bytes) -> None:
+    """Publish version 0 and fill every slot at simulated time 0. Safe to call again (a repair pass)."""
+    ref = _open_version(services, run_id, 0, model)
+    state, dispatch = schedule.start(rules_of(config), _trip_seconds(config))
+    if dispatch is not None:
+        _send(services, run_id, config, dispatch, ref)
+    # Written after the tasks are sent: a start that dies between is started again, and a task sent twice is stored once.
+    schedule_rows.create_schedule(services.store, run_id, state.to_dict(), state.version)
+    publish_head(services, run_id, _head_of(state))
+    head = _head_of(state)
+    if head is not None and schedule_rows.stored_results(services.store, run_id, [head.round_index], [head.device]):
+        # Its result came before the schedule it folds into: the pass it asked for found none, and its
+        # request may still be marked. Ask again.
+        services.ledger.forget_request(fold_key(run_id))
+        request_fold(services, run_id)
+
+
+def _open_version(services: Services, run_id: str, version: int, model: bytes) -> BlobRef:
+    """Publish the first version (kept in the store too, while it is needed) and record the round that trains on it."""
+    ref = services.blobs.put(global_key(run_id, version), model)
+    schedule_rows.keep_version(services.store, run_id, version, ref.sha256, model)
+    add_round(services.store, _round_on(run_id, version, ref))
+    return ref
+
+
+def _round_on(run_id: str, version: int, ref: BlobRef) -> RoundRow:
+    """The round whose devices train on `version` (published as `ref`)."""
+    return RoundRow(
+        run_id=run_id,
+        round_index=version + 1,
+        version=version,
+        state="training",
+        selected=[],
+        model_key=ref.key,
+        model_sha256=ref.sha256,
+        model_nbytes=ref.nbytes,
+        enqueued_at=time.time(),
+    )
+
+
+def _send(services: Services, run_id: str, config: RunConfig, dispatch: Dispatch, model: BlobRef) -> None:
+    schedule_rows.extend_selected(
+        services.store, run_id, dispatch.round_index, [trip.device for trip in dispatch.trips]
+    )
+    services.enqueue(dispatch_tasks(run_id, config, dispatch.round_index, dispatch.packs(), model, time.time()))
+
+
+def dispatch_tasks(
+    run_id: str, config: RunConfig, round_index: int, packs: list[tuple[int, ...]], model: BlobRef, now: float
+) -> list[DeviceTask]:
+    # round_size is a synchronous round's: no fold pass reads it.
+    return tasks_of_packs(run_id, round_index, config, packs, model, now, sum(len(pack) for pack in packs))
+
+
+def _head_key(services: Services, run_id: str) -> str:
+    return keys.fold_head(services.settings.key_prefix, run_id)
+
+
+def _trip_name(round_index: int, device: int) -> str:
+    return f"{round_index}:{device}"
+
+
+_UNNAMED = object()  # no head published yet by this pass
+
+
+def _trip_key(trip: Trip) -> tuple[int, int]:
+    return trip.round_index, trip.device
+
+
+def _head_of(state: ScheduleState) -> Trip | None:
+    return state.in_flight[0] if state.in_flight and not state.done else None
+
+
+def publish_head(services: Services, run_id: str, head: Trip | None) -> None:
+    """Name the first trip in simulated order: only its result lets a fold pass go on (None: any result may)."""
+    key = _head_key(services, run_id)
+    if head is not None:
+        services.ledger.put_note(key, _trip_name(head.round_index, head.device))
+    else:
+        services.ledger.drop_note(key)
+
+
+def on_result_stored(services: Services, task: DeviceTask, worker: str, cache: WorkerCache | None) -> None:
+    """Start a fold pass if the task holds the head trip, or if no head is known: here, in the worker
+    that stored it (`cache` is its own), or as a fold task where the scheduler stored it.
+
+    A result behind the head waits: the pass that the head's result starts takes it too. A head
+    stored while a pass runs is seen by that pass (it looks once it has named the new head).
+    """
+    named = services.ledger.note(_head_key(services, task.run_id))
+    if named is not None and named not in {_trip_name(task.round_index, device) for device in task.devices}:
+        return
+    if cache is None:
+        request_fold(services, task.run_id)
+    elif _mark_fold_request(services, task.run_id):
+        fold_here(services, cache, task.run_id, worker)
+
+
+def fold_here(services: Services, cache: WorkerCache, run_id: str, worker: str) -> None:
+    """Run the fold pass just asked for in this worker: no fold task's trip through the broker and back.
+
+    The request's mark is set, so a pass holding the schedule takes it on its way out. A pass that
+    fails here is handed to a fold task, which tries again and counts the failures as any task's.
+    """
+    try:
+        fold_updates(services, cache, run_id, worker, attempt=1)
+    except Exception:  # whatever it was, the fold task's attempts decide whether the run fails
+        log.exception("run %s: fold pass failed in the worker that asked for it; sent as a fold task", run_id)
+        services.ledger.forget_request(fold_key(run_id))
+        request_fold(services, run_id)
+
+
+def _mark_fold_request(services: Services, run_id: str) -> bool:
+    """Mark a fold pass asked for; False when one is asked for and not yet begun (it will see this result)."""
+    return services.ledger.request_once(fold_key(run_id), within_s=2 * services.settings.heartbeat_ttl_s)
+
+
+def request_fold(services: Services, run_id: str) -> bool:
+    """Ask for a fold pass as a fold task, unless one is asked for and not yet begun."""
+    if not _mark_fold_request(services, run_id):
+        return False
+    services.enqueue([FoldTask(run_id=run_id, enqueued_at=time.time())])
+    return True
+
+
+def fold_updates(services: Services, cache: WorkerCache, run_id: str, worker: str, attempt: int) -> int:
+    """Run fold passes while results keep asking for them; returns the versions made.
+
+    A pass that finds the schedule held by another returns at once: the holder looks for
+    requests made while it worked once it lets go, and goes again if there is one.
+    """
+    key = fold_key(run_id)
+    made = 0
+    while True:
+        owner = f"{worker}#{uuid.uuid4().hex[:8]}"
+        stale_before = time.time() - services.settings.heartbeat_ttl_s
+        held = schedule_rows.claim_schedule(services.store, run_id, owner, stale_before)
+        if held is None:
+            if services.store.get_run(run_id).state != "running":
+                retire(services, cache.run_config(services, run_id), run_id)  # a result stored after the end
+                return made
+            row = schedule_rows.get_schedule(services.store, run_id)
+            if row is None:
+                # Asked for before the run's schedule was written: the start asks again for a head stored by
+                # then, and a head stored later asks for itself, as long as this request's mark is gone.
+                services.ledger.forget_request(key)
+                return made
+            if row.claim_owner is None:
+                continue  # written, or let go, since the claim was tried: try again
+            return made  # held by a live pass: it looks for this request once it lets go
+        services.ledger.forget_request(key)  # results stored from here on ask again
+        try:
+            renew = functools.partial(schedule_rows.renew_schedule, services.store, run_id, owner)
+            with renewing(services, renew, f"run {run_id} fold") as lost:
+                pass_ = _FoldPass(services, cache, run_id, owner, worker, attempt, lost.is_set)
+                made += pass_.run(ScheduleState.from_dict(held))
+        except ClaimLost:
+            log.warning("run %s: fold pass taken over by another worker; stopped", run_id)
+            return made
+        finally:
+            schedule_rows.release_schedule(services.store, run_id, owner)
+        if not services.ledger.is_requested(key):
+            return made
+
+
+class _FoldPass:
+    """One hold of a run's schedule: arrivals taken, versions made, devices sent, state saved."""
+
+    def __init__(
+        self,
+        services: Services,
+        cache: WorkerCache,
+        run_id: str,
+        owner: str,
+        worker: str,
+        attempt: int,
+        claim_lost: Any,
+    ) -> None:
+        self.services, self.cache, self.run_id, self.owner = services, cache, run_id, owner
+        self.worker, self.attempt, self.claim_lost = worker, attempt, claim_lost
+        self.config = cache.run_config(services, run_id)
+        self.rules = rules_of(self.config)
+        self.trip_seconds = _trip_seconds(self.config)
+        self._refs = cache.version_refs(run_id)  # published versions, by number, as this process has read or made them
+        self._locals: dict[tuple[int, int], Mapping[str, torch.Tensor]] = {}
+        # Versions made since the last save: recorded by that save, in its transaction.
+        self._made: list[schedule_rows.MadeVersion] = []
+
+    def run(self, state: ScheduleState) -> int:
+        store = self.services.store
+        made = 0
+        results = self._results(state)
+        named: object = _UNNAMED
+        while not state.done and state.stuck is None:
+            oldest = oldest_needed(state)
+            teachers = teachers_needed(state)
+
+            # A buffered update lost with Redis trains again: nothing moves until it is stored.
+            complete = all(_trip_key(a.trip) in results for a in state.buffer)
+
+            def outcome_of(
+                trip: Trip, results: Mapping[Any, Any] = results, complete: bool = complete
+            ) -> Outcome | None:
+                stored = results.get(_trip_key(trip))
+                if stored is None or not complete:
+                    return None
+                return Outcome(ok=stored.state == "done", samples=stored.samples)
+
+            events = schedule.advance(state, self.rules, self.trip_seconds, outcome_of, stop_after_version=False)
+            if events:
+                made += self._carry_out(state, events, results, teachers)
+                if oldest_needed(state) > oldest:
+                    self._forget_versions(oldest, oldest_needed(state))
+            # Until the buffer is whole again, every stored result asks for a pass (no head is named).
+            head = _head_of(state) if complete else None
+            if head != named:  # named once per pass at least; again only when it moved
+                publish_head(self.services, self.run_id, head)
+                named = head
+            if not events or state.done:
+                break
+            # A head stored before it was named asked for no pass: this one takes it. The results of the
+            # next arrivals, read once, say whether it is stored.
+            results = self._results(state)
+            if not state.in_flight or _trip_key(state.in_flight[0]) not in results:
+                break
+        if state.stuck is not None and store.finish_run(self.run_id, "failed", state.stuck):
+            log.warning("run %s: %s", self.run_id, state.stuck)
+        if state.done or state.stuck is not None:
+            retire(self.services, self.config, self.run_id)
+        return made
+
+    def _forget_versions(self, first: int, end: int) -> None:
+        """Versions first..end-1 are never read again: unpublished (the pass's save dropped their kept copies)."""
+        self.services.blobs.delete([global_key(self.run_id, version) for version in range(first, end)])
+        for version in range(first, end):
+            self._refs.pop(version, None)
+
+    def _results(self, state: ScheduleState) -> dict[tuple[int, int], Row[Any]]:
+        """Stored results of the trips in flight, of those in the buffer (their versions are still to make),
+        and of the teachers a FedRevive version may distil from."""
+        trips = state.in_flight + [arrival.trip for arrival in state.buffer] + list(teachers_needed(state))
+        rounds = {trip.round_index for trip in trips}
+        devices = {trip.device for trip in trips}
+        rows = schedule_rows.stored_results(self.services.store, self.run_id, rounds, devices)
+        return {(row.round_index, row.device): row for row in rows}
+
+    def _carry_out(
+        self,
+        state: ScheduleState,
+        events: list[schedule.Event],
+        results: Mapping[Any, Any],
+        teachers_before: frozenset[Trip],
+    ) -> int:
+        """Make the versions and send the devices the events say, then save the schedule."""
+        store = self.services.store
+        fates: list[dict[str, Any]] = []
+        taken: list[str] = []
+        abort = None
+        made = 0
+        sends: list[Dispatch] = []
+        for event in events:
+            if self.claim_lost():
+                raise ClaimLost()
+            if isinstance(event, Arrival):
+                stored = results[_trip_key(event.trip)]
+                if event.fate != "folded":  # a folded update's fate is written with the version it goes into
+                    fates.append(_fate_row(event))
+                if event.fate != "folded" and stored.update_key:
+                    taken.append(stored.update_key)
+                if event.fate == "failed" and self.config.on_failure == "abort":
+                    reason = (stored.error or "").strip().splitlines()[-1:] or ["unknown error"]
+                    abort = f"device {event.trip.device} failed ({reason[0]}) and on_failure = 'abort'"
+            elif isinstance(event, NewVersion):
+                taken += self._make_version(event, results)
+                fates += [_fate_row(arrival) for arrival in event.folded]
+                made += 1
+            else:
+                sends.append(event)
+        # Sent once every version they train on is published; before the save, so a pass that dies sends again.
+        tasks = [
+            task
+            for dispatch in sends
+            for task in dispatch_tasks(
+                self.run_id,
+                self.config,
+                dispatch.round_index,
+                dispatch.packs(),
+                self._model_ref(dispatch.round_index - 1),
+                time.time(),
+            )
+        ]
+        if tasks:
+            self.services.enqueue(tasks)
+        selected: dict[int, list[int]] = {}
+        for dispatch in sends:
+            selected.setdefault(dispatch.round_index, []).extend(trip.device for trip in dispatch.trips)
+        saved = schedule_rows.save_pass(
+            store,
+            self.run_id,
+            self.owner,
+            state.to_dict(),
+            state.version,
+            fates,
+            selected,
+            oldest_needed(state),
+            self._made,
+        )
+        if not saved:
+            raise ClaimLost()
+        self._made = []
+        if self.rules.keep_recent:  # a FedRevive teacher's model is kept while a version may still distil from it
+            still = {_trip_key(t) for t in teachers_needed(state)}
+            kept = {results[key].update_key for key in still if key in results}
+            gone = [t for t in teachers_before if _trip_key(t) not in still]
+            taken = [key for key in taken if key not in kept]
+            taken += [results[_trip_key(t)].update_key for t in gone if _trip_key(t) in results]
+        self.services.blobs.delete(list(dict.fromkeys(taken)))
+        if abort is not None:
+            store.finish_run(self.run_id, "failed", abort)
+            state.done = True
+        elif state.done:
+            store.finish_run(self.run_id, "finished")
+        return made
+
+    def _reviver(self) -> Reviver:
+        # torch: FedRevive's distillation, loaded by a FedRevive run's fold pass only
+        from fedqueue.fl.strategy.fedbuff.revive import Reviver
+
+        return self.cache.run_object(self.run_id, "reviver", lambda: Reviver(self.config))
+
+    def _server_state(self, version: int) -> bytes | None:
+        for made in self._made:  # made in this pass, not saved yet
+            if made.version == version:
+                return made.server_state
+        kept = schedule_rows.kept_version(self.services.store, self.run_id, version)
+        return None if kept is None else kept.server_state
+
+    def _local(self, results: Mapping[Any, Any], trip: Trip) -> Mapping[str, torch.Tensor]:
+        """A folded update's trained weights (its update blob), read once per pass."""
+        key = _trip_key(trip)
+        if key not in self._locals:
+            row = results[key]
+            ref = BlobRef(key=row.update_key, sha256=row.update_sha256, nbytes=row.update_nbytes)
+            self._locals[key] = decode_state(self.services.blobs.get(ref))
+        return self._locals[key]
+
+    def _model_ref(self, version: int) -> BlobRef:
+        if version not in self._refs:
+            row = get_round(self.services.store, self.run_id, version + 1)
+            if row is None:
+                raise RuntimeError(f"run {self.run_id}: version {version} was never published")
+            self._refs[version] = BlobRef(key=row.model_key, sha256=row.model_sha256, nbytes=row.model_nbytes)
+        return self._refs[version]
+
+    def _version_state(self, version: int) -> dict[str, torch.Tensor]:
+        return self.cache.global_state(self.services, self._model_ref(version))
+
+    def _make_version(self, event: NewVersion, results: Mapping[Any, Any]) -> list[str]:
+        """Fold the buffer into the next version, evaluate, checkpoint and publish it; returns the updates used."""
+        # torch: loaded by the worker that folds, not by the command line
+        from fedqueue.fl.ml.aggregate import fold_buffer, fold_deltas
+        from fedqueue.fl.ml.torch_device import device_label
+
+        started_at, clock = time.time(), time.perf_counter()
+        stored = [results[_trip_key(a.trip)] for a in event.folded]
+
+        refs = [BlobRef(key=row.update_key, sha256=row.update_sha256, nbytes=row.update_nbytes) for row in stored]
+        chunk = blobs_per_read(refs)
+
+        def buffer() -> Iterator[tuple[float, Mapping[str, torch.Tensor], Mapping[str, torch.Tensor]]]:
+            # Read in round trips of a few updates (many small ones, few big ones): memory stays flat.
+            for start in range(0, len(refs), chunk):
+                read = self.services.blobs.get_many(refs[start : start + chunk])
+                for arrival, data in zip(event.folded[start : start + chunk], read, strict=True):
+                    yield arrival.weight, self._version_state(arrival.trip.base_version), decode_state(data)
+
+        current = self._version_state(event.version - 1)
+        server_state = None
+        if self.config.mode == "fedrevive":
+            reviver = self._reviver()
+            local_of = functools.partial(self._local, results)
+            deltas = reviver.deltas(event, self._version_state, local_of, self._server_state)
+            new_state = fold_deltas(current, deltas, self.config.global_lr)
+            server_state = reviver.server_state(event.version)
+        else:
+            new_state = fold_buffer(current, buffer(), self.config.global_lr)
+        encoded = encode_state(new_state)
+        metrics: dict[str, Any] = {"aggregate_ms": (time.perf_counter() - clock) * 1000, "sim_time": event.at}
+        losses = [row.loss for row in stored if row.loss is not None]
+        if losses:
+            metrics["train_loss"] = float(np.mean(losses))
+        metrics.update(evaluate_version(self.config, event.version, new_state))
+        marker = AggregateTask(run_id=self.run_id, round_index=event.version, enqueued_at=started_at)
+        timing = task_timing(
+            marker,
+            None,
+            "done",
+            self.worker,
+            self.attempt,
+            device_label(),
+            started_at,
+            compute_ms=(time.perf_counter() - clock) * 1000,
+        )
+        # Published first, recorded with the save: a pass that dies in between publishes the same bytes again.
+        ref = self.services.blobs.put(global_key(self.run_id, event.version), encoded)
+        last = event.version >= self.config.last_version
+        next_round = None if last else _round_on(self.run_id, event.version, ref)
+        # Recorded by the pass's save, with the schedule that made it: one transaction, not two.
+        self._made.append(
+            schedule_rows.MadeVersion(event.version, ref.sha256, encoded, metrics, next_round, timing, server_state)
+        )
+        if not last:
+            self._refs[event.version] = ref
+            self.cache.keep_global_state(ref, new_state)  # this process serves it from memory, never reads it back
+        log.info("run %s: version %d made from %d updates", self.run_id, event.version, len(stored))
+        return [row.update_key for row in stored if row.update_key]
+
+
+def retire(services: Services, config: RunConfig, run_id: str) -> None:
+    """The run has ended: unpublish its versions, so devices still queued skip their training, and drop
+    the updates no pass will take."""
+    services.blobs.delete([global_key(run_id, version) for version in range(config.last_version)])
+    schedule_rows.forget_versions_before(services.store, run_id, config.last_version + 1)
+    services.blobs.delete(schedule_rows.untaken_update_keys(services.store, run_id))
+
+
+def teachers_needed(state: ScheduleState) -> frozenset[Trip]:
+    """FedRevive: the folded trips whose models a version may still distil from (none in FedBuff)."""
+    return frozenset(state.recent).union(*(arrival.recent for arrival in state.buffer))
+
+
+def oldest_needed(state: ScheduleState) -> int:
+    """The oldest version a device in flight trains on or a buffered update came from (or the current one).
+
+    Published versions older than this are never read again.
+    """
+    needed = [trip.base_version for trip in state.in_flight] + [a.trip.base_version for a in state.buffer]
+    return min(needed, default=state.version)
+
+
+def _fate_row(arrival: Arrival) -> dict[str, Any]:
+    return {
+        "round_index": arrival.trip.round_index,
+        "device": arrival.trip.device,
+        "sim_dispatched": arrival.trip.dispatched,
+        "sim_arrived": arrival.trip.arrives,
+        "fate": arrival.fate,
+        "staleness": arrival.staleness,
+        "weight": arrival.weight,
+        "folded_into": arrival.version if arrival.fate == "folded" else None,
+    }

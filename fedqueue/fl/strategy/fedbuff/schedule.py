@@ -1,0 +1,286 @@
+"""Buffered asynchronous FL as events on a virtual clock: pure, no I/O, no torch.
+
+The server keeps `concurrency` devices training. Each dispatch is a `Trip`: a device leaves with
+the current model version at simulated time t and its update arrives at t plus its modelled
+download, training and upload time. Arrivals are taken in simulated order (ties by device, then
+round): each is folded into the buffer, dropped as too stale, or counted failed; every
+`buffer_size` folded updates make a new version; freed slots are refilled with sampled devices.
+
+Nothing here depends on wall time or on which worker finished first: `advance` takes the next
+arrival only once its outcome is stored, so the same seed gives the same versions, from the same
+updates, with one worker or fifty, and a worker never sleeps for a simulated delay.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from fedqueue.fl.strategy.fedbuff.staleness import is_too_stale, staleness_weight
+
+REFILL_STREAM = 0xFB0F  # keeps the refill draws apart from every other use of the run's seed
+
+
+@dataclass(frozen=True)
+class Rules:
+    """The knobs of a buffered-async run that decide its schedule."""
+
+    num_devices: int
+    concurrency: int
+    buffer_size: int
+    max_model_version: int
+    max_staleness: int | None
+    min_refill: int
+    device_reuse: bool
+    seed: int
+    staleness_weight: str
+    staleness_exponent: float
+    pack_size: int = 1
+    keep_recent: int = 0  # folded updates each arrival remembers, newest last (FedRevive's teachers)
+
+
+@dataclass(frozen=True, order=True)
+class Trip:
+    """One dispatch of one device; ordered by simulated arrival (ties by device, then round)."""
+
+    arrives: float
+    device: int
+    round_index: int  # the version it trains on, plus one (as a synchronous round trains on round - 1)
+    dispatched: float
+    pack: tuple[int, ...]  # the devices of the task it travels in, sorted
+
+    @property
+    def base_version(self) -> int:
+        return self.round_index - 1
+
+    def to_list(self) -> list[Any]:
+        return [self.arrives, self.device, self.round_index, self.dispatched, list(self.pack)]
+
+    @classmethod
+    def from_list(cls, raw: list[Any]) -> Trip:
+        arrives, device, round_index, dispatched, pack = raw
+        return cls(float(arrives), int(device), int(round_index), float(dispatched), tuple(int(d) for d in pack))
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """A trip's stored result: trained (with its samples) or failed every attempt."""
+
+    ok: bool
+    samples: int = 0
+
+
+@dataclass(frozen=True)
+class Arrival:
+    """A trip taken in simulated order, and what became of it."""
+
+    trip: Trip
+    fate: str  # folded | stale | failed
+    staleness: int  # versions made since its base version, when it arrived
+    weight: float  # its staleness weight (0 unless folded)
+    version: int  # folded: the version it goes into; otherwise the version current when it arrived
+    recent: tuple[Trip, ...] = ()  # folded: the last `keep_recent` folded trips, itself the newest
+
+
+@dataclass(frozen=True)
+class NewVersion:
+    """`buffer_size` folded updates make version `version` at simulated time `at`."""
+
+    version: int
+    at: float
+    folded: tuple[Arrival, ...]
+
+
+@dataclass(frozen=True)
+class Dispatch:
+    """Devices sent off at simulated time `at` with version `round_index - 1`, in packs."""
+
+    round_index: int
+    at: float
+    trips: tuple[Trip, ...]
+
+    def packs(self) -> list[tuple[int, ...]]:
+        return list(dict.fromkeys(trip.pack for trip in self.trips))
+
+
+Event = Arrival | NewVersion | Dispatch
+# (round_index, device, dispatched at) -> simulated seconds until the update arrives.
+TripTime = Callable[[int, int, float], float]
+OutcomeOf = Callable[[Trip], Outcome | None]
+
+
+@dataclass
+class ScheduleState:
+    """Where a buffered-async run stands on its virtual clock; saved as JSON between fold passes."""
+
+    version: int = 0
+    now: float = 0.0  # simulated time of the last arrival taken
+    in_flight: list[Trip] = field(default_factory=list)  # sorted by arrival
+    buffer: list[Arrival] = field(default_factory=list)  # folded into the next version
+    free: int = 0  # slots freed and not refilled yet
+    refills: int = 0  # refills drawn so far: each draws from its own seeded stream
+    used: set[int] = field(default_factory=set)  # devices ever dispatched (kept when device_reuse is off)
+    on_version: set[int] = field(default_factory=set)  # devices dispatched with the current version
+    recent: list[Trip] = field(default_factory=list)  # the last `keep_recent` folded trips, newest last
+    folded: int = 0
+    stale: int = 0
+    failed: int = 0
+    done: bool = False
+    stuck: str | None = None  # why no device can be dispatched and nothing is in flight
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "version": self.version,
+            "now": self.now,
+            "in_flight": [trip.to_list() for trip in self.in_flight],
+            "buffer": [
+                [a.trip.to_list(), a.fate, a.staleness, a.weight, a.version, [t.to_list() for t in a.recent]]
+                for a in self.buffer
+            ],
+            "recent": [trip.to_list() for trip in self.recent],
+            "free": self.free,
+            "refills": self.refills,
+            "used": sorted(self.used),
+            "on_version": sorted(self.on_version),
+            "folded": self.folded,
+            "stale": self.stale,
+            "failed": self.failed,
+            "done": self.done,
+            "stuck": self.stuck,
+        }
+
+    @classmethod
+    def from_dict(cls, raw: dict[str, Any]) -> ScheduleState:
+        return cls(
+            version=int(raw["version"]),
+            now=float(raw["now"]),
+            in_flight=[Trip.from_list(item) for item in raw["in_flight"]],
+            buffer=[
+                Arrival(
+                    Trip.from_list(trip),
+                    fate,
+                    int(staleness),
+                    float(weight),
+                    int(version),
+                    tuple(Trip.from_list(t) for t in recent),
+                )
+                for trip, fate, staleness, weight, version, recent in raw["buffer"]
+            ],
+            recent=[Trip.from_list(trip) for trip in raw.get("recent", [])],
+            free=int(raw["free"]),
+            refills=int(raw["refills"]),
+            used=set(raw["used"]),
+            on_version=set(raw["on_version"]),
+            folded=int(raw["folded"]),
+            stale=int(raw["stale"]),
+            failed=int(raw["failed"]),
+            done=bool(raw["done"]),
+            stuck=raw["stuck"],
+        )
+
+
+def start(rules: Rules, trip_time: TripTime) -> tuple[ScheduleState, Dispatch | None]:
+    """A run's first state: every slot filled at simulated time 0 with version 0."""
+    state = ScheduleState(free=rules.concurrency)
+    return state, _refill(state, rules, trip_time)
+
+
+def advance(
+    state: ScheduleState,
+    rules: Rules,
+    trip_time: TripTime,
+    outcome_of: OutcomeOf,
+    *,
+    stop_after_version: bool = True,
+) -> list[Event]:
+    """Take arrivals in simulated order while their outcomes are stored; changes `state`.
+
+    Stops at the first arrival with no stored outcome, when the run is done, and (with
+    `stop_after_version`) right after a new version and the refill at the same instant, so the
+    caller can make that version before anything trains on it.
+    """
+    events: list[Event] = []
+    while state.in_flight and not state.done:
+        head = state.in_flight[0]
+        outcome = outcome_of(head)
+        if outcome is None:
+            break
+        state.in_flight.pop(0)
+        state.now = head.arrives
+        arrival = _arrive(state, rules, head, outcome)
+        events.append(arrival)
+        state.free += 1
+        made = None
+        if len(state.buffer) >= rules.buffer_size:
+            made = NewVersion(state.version + 1, state.now, tuple(state.buffer))
+            state.version += 1
+            state.buffer = []
+            state.on_version = set()
+            events.append(made)
+            if state.version >= rules.max_model_version:
+                state.done = True
+                break
+        dispatch = _refill(state, rules, trip_time)
+        if dispatch is not None:
+            events.append(dispatch)
+        if made is not None and stop_after_version:
+            break
+    if not state.in_flight and not state.done:
+        state.stuck = (
+            f"no device can be sent out at version {state.version}: every device is training, already"
+            " trained on this version"
+            + ("" if rules.device_reuse else ", or was used before (device_reuse = false)")
+            + f"; {len(state.buffer)} of buffer_size = {rules.buffer_size} updates are buffered"
+        )
+    return events
+
+
+def _arrive(state: ScheduleState, rules: Rules, trip: Trip, outcome: Outcome) -> Arrival:
+    staleness = state.version - trip.base_version
+    if not outcome.ok:
+        state.failed += 1
+        return Arrival(trip, "failed", staleness, 0.0, state.version)
+    if is_too_stale(staleness, rules.max_staleness):
+        state.stale += 1
+        return Arrival(trip, "stale", staleness, 0.0, state.version)
+    weight = staleness_weight(rules.staleness_weight, staleness, rules.staleness_exponent)
+    if rules.keep_recent:
+        state.recent = [*state.recent, trip][-rules.keep_recent :]
+    arrival = Arrival(trip, "folded", staleness, weight, state.version + 1, tuple(state.recent))
+    state.buffer.append(arrival)
+    state.folded += 1
+    return arrival
+
+
+def _refill(state: ScheduleState, rules: Rules, trip_time: TripTime) -> Dispatch | None:
+    """Send out devices for the free slots, once at least `min_refill` are free."""
+    if state.done or state.free < rules.min_refill:
+        return None
+    busy = {trip.device for trip in state.in_flight} | state.on_version
+    if not rules.device_reuse:
+        busy |= state.used
+    available = [device for device in range(rules.num_devices) if device not in busy]
+    count = min(state.free, len(available))
+    if count == 0:
+        return None
+    rng = np.random.default_rng([rules.seed, REFILL_STREAM, state.refills])
+    chosen = sorted(int(device) for device in rng.choice(available, size=count, replace=False))
+    state.refills += 1
+    state.free -= count
+    round_index = state.version + 1
+    trips = []
+    for start_at in range(0, len(chosen), rules.pack_size):
+        pack = tuple(chosen[start_at : start_at + rules.pack_size])
+        for device in pack:
+            arrives = state.now + trip_time(round_index, device, state.now)
+            trips.append(Trip(arrives, device, round_index, state.now, pack))
+    for trip in trips:
+        bisect.insort(state.in_flight, trip)
+    state.on_version.update(chosen)
+    if not rules.device_reuse:
+        state.used.update(chosen)
+    return Dispatch(round_index, state.now, tuple(trips))

@@ -1,0 +1,269 @@
+"""Plans rounds, publishes the global model, enqueues device tasks, aggregates finished rounds.
+
+Each step is a transition recorded in the store, so any process can take the
+next one, and a transition is taken once: `add_round` records a round once,
+`claim_round` lets one aggregator work at a time, and the aggregator renews its
+claim while it works, so it is taken over only once its holder is gone.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from fedqueue.core.blobs import blobs_per_read
+from fedqueue.core.codec import BlobRef
+from fedqueue.core.keys import global_key, is_pack_sum_key
+from fedqueue.core.services import Services
+from fedqueue.fl.config import RunConfig
+from fedqueue.fl.ml.weights import decode_state, encode_state
+from fedqueue.fl.packs.tasks import tasks_of_round
+from fedqueue.fl.store.results import (
+    add_round,
+    claim_round,
+    complete_round,
+    count_done,
+    get_round,
+    renew_claim,
+    round_outcomes,
+    unclaim_round,
+)
+from fedqueue.fl.store.schema import RoundRow
+from fedqueue.fl.strategy.common import ClaimLost, checkpoint_version, evaluate_version, renewing
+from fedqueue.fl.strategy.sync.read_ahead import ReadAhead, read_round_ahead
+
+if TYPE_CHECKING:
+    import torch
+    from sqlalchemy.engine import Row
+
+    # torch, as in aggregation
+    from fedqueue.fl.ml.aggregate import LoadedOnUse
+
+log = logging.getLogger(__name__)
+
+UPDATES_READ_AHEAD = 4  # updates fetched and checked in the background while one is summed
+
+
+def select_devices(seed: int, round_index: int, num_devices: int, per_round: int) -> list[int]:
+    """The devices of one round: seeded by (seed, round), sorted, independent of anything else."""
+    rng = np.random.default_rng([seed, round_index])
+    return sorted(int(device) for device in rng.choice(num_devices, size=per_round, replace=False))
+
+
+def round_key(run_id: str, round_index: int) -> str:
+    return f"{run_id}:{round_index}"
+
+
+def start_round(services: Services, run_id: str, config: RunConfig, round_index: int, model: bytes) -> bool:
+    """Record and enqueue a round; False when another starter (an aggregator, a repair pass) already did."""
+    version = round_index - 1
+    ref = services.blobs.put(global_key(run_id, version), model)
+    selected = select_devices(config.seed, round_index, config.num_devices, config.devices_per_round)
+    now = time.time()
+    recorded = add_round(
+        services.store,
+        RoundRow(
+            run_id=run_id,
+            round_index=round_index,
+            version=version,
+            state="training",
+            selected=selected,
+            model_key=ref.key,
+            model_sha256=ref.sha256,
+            model_nbytes=ref.nbytes,
+            enqueued_at=now,
+        ),
+    )
+    if not recorded:
+        return False
+    services.enqueue(tasks_of_round(run_id, round_index, config, selected, ref, now))
+    services.ledger.mark_enqueued(round_key(run_id, round_index))
+    return True
+
+
+def aggregate_round(services: Services, run_id: str, round_index: int, owner: str) -> float | None:
+    """Aggregate a round, evaluate, checkpoint, start the next; when the aggregation began, or None if not done.
+
+    Requested in the round's tail, it first reads the updates already stored while the last
+    devices train (fedqueue.fl.strategy.sync.read_ahead), and gives up if the tail outlasts its limit.
+    The claim is renewed while this runs. A failure hands it back and raises, so the task is retried.
+    """
+    row = get_round(services.store, run_id, round_index)
+    if row is None:
+        return None
+    ahead = ReadAhead()
+    if count_done(services.store, run_id, round_index) < len(row.selected):
+        if row.state != "training":
+            return None
+        waited = read_round_ahead(services, run_id, round_index, len(row.selected))
+        if waited is None:
+            return None
+        ahead = waited
+    began = time.time()
+    stale_before = began - services.settings.heartbeat_ttl_s
+    if not claim_round(services.store, run_id, round_index, owner, stale_before):
+        return None
+    try:
+        renew = functools.partial(renew_claim, services.store, run_id, round_index, owner)
+        with renewing(services, renew, f"run {run_id} round {round_index}") as lost:
+            _aggregate_claimed_round(services, run_id, round_index, owner, lost, ahead)
+    except ClaimLost:
+        log.warning("run %s round %d: aggregation taken over by another worker; stopped", run_id, round_index)
+        return None
+    except BaseException:
+        unclaim_round(services.store, run_id, round_index, owner)
+        raise
+    return began
+
+
+def fail_aggregation(services: Services, run_id: str, round_index: int, attempts: int, error: str) -> None:
+    """A round whose aggregation failed every attempt ends its run, with the error for `fedqueue status`."""
+    services.store.finish_run(
+        run_id, "failed", f"round {round_index}: aggregation failed after {attempts} attempts\n{error}"
+    )
+
+
+def _policy_failure(config: RunConfig, round_index: int, tasks: Sequence[Row[Any]]) -> str | None:
+    """Why the round must stop the run under its failure policy, or None to aggregate what succeeded."""
+    failed = [task for task in tasks if task.state != "done"]
+    succeeded = len(tasks) - len(failed)
+    if failed and config.on_failure == "abort":
+        first = failed[0]
+        reason = (first.error or "").strip().splitlines()[-1:] or ["unknown error"]
+        return f"round {round_index}: device {first.device} failed ({reason[0]}) and on_failure = 'abort'"
+    if succeeded == 0:
+        return f"round {round_index}: every selected device failed"
+    if succeeded < config.min_devices_per_round:
+        return (
+            f"round {round_index}: only {succeeded} of {len(tasks)} devices succeeded, "
+            f"below min_devices_per_round = {config.min_devices_per_round}"
+        )
+    return None
+
+
+def _aggregate_claimed_round(
+    services: Services, run_id: str, round_index: int, owner: str, lost: threading.Event, ahead: ReadAhead
+) -> None:
+    # torch: loaded by the worker that aggregates, not by the command line
+    from fedqueue.fl.ml.aggregate import SUMMABLE_RULES, fedavg
+    from fedqueue.fl.setup import resolve_plugins
+
+    run = services.store.get_run(run_id)
+    if run.state != "running":
+        return
+    config = RunConfig.from_dict(run.config)
+    row = get_round(services.store, run_id, round_index)
+    assert row is not None
+    tasks = round_outcomes(services.store, run_id, round_index)
+    stop = _policy_failure(config, round_index, tasks)
+    if stop is not None:
+        if complete_round(services.store, run_id, round_index, owner, state="failed"):
+            services.store.finish_run(run_id, "failed", stop)
+        return
+    results = [task for task in tasks if task.state == "done"]
+    began = time.perf_counter()
+    global_state = decode_state(
+        services.blobs.get(BlobRef(key=row.model_key, sha256=row.model_sha256, nbytes=row.model_nbytes))
+    )
+    alone, packs = _updates_of(results)
+    # Each update is read as the rule reaches it (a few ahead): memory stays flat whatever the round's size.
+    with _loaded(services, alone, ahead) as updates, _loaded(services, packs, ahead) as sums:
+        if sums:
+            if config.aggregate not in SUMMABLE_RULES:
+                raise RuntimeError(f"round {round_index}: pre-summed packs, but aggregate = {config.aggregate!r}")
+            new_state = fedavg(global_state, updates, config.global_lr, sums)
+        else:
+            new_state = resolve_plugins(config).aggregate(global_state, updates, config.global_lr, config.plugin)
+    encoded = encode_state(new_state)
+    aggregate_ms = (time.perf_counter() - began) * 1000
+
+    metrics: dict[str, Any] = {"aggregate_ms": aggregate_ms, "read_ahead": ahead.count}
+    weights = [task.samples for task in results]
+    losses = [task.loss for task in results]
+    if losses and all(loss is not None for loss in losses):
+        metrics["train_loss"] = float(np.average(losses, weights=weights))
+    metrics.update(evaluate_version(config, round_index, new_state))
+    metrics["sim_time"] = _round_sim_time(services, config, run_id, row)
+
+    if lost.is_set() or not renew_claim(services.store, run_id, round_index, owner):
+        raise ClaimLost()
+    checkpoint_version(services, run_id, round_index, encoded)
+    if not complete_round(services.store, run_id, round_index, owner, **metrics):
+        raise ClaimLost()
+    services.blobs.delete(list(dict.fromkeys(task.update_key for task in results if task.update_key)))
+    services.blobs.delete([row.model_key])
+    start_next(services, run_id, config, round_index, encoded)
+    log.info("run %s round %d aggregated from %d devices", run_id, round_index, len(results))
+
+
+def _round_sim_time(services: Services, config: RunConfig, run_id: str, row: RoundRow) -> float:
+    """When the round ends in simulated time: the previous round's end plus its slowest selected device's trip."""
+    # torch: the clock reads the devices' data sizes
+    from fedqueue.fl.setup import run_clock
+
+    clock = run_clock(config)
+    previous = get_round(services.store, run_id, row.round_index - 1) if row.round_index > 1 else None
+    began = (previous.sim_time or 0.0) if previous is not None else 0.0
+    return began + max((clock.trip_seconds(row.round_index, device) for device in row.selected), default=0.0)
+
+
+_Stored = tuple[int, int, BlobRef]  # (device, samples, its update); for a pack: its lowest device, its samples
+
+
+def _updates_of(results: Sequence[Row[Any]]) -> tuple[list[_Stored], list[_Stored]]:
+    """The round's updates: devices stored alone, and packs stored as one pre-summed update."""
+    alone: list[_Stored] = []
+    packs: dict[str, list[Row[Any]]] = {}
+    for task in results:
+        assert task.update_key and task.update_sha256 and task.update_nbytes is not None
+        if is_pack_sum_key(task.update_key):
+            packs.setdefault(task.update_key, []).append(task)
+        else:
+            ref = BlobRef(key=task.update_key, sha256=task.update_sha256, nbytes=task.update_nbytes)
+            alone.append((task.device, task.samples, ref))
+    summed = [
+        (
+            min(task.device for task in pack),
+            sum(task.samples for task in pack),
+            BlobRef(key=key, sha256=pack[0].update_sha256, nbytes=pack[0].update_nbytes),
+        )
+        for key, pack in packs.items()
+    ]
+    return alone, summed
+
+
+def _loaded(services: Services, stored: Sequence[_Stored], ahead: ReadAhead) -> LoadedOnUse:
+    """Updates as they are used: those read ahead from memory, the rest from the blob store, many per round trip."""
+    # torch, as in aggregation
+    from fedqueue.fl.ml.aggregate import LoadedOnUse
+
+    refs = [ref for _, _, ref in stored]
+
+    def load_many(positions: Sequence[int]) -> list[Mapping[str, torch.Tensor]]:
+        wanted = [refs[position] for position in positions]
+        held = {ref.key: ahead.take(ref.key) for ref in wanted}
+        missing = [ref for ref in wanted if held[ref.key] is None]
+        fetched = dict(zip((ref.key for ref in missing), services.blobs.get_many(missing), strict=True))
+        return [held[ref.key] or decode_state(fetched[ref.key]) for ref in wanted]  # a state is never empty
+
+    return LoadedOnUse(
+        [(device, samples) for device, samples, _ in stored],
+        lambda position: load_many([position])[0],
+        read_ahead=UPDATES_READ_AHEAD,
+        load_many=load_many,
+        chunk=blobs_per_read(refs),
+    )
+
+
+def start_next(services: Services, run_id: str, config: RunConfig, done_round: int, model: bytes) -> bool:
+    """After a round is done: start the next one, or finish the run after the last. Idempotent."""
+    if done_round < config.rounds:
+        return start_round(services, run_id, config, done_round + 1, model)
+    services.blobs.put(global_key(run_id, done_round), model)
+    return services.store.finish_run(run_id, "finished")

@@ -1,0 +1,243 @@
+"""An FL run's part of the report: numbers per round, aggregation and evaluation time, simulated time, and its
+page (headline rows, the rounds table, accuracy and simulated-time pictures). The core's report gets them
+through the FL kind's hooks (`JobKind.report_numbers`, `JobKind.report_page`)."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from fedqueue.fl.store.results import device_tasks, list_rounds
+from fedqueue.fl.store.schema import RoundRow
+from fedqueue.fl.view.summary import buffered_of, is_buffered, packing_of
+from fedqueue.report.html import KindPage, fmt, html_table, percent
+from fedqueue.report.numbers import RunData, rounded, time_breakdown
+from fedqueue.report.timeline import Lane, RoundMark, Span, pack_lanes, parallel_efficiency
+from fedqueue.store import Store
+
+
+def report_numbers(store: Store, data: RunData, numbers: dict[str, Any]) -> dict[str, Any]:
+    """The FL keys of a run's report, read from its rounds and, for a buffered-async run, its updates."""
+    run = data.run
+    buffered = buffered_of(run, device_tasks(store, run.id)) if is_buffered(run) else {}
+    return rounds_report(data, list_rounds(store, run.id), buffered, numbers)
+
+
+def rounds_report(
+    data: RunData, rounds: Sequence[RoundRow], buffered: dict[str, Any], numbers: dict[str, Any]
+) -> dict[str, Any]:
+    """The FL keys of a run's report from its rows; no I/O. `buffered` is `summary.buffered_of`'s."""
+    run, spans = data.run, data.spans
+    lanes = pack_lanes(spans)
+    slots = len(lanes)
+    wall_s = max(0.0, data.end - run.created_at)
+    done = [span for span in spans if span.state == "done"]
+    by_round: dict[int | None, list[Span]] = defaultdict(list)
+    for span in spans:
+        by_round[span.round_index].append(span)
+    return {
+        "dataset": run.config.get("dataset"),
+        "model": run.config.get("model"),
+        **packing_of(run),
+        "rounds_total": run.rounds_total,
+        "rounds_done": sum(1 for row in rounds if row.state == "done"),
+        "devices_trained": sum(span.devices for span in done if span.task_type == "train"),
+        "time": {**numbers["time"], **one_process_seconds(rounds)},
+        "rounds": [round_numbers(row, by_round.get(row.round_index, []), lanes, slots, data.now) for row in rounds],
+        "simulated": simulated_numbers(run.config, rounds, buffered, wall_s),
+    }
+
+
+def one_process_seconds(rounds: Sequence[RoundRow]) -> dict[str, float | None]:
+    """Aggregation and evaluation: run in one process while every slot waits."""
+    return {
+        "aggregation_s": rounded(sum(row.aggregate_ms or 0.0 for row in rounds) / 1000),
+        "evaluation_s": rounded(sum(row.eval_ms or 0.0 for row in rounds) / 1000),
+    }
+
+
+def simulated_numbers(
+    config: dict[str, Any], rounds: Sequence[RoundRow], buffered: dict[str, Any], wall_s: float
+) -> dict[str, Any] | None:
+    """Simulated against wall time, where the run models device speeds; a buffered-async run's updates."""
+    if not (buffered or config.get("device_speed") or config.get("communication_delay")):
+        return None
+    clock = [(row.round_index, row.sim_time) for row in rounds if row.sim_time is not None]
+    sim_s = clock[-1][1] if clock else None
+    return {
+        "sim_s": rounded(sim_s),
+        "wall_s": rounded(wall_s),
+        # How much simulated time one second of wall time covered.
+        "sim_per_wall_s": rounded(sim_s / wall_s if sim_s is not None and wall_s > 0 else None),
+        "sim_time": {str(index): rounded(at) for index, at in clock},
+        **buffered,
+    }
+
+
+def round_numbers(
+    row: RoundRow, spans: Sequence[Span], lanes: Sequence[Lane], slots: int, now: float
+) -> dict[str, Any]:
+    done = [span for span in spans if span.state == "done"]
+    end = row.aggregated_at
+    if end is None:
+        # Still training or aggregating: measured up to now.
+        end = max(now, max((span.finished_at for span in spans), default=row.enqueued_at))
+    wall_s = max(0.0, end - row.enqueued_at)
+    busy_s = sum(span.busy_s for span in done)
+    mine = {span.task for span in spans}
+    round_lanes = [
+        Lane(
+            lane.worker,
+            lane.pid,
+            lane.device_used,
+            lane.slot,
+            tuple(span for span in lane.spans if span.task in mine),
+        )
+        for lane in lanes
+    ]
+    # The round's own tasks, beside the aggregation that closes it.
+    work = [span for span in spans if span.task_type != "aggregate"]
+    work_done = [span for span in work if span.state == "done"]
+    return {
+        "round": row.round_index,
+        "state": row.state,
+        "selected": len(row.selected),
+        "done": len(work_done),
+        "failed": len(work) - len(work_done),
+        "retried": sum(1 for span in work if span.attempt > 1),
+        "enqueued_at": row.enqueued_at,
+        "wall_s": rounded(wall_s),
+        "parallel_efficiency": rounded(parallel_efficiency(busy_s, wall_s, slots), 4),
+        "tasks_per_s": rounded(len(done) / wall_s if wall_s > 0 else None),
+        "time": {**time_breakdown(done, round_lanes, wall_s * slots), **one_process_seconds([row])},
+        "accuracy": row.accuracy,
+        "loss": row.loss,
+        "train_loss": row.train_loss,
+        "aggregated_at": row.aggregated_at,
+        "sim_time": row.sim_time,
+    }
+
+
+# report.html and the pictures
+
+
+def report_page(report: dict[str, Any]) -> KindPage:
+    """The FL part of report.html, from the report's numbers."""
+    spent = report["time"]
+
+    def draw(folder: Path, name: str) -> None:
+        # matplotlib: loaded when a page is drawn
+        from fedqueue.fl.view import plots
+
+        plots.accuracy(folder / "accuracy.png", report["rounds"], title=f"{name}: accuracy and loss per round")
+        if report["simulated"] is not None:
+            staleness = report["simulated"].get("buffered", {}).get("staleness")
+            plots.simulated(folder / "simulated.png", report["rounds"], staleness, title=f"{name}: simulated time")
+
+    return KindPage(
+        headline=[
+            ("rounds", f"{report['rounds_done']} of {report['rounds_total']} done"),
+            ("dataset / model", f"{report['dataset']} / {report['model']}"),
+            *_packing_rows(report.get("packing")),
+        ],
+        breakdown=[
+            ("of which aggregation (one process)", spent["aggregation_s"]),
+            ("of which evaluation (one process)", spent["evaluation_s"]),
+        ],
+        sections=_rounds_section(report) + _simulated(report),
+        rounds=[RoundMark(r["round"], r["enqueued_at"], r["aggregated_at"]) for r in report["rounds"]],
+        draw=draw,
+    )
+
+
+def _packing_rows(packing: dict[str, Any] | None) -> list[tuple[str, str]]:
+    if not packing or packing["pack_size"] == 1:
+        return []
+    rows = [("packs", f"{packing['pack_size']} devices per task, {packing['pack_mode']}")]
+    if packing.get("chosen"):
+        rows.append(("packs chosen by auto", packing["chosen"]))
+    return rows
+
+
+def _rounds(report: dict[str, Any]) -> str:
+    headers = [
+        "round",
+        "state",
+        "selected",
+        "done",
+        "failed",
+        "retried",
+        "wall s",
+        "queue wait s (mean)",
+        "load s",
+        "compute s",
+        "upload s",
+        "between tasks s",
+        "slots idle s",
+        "aggregation s",
+        "evaluation s",
+        "efficiency",
+        "tasks/s",
+        "accuracy",
+        "loss",
+    ]
+    rows = [
+        (
+            r["round"],
+            r["state"],
+            r["selected"],
+            r["done"],
+            r["failed"],
+            r["retried"],
+            fmt(r["wall_s"]),
+            fmt(r["time"]["queue_wait_mean_s"]),
+            fmt(r["time"]["load_s"]),
+            fmt(r["time"]["compute_s"]),
+            fmt(r["time"]["upload_s"]),
+            fmt(r["time"]["between_tasks_s"]),
+            fmt(r["time"]["slots_idle_s"]),
+            fmt(r["time"]["aggregation_s"]),
+            fmt(r["time"]["evaluation_s"]),
+            percent(r["parallel_efficiency"]),
+            fmt(r["tasks_per_s"], 1),
+            fmt(r["accuracy"], 4),
+            fmt(r["loss"], 4),
+        )
+        for r in report["rounds"]
+    ]
+    return html_table(headers, rows, (1,))
+
+
+def _rounds_section(report: dict[str, Any]) -> str:
+    if not report["rounds"]:  # a job kind without rounds (LLM batches)
+        return ""
+    return f"""<h2>Rounds</h2>
+{_rounds(report)}
+<img src="accuracy.png" alt="accuracy and loss per round">
+"""
+
+
+def _simulated(report: dict[str, Any]) -> str:
+    simulated = report.get("simulated")
+    if not simulated:
+        return ""
+    rows = [
+        ("simulated seconds", fmt(simulated["sim_s"], 1)),
+        ("wall seconds", fmt(simulated["wall_s"], 2)),
+        ("simulated seconds per wall second", fmt(simulated["sim_per_wall_s"], 1)),
+    ]
+    buffered = simulated.get("buffered")
+    if buffered:
+        rows += [
+            ("updates folded", buffered["folded"]),
+            ("updates dropped as stale", buffered["stale"]),
+            ("updates failed", buffered["failed"]),
+        ]
+    return f"""<h2>Simulated time</h2>
+{html_table(["", "value"], rows, (0,))}
+<p class="note">Device speeds and delays are modelled from the seed, never slept: workers train back to back
+while the run's clock advances by the modelled times.</p>
+<img src="simulated.png" alt="accuracy against simulated time">
+"""

@@ -1,0 +1,107 @@
+"""What an FL run did, from the store: rounds, accuracy, device failures, packing, a buffered-async run's updates.
+
+The core's status of a run (`fedqueue.report.summary.run_summary`) and `fedqueue runs` get these through the FL
+kind's hooks (`JobKind.summary`, `JobKind.run_columns`).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from fedqueue.fl.store.results import device_tasks, list_rounds, round_rows_for
+from fedqueue.fl.store.schema import DeviceTaskRow
+from fedqueue.report.timeline import Span
+from fedqueue.store import Store
+from fedqueue.store.schema import RunRow
+
+
+def run_status(store: Store, run: RunRow, spans: Sequence[Span]) -> dict[str, Any]:
+    """The FL keys of a run's status; its device tasks are counted from their results, not their timings."""
+    rounds = list_rounds(store, run.id)
+    results = device_tasks(store, run.id)
+    trained = [span for span in spans if span.state == "done" and span.task_type == "train"]
+    return {
+        "rounds_total": run.rounds_total,
+        "rounds_done": sum(1 for row in rounds if row.state == "done"),
+        "tasks_done": sum(1 for result in results if result.state == "done"),
+        "tasks_failed": sum(1 for result in results if result.state != "done"),
+        "accuracy": {str(row.round_index): row.accuracy for row in rounds if row.accuracy is not None},
+        "loss": {str(row.round_index): row.loss for row in rounds if row.loss is not None},
+        "final_accuracy": next((row.accuracy for row in reversed(rounds) if row.accuracy is not None), None),
+        "round_seconds": {
+            str(row.round_index): round(row.aggregated_at - row.enqueued_at, 3)
+            for row in rounds
+            if row.aggregated_at is not None
+        },
+        "failures": [
+            {
+                "round": result.round_index,
+                "device": result.device,
+                "worker": result.worker,
+                "attempts": result.attempt,
+                "error": result.error,
+            }
+            for result in results
+            if result.state != "done"
+        ],
+        "mean_train_ms": round(sum(t.compute_ms for t in trained) / len(trained), 2) if trained else None,
+        "simulated_speeds": bool(run.config.get("device_speed") or run.config.get("communication_delay")),
+        "sim_time": {str(row.round_index): round(row.sim_time, 3) for row in rounds if row.sim_time is not None},
+        **packing_of(run),
+        **buffered_of(run, results),
+    }
+
+
+def run_columns(store: Store, runs: Sequence[RunRow]) -> dict[str, dict[str, Any]]:
+    """`fedqueue runs` columns of FL runs: rounds done of the total, dataset and model."""
+    rounds = round_rows_for(store, [run.id for run in runs])
+    done = {run_id: sum(1 for row in rows if row.state == "done") for run_id, rows in rounds.items()}
+    return {
+        run.id: {
+            "rounds": f"{done[run.id]}/{run.rounds_total}" if run.rounds_total else "",
+            "dataset": run.config.get("dataset"),
+            "model": run.config.get("model"),
+        }
+        for run in runs
+    }
+
+
+def is_buffered(run: RunRow) -> bool:
+    """A buffered-async FL run (FedBuff or FedRevive), as its stored config says."""
+    return run.config.get("mode") in ("fedbuff", "fedrevive")
+
+
+def buffered_of(run: RunRow, results: Iterable[DeviceTaskRow]) -> dict[str, Any]:
+    """A buffered-async run's updates: how many were folded, dropped as stale or failed, and their staleness."""
+    if not is_buffered(run):
+        return {}
+    fates: Counter[str] = Counter()
+    staleness: Counter[int] = Counter()
+    for result in results:
+        if result.fate is None:
+            continue
+        fates[result.fate] += 1
+        if result.fate != "failed" and result.staleness is not None:
+            staleness[result.staleness] += 1
+    return {
+        "buffered": {
+            "buffer_size": run.config.get("buffer_size"),
+            "folded": fates["folded"],
+            "stale": fates["stale"],
+            "failed": fates["failed"],
+            # Updates that arrived, by staleness (versions made since the one they trained on).
+            "staleness": {str(s): staleness[s] for s in sorted(staleness)},
+        }
+    }
+
+
+def packing_of(run: RunRow) -> dict[str, Any]:
+    """How an FL run's devices were packed into tasks, as its stored config says."""
+    if "pack_size" not in run.config:
+        return {}
+    packing = {"pack_size": run.config["pack_size"], "pack_mode": run.config.get("pack_mode", "sequential")}
+    if run.config.get("pack_choice"):
+        packing["chosen"] = run.config["pack_choice"]
+    return {"packing": packing}

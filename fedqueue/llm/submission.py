@@ -1,0 +1,127 @@
+"""An LLM batch job as a Submission of the kind-neutral API, and the checks made before any worker starts.
+
+The `fedqueue llm` commands and the Python API (fedqueue.llm.api) both submit through here; they differ
+only in how they name a field at fault (`--model` or `model`) and where warnings go.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import warnings
+from collections.abc import Callable
+from concurrent.futures import Future
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from fedqueue.config import Settings
+from fedqueue.core.database import open_store
+from fedqueue.core.services import Services
+from fedqueue.errors import ConfigError
+from fedqueue.llm.job import JobRequest, Submitted, check_request, submit_job
+from fedqueue.llm.slots import answering_slots_later
+
+Warn = Callable[[str], object]
+Option = Callable[[str], str]  # a request field's name as the caller's user knows it
+
+
+def python_warning(message: str) -> None:
+    warnings.warn(message, stacklevel=3)
+
+
+def same_name(field: str) -> str:
+    return field
+
+
+@dataclass
+class JobSubmission:
+    """An LLM batch job to submit: its batches are planned for the worker slots that will run them."""
+
+    request: JobRequest
+    # The slots of the workers answering on a configured broker, asked while the rest is checked;
+    # None where the workers' slots are known (started here or by `fedqueue up`).
+    answering: Future[int | None] | None = None
+    announce: Callable[[Submitted], object] | None = None
+    warn: Warn = python_warning
+    submitted: Submitted | None = None  # what the submit did, once it has
+
+    def check(self, settings: Settings) -> None:
+        """The input, the model and the backend were checked before any worker started (`prepare`)."""
+
+    def submit(self, services: Services) -> str:
+        if self.answering is not None:
+            slots = self._answered(self.answering)
+        else:  # workers started here or by `fedqueue up`: their slots are known
+            slots = sum(services.worker_slots().values()) or None
+        self.submitted = submit_job(services, replace(self.request, slots=slots))
+        if self.announce is not None:
+            self.announce(self.submitted)
+        return self.submitted.job_id
+
+    def _answered(self, answering: Future[int | None]) -> int | None:
+        """The slots the workers on the broker offer; None (the default plan) when none answers."""
+        try:
+            return answering.result()
+        except Exception as error:  # a broker that answers the publisher but not a broadcast: plan by default
+            self.warn(f"could not ask the workers for their slots ({error})")
+            return None
+
+
+def prepare(
+    request: JobRequest, settings: Settings, *, ask_slots: bool, warn: Warn = python_warning, option: Option = same_name
+) -> JobSubmission:
+    """Check what would fail before anything is written or started, and the submission of `request`.
+
+    With a broker configured the workers may be elsewhere: a model or backend missing here is only a
+    warning. `ask_slots`: ask the workers on the broker for their slots while the caller goes on.
+    """
+    check_request(request)  # a bad input line (strict), limit or job name
+    workers_here = not settings.broker_url
+    check_backend(request.generation.backend, workers_here, warn, option)
+    submission = JobSubmission(request, warn=warn)
+    if ask_slots and settings.broker_url:
+        submission.answering = answering_slots_later(settings)  # the workers answer while this process goes on
+    check_model_here(request.model, workers_here, warn, option)
+    if workers_here:
+        open_store(settings.database_url, migrate=True).close()  # a bad database before any worker starts
+    return submission
+
+
+def model_name(model: str) -> str:
+    """A model on disk is named by its absolute path, so workers started elsewhere find it."""
+    path = Path(model).expanduser()
+    if path.exists():
+        return str(path.resolve())
+    return model
+
+
+def check_model_here(model: str, must_exist: bool, warn: Warn = python_warning, option: Option = same_name) -> None:
+    """Models are read from local files only: say so now rather than fail every batch on the workers.
+
+    Workers elsewhere (a broker is configured) may hold a model this machine lacks: then only a warning.
+    """
+    if Path(model).exists():
+        return
+    looks_like_path = model.startswith(("/", ".", "~")) or model.count("/") > 1 or model.endswith(".gguf")
+    if looks_like_path:
+        problem = "no such file or directory"
+    else:
+        from huggingface_hub import try_to_load_from_cache
+
+        if isinstance(try_to_load_from_cache(model, "config.json"), str):
+            return
+        problem = "not in this machine's Hugging Face cache (models are never downloaded)"
+    if must_exist:
+        raise ConfigError(f"{option('model')} {model}: {problem}")
+    warn(f"{option('model')} {model}: {problem}; the workers must have it")
+
+
+def check_backend(backend: str, workers_here: bool, warn: Warn = python_warning, option: Option = same_name) -> None:
+    """vLLM runs on the workers: missing here is fatal only when the workers are started here."""
+    if backend != "vllm" or importlib.util.find_spec("vllm") is not None:
+        return
+    if workers_here:
+        raise ConfigError(
+            f"{option('backend')} vllm: vllm is not installed here (pip install 'fedqueue[vllm]', or make vllm); "
+            f"use {option('backend')} transformers"
+        )
+    warn(f"{option('backend')} vllm: vllm is not installed here; the workers must have it")

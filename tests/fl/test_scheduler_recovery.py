@@ -1,0 +1,156 @@
+"""Schedulers that die: `fedqueue resume` takes over; a second live scheduler is refused; the store drops out."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Callable
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+from sqlalchemy import create_engine, text
+
+from fedqueue.config import Settings
+from fedqueue.core.database import open_store
+from fedqueue.errors import ServiceUnavailable
+from fedqueue.fl import api
+from fedqueue.fl.config import RunConfig
+from fedqueue.fl.ml.weights import decode_state
+from fedqueue.fl.store.results import count_done, list_rounds, load_checkpoint
+from fedqueue.store import Store
+from tests.cli_runner import fedqueue_cli, start_fedqueue_cli
+from tests.conftest import running_workers
+from tests.helpers import assert_same_weights, reference_final_state
+from tests.reliability_support import PLUGINS, one_result_per_device, reliable_settings, slow_config, wait_until
+from tests.test_cli import our_processes
+
+
+def toml_of(config: RunConfig) -> str:
+    lines, plugin = [], {}
+    for key, value in config.to_dict().items():
+        if key == "plugin":
+            plugin = value
+        elif isinstance(value, bool):
+            lines.append(f"{key} = {str(value).lower()}")
+        elif value is not None:
+            lines.append(f"{key} = {value!r}".replace("'", '"'))
+    lines.append("[plugin]")
+    lines += [f"{key} = {value!r}" for key, value in plugin.items()]
+    return "\n".join(lines) + "\n"
+
+
+def embedded_env(tmp_path: Path) -> dict[str, str]:
+    env = {key: value for key, value in os.environ.items() if not key.startswith("FEDQUEUE_")}
+    env.update(
+        FEDQUEUE_DATABASE_URL=f"sqlite:///{tmp_path / 'fedqueue.db'}",
+        FEDQUEUE_LEASE_TTL_S="3",
+        FEDQUEUE_HEARTBEAT_TTL_S="3",
+        FEDQUEUE_PLUGIN_PATH=str(PLUGINS),
+    )
+    return env
+
+
+def submitted_store(database: str) -> Store | None:
+    """The store once the scheduler under test has created it and recorded its run (never migrated here)."""
+    try:
+        store = open_store(database)
+    except ServiceUnavailable:
+        return None
+    if store.list_runs():
+        return store
+    store.close()
+    return None
+
+
+def killed_then_resumed(
+    tmp_path: Path, kill_when: Callable[[Store, str], bool], wait_s: float = 90
+) -> tuple[Store, str, subprocess.CompletedProcess[str]]:
+    """`fedqueue run run.toml` in tmp_path, SIGKILLed once `kill_when(store, run_id)` holds (its embedded
+    Redis and workers go down with it), then `fedqueue resume` once its lease has run out."""
+    env = embedded_env(tmp_path)
+    before = our_processes()
+    scheduler = start_fedqueue_cli(
+        "run", "run.toml", "--procs", "2", cwd=tmp_path, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
+    database = env["FEDQUEUE_DATABASE_URL"]
+    wait_until(lambda: submitted_store(database) is not None, 60)
+    store = submitted_store(database)
+    assert store is not None
+    run_id = store.list_runs()[0].id
+    wait_until(lambda: kill_when(store, run_id), wait_s)
+    scheduler.send_signal(signal.SIGKILL)
+    scheduler.wait()
+    # Its embedded Redis and workers stop with it: nothing is left running.
+    wait_until(lambda: our_processes() - before == set(), 60)
+    assert store.get_run(run_id).state == "running"
+
+    lease_expires_at = store.get_run(run_id).lease_expires_at or 0.0
+    wait_until(lambda: time.time() > lease_expires_at, 30)  # the dead scheduler's lease runs out
+    resumed = fedqueue_cli("resume", run_id, "--procs", "2", cwd=tmp_path, env=env, timeout=240)
+    return store, run_id, resumed
+
+
+@pytest.mark.parametrize("moment", ["between_rounds", "during_round"])
+def test_killed_scheduler_is_resumed_to_the_same_weights(tmp_path: Path, moment: str) -> None:
+    """SIGKILL `fedqueue run` (embedded Redis and workers go down with it); `fedqueue resume` finishes."""
+    config = slow_config(0.15, rounds=3, devices_per_round=4, local_iters=4)
+    (tmp_path / "run.toml").write_text(toml_of(config))
+    if moment == "between_rounds":
+        store, run_id, resumed = killed_then_resumed(
+            tmp_path, lambda store, run_id: any(r.state == "done" for r in list_rounds(store, run_id)), 60
+        )
+    else:
+        store, run_id, resumed = killed_then_resumed(
+            tmp_path, lambda store, run_id: count_done(store, run_id, 2) >= 1, 60
+        )
+    database = embedded_env(tmp_path)["FEDQUEUE_DATABASE_URL"]
+    assert resumed.returncode == 0, resumed.stdout[-2000:] + resumed.stderr[-2000:]
+    assert "repair:" in resumed.stdout  # it found the lost queue and put the work back
+    handle = api.RunHandle(run_id, Settings(database_url=database))
+    assert handle.status()["state"] == "finished"
+    one_result_per_device(handle)
+    checkpoint = load_checkpoint(store, run_id)
+    assert checkpoint is not None and checkpoint.version == config.rounds
+    assert_same_weights(decode_state(checkpoint.data), reference_final_state(config))
+
+
+def test_second_scheduler_on_a_live_run_is_refused(settings: Settings, tmp_path: Path) -> None:
+    settings = reliable_settings(settings)
+    config = slow_config(0.3, rounds=2, devices_per_round=4, local_iters=4)
+    with running_workers(settings, procs=2, log_dir=tmp_path / "logs"):
+        handle = api.submit(config, settings=settings)
+        with api.scheduling(handle) as scheduler:
+            scheduler.tick()
+            env = {key: value for key, value in os.environ.items() if not key.startswith("FEDQUEUE_")}
+            env.update(settings.to_env())
+            second = fedqueue_cli("resume", handle.id, cwd=tmp_path, env=env, timeout=60)
+            assert second.returncode == 2
+            assert second.stderr.startswith(f"error: run {handle.id} is already scheduled by ")
+            status = handle.wait(120, tick=scheduler.tick)
+    assert status["state"] == "finished"
+
+
+def test_postgres_connections_dropped_mid_run(settings: Settings, postgres_url: str, tmp_path: Path) -> None:
+    """Every connection to the store is terminated mid-round; workers reconnect and every row lands."""
+    settings = reliable_settings(replace(settings, database_url=postgres_url))
+    config = slow_config(0.2, rounds=2, devices_per_round=6, local_iters=4)
+    admin = create_engine(postgres_url.rsplit("/", 1)[0] + "/postgres", isolation_level="AUTOCOMMIT")
+    database = postgres_url.rsplit("/", 1)[1]
+    with running_workers(settings, procs=2, log_dir=tmp_path / "logs"):
+        handle = api.submit(config, settings=settings)
+        with api.scheduling(handle) as scheduler:
+            wait_until(lambda: count_done(handle.store, handle.id, 1) >= 1, 60, scheduler.tick)
+            with admin.connect() as connection:
+                dropped = connection.execute(
+                    text("SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE datname = :name"),
+                    {"name": database},
+                ).scalar()
+            assert dropped and dropped >= 2  # the workers' connections, not just ours
+            status = handle.wait(120, tick=scheduler.tick)
+    admin.dispose()
+    assert status["state"] == "finished"
+    one_result_per_device(handle)
+    assert_same_weights(handle.final_weights(), reference_final_state(config))
