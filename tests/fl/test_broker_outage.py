@@ -11,6 +11,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import psutil
+import pytest
 
 from fedqueue.config import Settings
 from fedqueue.fl import api
@@ -31,6 +32,9 @@ from tests.reliability_support import (
     stop_process,
     wait_until,
 )
+
+# Stops and restarts a Redis of its own under real workers: `make test-faults`.
+pytestmark = pytest.mark.faults
 
 
 def test_run_waits_for_a_restarted_broker_and_ends_with_the_same_weights(settings: Settings, tmp_path: Path) -> None:

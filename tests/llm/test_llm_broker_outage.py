@@ -9,6 +9,8 @@ import json
 from dataclasses import replace
 from pathlib import Path
 
+import pytest
+
 from fedqueue.config import Settings
 from fedqueue.core.database import open_store
 from fedqueue.llm.results import job_counts, prompt_rows
@@ -26,6 +28,9 @@ from tests.reliability_support import (
     stop_process,
     wait_until,
 )
+
+# Stops and restarts a Redis of its own under real workers: `make test-faults`.
+pytestmark = pytest.mark.faults
 
 GENERATION = GenerationSettings(max_new_tokens=16)
 PROMPTS = 12  # in 6 batches of 2 on 2 workers: some still queued when the broker goes
