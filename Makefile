@@ -10,7 +10,7 @@ VLLM_BIN := $(VLLM_VENV)/bin
 VLLM_STAMP := $(VLLM_VENV)/.installed
 VLLM_EXTRA := $(if $(shell nvidia-smi -L 2>/dev/null | grep -m1 GPU),vllm-gpu,vllm)
 
-.PHONY: install vllm demo test test-vllm lint bench bench-vllm clean images test-deploy
+.PHONY: install vllm demo test test-faults test-vllm lint bench bench-vllm clean images test-deploy
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -37,7 +37,12 @@ demo: $(STAMP)
 	$(BIN)/fedqueue run examples/digits_fedavg.toml
 
 test: $(STAMP) lint
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest -m "not faults"
+
+# Infrastructure faults with services each test starts, stops and limits (a store that refuses connections,
+# a broker killed under a follower); minutes, so apart from `make test`; `.ci/run` runs them after it.
+test-faults: $(STAMP)
+	$(BIN)/python -m pytest -m faults
 
 # The vLLM backend's tests, run by the vLLM venv's Python so the workers they start have vLLM; required here.
 # Apart from `make test` (its venv's first build and the tests take about 4 minutes); `.ci/run` runs both.

@@ -71,7 +71,11 @@ class RunHandle:
     def wait(
         self, timeout_s: float | None = None, poll_s: float = 0.2, tick: Callable[[], object] | None = None
     ) -> dict[str, Any]:
-        """Block until the run finishes or fails; return its status. `tick` runs on every poll."""
+        """Block until the run finishes or fails; return its status. `tick` runs on every poll.
+
+        The tick of `scheduling()` (or `keep_running`) waits through a broker outage; it raises
+        BrokerGone once the broker stayed away longer than FEDQUEUE_BROKER_WAIT_S.
+        """
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         while self.state == "running":
             if deadline is not None and time.monotonic() > deadline:
@@ -165,15 +169,21 @@ def submit(submission: Submission, place: Placement, services: Services | None =
 
 
 @contextlib.contextmanager
-def scheduling(handle: RunHandle, services: Services | None = None) -> Iterator[RunSupervisor]:
+def scheduling(
+    handle: RunHandle, services: Services | None = None, say: Callable[[str], object] | None = None
+) -> Iterator[RunSupervisor]:
     """Hold the run's lease for the block; the supervisor's `tick()` renews it and repairs the run.
 
-    Raises LeaseHeld when another live scheduler has the run.
+    Raises LeaseHeld when another live scheduler has the run. While the broker is unreachable, `tick()`
+    waits for it (its `watch` says when the broker goes and comes back, to `say`, else to the log) and
+    raises BrokerGone after the broker wait (FEDQUEUE_BROKER_WAIT_S); see fedqueue.core.outage.
     """
+    from fedqueue.core.outage import BrokerWatch
     from fedqueue.core.supervisor import RunSupervisor
 
     with _client(Placement(handle.settings), services) as client:
-        supervisor = RunSupervisor(client, handle.id).acquire()
+        watch = BrokerWatch.of(client.settings, handle.id, say)
+        supervisor = RunSupervisor(client, handle.id, watch=watch).acquire()
         try:
             yield supervisor
         finally:
@@ -181,10 +191,15 @@ def scheduling(handle: RunHandle, services: Services | None = None) -> Iterator[
 
 
 def keep_running(supervisor: RunSupervisor, cluster: LocalCluster | None = None) -> Callable[[], list[str]]:
-    """One scheduler tick: restart local workers that exited, renew the lease, repair the run."""
+    """One scheduler tick: restart local workers (and the embedded Redis) that exited, renew the lease, repair
+    the run."""
 
     def tick() -> list[str]:
-        restarted = [f"local worker {name} restarted" for name in cluster.workers.restart_exited()] if cluster else []
+        restarted: list[str] = []
+        if cluster is not None:
+            restarted += [f"local worker {name} restarted" for name in cluster.workers.restart_exited()]
+            if cluster.restart_exited_broker():
+                restarted.append("embedded Redis exited: started again (empty) on its port")
         return restarted + supervisor.tick()
 
     return tick

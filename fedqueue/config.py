@@ -21,6 +21,8 @@ DEFAULT_MAX_ATTEMPTS = 3  # FEDQUEUE_MAX_ATTEMPTS: deliveries of a task before i
 # FEDQUEUE_HEARTBEAT_TTL_S: a running task's heartbeat key lives this long; a task whose key expired has lost its worker.
 DEFAULT_HEARTBEAT_TTL_S = 15
 DEFAULT_LEASE_TTL_S = 15  # FEDQUEUE_LEASE_TTL_S: how long a scheduler's lease on a run outlives its last renewal
+# FEDQUEUE_BROKER_WAIT_S: how long a command following a run waits for an unreachable broker before it gives up.
+DEFAULT_BROKER_WAIT_S = 600
 # Worker processes (`--slots`, `--gpus-per-worker`, `--procs-per-gpu` and `fedqueue.api.local_cluster`).
 DEFAULT_WORKER_SLOTS = 1  # concurrent tasks per worker process
 DEFAULT_GPUS_PER_WORKER = 1  # GPUs one worker process spreads a model over
@@ -58,6 +60,7 @@ class Settings:
     max_attempts: int = DEFAULT_MAX_ATTEMPTS
     heartbeat_ttl_s: int = DEFAULT_HEARTBEAT_TTL_S
     lease_ttl_s: int = DEFAULT_LEASE_TTL_S
+    broker_wait_s: int = DEFAULT_BROKER_WAIT_S
     # None: above the task time limit (the safe default). Shorter only to provoke redelivery in tests.
     visibility_timeout_override_s: int | None = None
     # Folders searched for plugin modules, by workers and by the submitting process.
@@ -82,6 +85,7 @@ class Settings:
             max_attempts=_int(env, "FEDQUEUE_MAX_ATTEMPTS", cls.max_attempts),
             heartbeat_ttl_s=_int(env, "FEDQUEUE_HEARTBEAT_TTL_S", cls.heartbeat_ttl_s, minimum=2),
             lease_ttl_s=_int(env, "FEDQUEUE_LEASE_TTL_S", cls.lease_ttl_s, minimum=2),
+            broker_wait_s=_int(env, "FEDQUEUE_BROKER_WAIT_S", cls.broker_wait_s),
             visibility_timeout_override_s=(
                 _int(env, "FEDQUEUE_VISIBILITY_TIMEOUT_S", 0) if env.get("FEDQUEUE_VISIBILITY_TIMEOUT_S") else None
             ),
@@ -133,6 +137,7 @@ class Settings:
             "FEDQUEUE_MAX_ATTEMPTS": str(self.max_attempts),
             "FEDQUEUE_HEARTBEAT_TTL_S": str(self.heartbeat_ttl_s),
             "FEDQUEUE_LEASE_TTL_S": str(self.lease_ttl_s),
+            "FEDQUEUE_BROKER_WAIT_S": str(self.broker_wait_s),
         }
         if self.visibility_timeout_override_s is not None:
             env["FEDQUEUE_VISIBILITY_TIMEOUT_S"] = str(self.visibility_timeout_override_s)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import signal
 import subprocess
 import time
@@ -193,3 +194,32 @@ def one_result_per_device(handle: api.RunHandle) -> None:
     for row in list_rounds(handle.store, handle.id):
         devices = [task.device for task in device_tasks(handle.store, handle.id, row.round_index)]
         assert sorted(devices) == sorted(row.selected), f"round {row.round_index}: {devices} vs {row.selected}"
+
+
+# What a follower prints when the broker goes, and when it is back (fedqueue.core.outage).
+BROKER_WENT = "broker unreachable ("
+BROKER_BACK = "broker back after "
+
+
+def start_follower(cwd: Path, env: dict[str, str], *args: str) -> tuple[subprocess.Popen[str], Path]:
+    """`fedqueue *args` (a command that follows its run) started, its stdout and stderr in one file read as it runs."""
+    log = cwd / f"follower-{time.monotonic_ns()}.log"
+    with log.open("w") as out:
+        process = start_fedqueue_cli(*args, cwd=cwd, env=env, stdout=out, stderr=subprocess.STDOUT)
+    return process, log
+
+
+def printed_run_id(process: subprocess.Popen[str], log: Path, timeout_s: float = 90) -> str:
+    """The run (or job) id a follower printed when it submitted; fails if it ended first."""
+    pattern = re.compile(r"\b(?:run|job) ([0-9A-Za-z_.-]+) (?:submitted|continued)")
+    wait_until(lambda: pattern.search(log.read_text()) is not None or process.poll() is not None, timeout_s)
+    found = pattern.search(log.read_text())
+    assert found is not None, log.read_text()[-3000:]
+    return found.group(1)
+
+
+def stop_process(process: subprocess.Popen[str]) -> None:
+    """A follower still running when its test ends: killed and reaped."""
+    if process.poll() is None:
+        kill_tree(process.pid)
+        process.wait()

@@ -7,6 +7,7 @@ import json
 import os
 import signal
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -225,7 +226,12 @@ def up(
     try:
         with cluster_file.announced(settings, info) if announce else contextlib.nullcontext():
             say_ready(ready_fd)
-            _supervise(cluster.workers, f"{len(specs)} workers, logs in {cluster.log_dir}", services)
+            _supervise(
+                cluster.workers,
+                f"{len(specs)} workers, logs in {cluster.log_dir}",
+                services,
+                restart_broker=cluster.restart_exited_broker,
+            )
     finally:
         services.close()
         cluster.stop(timeout_s=0)  # the workers stopped in _supervise already, unless it never ran
@@ -266,8 +272,11 @@ def flower(
     os.execv(command[0], command)  # Flower becomes this process: signals reach it directly
 
 
-def _supervise(group: Any, what: str, services: Any) -> None:
-    """Wait on workers and adopt unfollowed runs. First Ctrl-C/SIGTERM: warm stop; second: stop at once."""
+def _supervise(group: Any, what: str, services: Any, restart_broker: Callable[[], bool] | None = None) -> None:
+    """Wait on workers and adopt unfollowed runs. First Ctrl-C/SIGTERM: warm stop; second: stop at once.
+
+    `restart_broker`: starts this process's embedded Redis again if it exited (True when it did).
+    """
     adopter = RunAdopter(services)
     stops = 0
 
@@ -290,6 +299,8 @@ def _supervise(group: Any, what: str, services: Any) -> None:
                 # enqueued again by the run's scheduler.
                 for name in group.restart_exited():
                     error_console.print(f"worker {name} exited; started again")
+                if restart_broker is not None and restart_broker():
+                    error_console.print("embedded Redis exited; started again (empty) on its port")
                 for action in adopter.tick():
                     error_console.print(f"repair: {action}", highlight=False)
             time.sleep(0.2)

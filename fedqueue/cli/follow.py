@@ -10,6 +10,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextC
 
 from fedqueue.core import jobs
 from fedqueue.core.jobs import ProgressBar, RunProgress
+from fedqueue.core.outage import BrokerWatch
 from fedqueue.core.services import Services
 from fedqueue.store import Store
 
@@ -31,6 +32,10 @@ class TaskProgress:
         time.sleep(seconds)
 
 
+def _sleep(seconds: float) -> None:
+    time.sleep(seconds)
+
+
 def progress_of(services: Services, run_id: str) -> RunProgress:
     kind = jobs.kinds().get(services.store.get_run(run_id).kind)
     if kind is None or kind.progress is None:
@@ -44,12 +49,16 @@ def follow(
     console: Console,
     poll_s: float = 0.2,
     tick: Callable[[], Iterable[str]] | None = None,
+    watch: BrokerWatch | None = None,
 ) -> str:
     """Show the run's bars until it finishes or fails; its final state.
 
     `tick` (the scheduler's lease and repairs) runs at most once per `poll_s`; what it reports is printed.
+    The kind's wait between polls goes through `watch` (the one `tick` reports to): while the broker is
+    unreachable it is a plain sleep.
     """
     progress = progress_of(services, run_id)
+    wait = progress.wait if watch is None else watch.guard(progress.wait, _sleep)
     shown: dict[str, TaskID] = {}
     display = Progress(
         TextColumn("[bold]{task.fields[label]}"),
@@ -76,4 +85,4 @@ def follow(
                 ticked = time.monotonic()
                 for action in tick():
                     display.console.print(f"[yellow]repair:[/yellow] {action}", highlight=False)
-            progress.wait(poll_s)
+            wait(poll_s)

@@ -7,6 +7,7 @@ from collections.abc import Callable
 from typing import Any
 
 import typer
+from rich.text import Text
 
 from fedqueue import api
 from fedqueue.cli.common import console, error_console, warn_if_insecure, warn_if_no_workers
@@ -64,20 +65,26 @@ def submit_detached(submission: api.Submission, settings: Settings) -> str:
 def follow_to_end(handle: api.RunHandle, place: api.Placement, services: Any = None) -> None:
     """Schedule the run (lease, repairs) and show its progress until it ends; then its summary.
 
-    With the cluster of `fedqueue up` running the workers, following stops if that cluster stops.
+    With the cluster of `fedqueue up` running the workers, following stops if that cluster stops. Through
+    a broker outage it waits, saying when the broker goes and comes back, up to FEDQUEUE_BROKER_WAIT_S.
     """
 
-    with api.scheduling(handle, services) as supervisor:
+    with api.scheduling(handle, services, say=_say) as supervisor:
         tick = api.keep_running(supervisor, place.cluster)
         if place.standing is not None:
             tick = _while_up(tick, place.standing.pid, handle.id)
         try:
-            follow(supervisor.services, handle.id, console, tick=tick)
+            follow(supervisor.services, handle.id, console, tick=tick, watch=supervisor.watch)
         except KeyboardInterrupt:
             if place.cluster is None:
                 error_console.print(f"stopped following; run {handle.id} goes on (fedqueue resume {handle.id})")
             raise typer.Exit(130) from None
     show_run(handle.store, handle.id, as_json=False)
+
+
+def _say(line: str) -> None:
+    """A line of the broker's watch, above the bars."""
+    console.print(Text(line, style="yellow"), soft_wrap=True)
 
 
 def _while_up(tick: Callable[[], list[str]], pid: int, run_id: str) -> Callable[[], list[str]]:

@@ -8,6 +8,7 @@ import socket
 import time
 
 from fedqueue.core import jobs
+from fedqueue.core.outage import BrokerWatch
 from fedqueue.core.services import Services
 from fedqueue.errors import FedqueueError
 
@@ -32,12 +33,19 @@ class RunSupervisor:
     A follower (`fedqueue run`, `resume`) that finds a worker launcher holding the lease follows the
     run without repairing it (the launcher does), and takes the lease over once the launcher lets go.
     Another live follower is refused: one scheduler per run.
+
+    With a `watch`, the repair pass goes through it: while the broker is unreachable the lease is still
+    renewed (it lives in the store), repairs wait for the broker, and the watch says when it goes and
+    comes back (see fedqueue.core.outage). Without, a broker error is raised to the caller.
     """
 
-    def __init__(self, services: Services, run_id: str, owner: str | None = None) -> None:
+    def __init__(
+        self, services: Services, run_id: str, owner: str | None = None, watch: BrokerWatch | None = None
+    ) -> None:
         self.services = services
         self.run_id = run_id
         self.owner = owner or f"{socket.gethostname()}:{os.getpid()}"
+        self.watch = watch
         self._next_repair = 0.0
 
     def _take(self) -> bool:
@@ -61,18 +69,28 @@ class RunSupervisor:
     def tick(self) -> list[str]:
         """Renew the lease; every few seconds, repair the run. Returns the repairs made."""
         if not self._take():
+            if self.watch is not None:
+                self.watch.check()  # the launcher repairs; this follower still says when the broker is back
             return []
         now = time.monotonic()
         if now < self._next_repair:
             return []
         self._next_repair = now + REPAIR_EVERY_S
-        actions = repair(self.services, self.run_id)
+        actions = self._repair() if self.watch is None else self.watch.call(self._repair, _no_repairs)
         for action in actions:
             log.warning("run %s: %s", self.run_id, action)
         return actions
 
+    def _repair(self) -> list[str]:
+        return repair(self.services, self.run_id)
+
     def release(self) -> None:
         self.services.store.release_lease(self.run_id, self.owner)
+
+
+def _no_repairs() -> list[str]:
+    """What a repair pass made while the broker is unreachable."""
+    return []
 
 
 def repair(services: Services, run_id: str) -> list[str]:

@@ -69,6 +69,10 @@ class EmbeddedRedis:
                     raise ServiceUnavailable("embedded Redis did not start") from None
                 time.sleep(0.05)
 
+    def alive(self) -> bool:
+        """The server was started and has not exited."""
+        return self._process is not None and self._process.poll() is None
+
     def stop(self) -> None:
         if self._process is not None and self._process.poll() is None:
             self._process.terminate()

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from fedqueue.config import Settings
+from fedqueue.errors import ServiceUnavailable
 from fedqueue.queue.embedded import EmbeddedRedis
 from fedqueue.queue.workers import WorkerGroup, WorkerSpec
 
@@ -49,6 +50,22 @@ class LocalCluster:
             cluster.stop(timeout_s=5)
             raise
         return cluster
+
+    def restart_exited_broker(self) -> bool:
+        """Start the embedded Redis again, empty and on its port, if it exited; True when it did.
+
+        Nothing else would: its workers and the run's follower wait for it (the run's repair pass then
+        sends again what the empty Redis forgot). A port taken meanwhile is tried again at the next call.
+        """
+        if self.redis is None or self.redis.alive():
+            return False
+        port = self.redis.port
+        self.redis.stop()
+        try:
+            self.redis = EmbeddedRedis(port=port).start()
+        except ServiceUnavailable:
+            return False
+        return True
 
     def stop(self, timeout_s: float = 60.0) -> None:
         self.workers.stop(timeout_s=timeout_s)
