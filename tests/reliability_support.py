@@ -20,6 +20,7 @@ from fedqueue.fl import api
 from fedqueue.fl.config import RunConfig
 from fedqueue.fl.store.results import device_tasks, has_result, list_rounds
 from fedqueue.queue.app import make_app
+from fedqueue.queue.embedded import EmbeddedRedis
 from tests.cli_runner import start_fedqueue_cli
 from tests.helpers import small_config
 
@@ -199,6 +200,23 @@ def one_result_per_device(handle: api.RunHandle) -> None:
 # What a follower prints when the broker goes, and when it is back (fedqueue.core.outage).
 BROKER_WENT = "broker unreachable ("
 BROKER_BACK = "broker back after "
+
+
+def bounce_broker(broker: EmbeddedRedis, follower: subprocess.Popen[str], log: Path) -> EmbeddedRedis:
+    """Stop the broker under a live follower, wait for its line, start the broker again (empty) on its port."""
+    broker.stop()
+    wait_until(lambda: BROKER_WENT in log.read_text() or follower.poll() is not None, 30)
+    assert follower.poll() is None, log.read_text()[-3000:]
+    return EmbeddedRedis(port=broker.port).start()
+
+
+def followed_through_the_outage(follower: subprocess.Popen[str], log: Path) -> str:
+    """A follower's output once it ended: exit 0, the broker's going and coming back said once each, no traceback."""
+    output = log.read_text()
+    assert follower.returncode == 0, output[-3000:]
+    assert output.count(BROKER_WENT) == 1 and output.count(BROKER_BACK) == 1, output[-3000:]
+    assert "Traceback" not in output, output[-3000:]
+    return output
 
 
 def start_follower(cwd: Path, env: dict[str, str], *args: str) -> tuple[subprocess.Popen[str], Path]:
