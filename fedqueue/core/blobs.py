@@ -59,6 +59,10 @@ class RedisBlobStore:
         self._prefix = keys.blob_prefix(prefix)
         self._ttl_s = ttl_s
 
+    def name(self, key: str) -> str:
+        """The Redis key a blob lives under."""
+        return self._prefix + key
+
     def put(self, key: str, data: bytes) -> BlobRef:
         self._client.set(self._prefix + key, data, ex=self._ttl_s)
         return blob_ref(key, data)

@@ -3,7 +3,8 @@
 When the broker has a `maxmemory`, a blob that would take Redis past its high-water mark (or that Redis refuses
 as out of memory) is kept in the store's spilled-blob table instead, with the same expiry. Reads take Redis
 first and look up what it lacks in the store; deletes and existence checks cover both. Refs and messages are
-the same wherever a blob lies, and every read still checks its sha256.
+the same wherever a blob lies, and every read still checks its sha256. A spilled blob is kept under its Redis
+name (key prefix included), so deployments with other prefixes may share the store.
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ class SpillingBlobStore:
     """A `BlobStore` over Redis (`RedisBlobStore`) that spills to the store when the broker is near its limit."""
 
     def __init__(self, redis_blobs: RedisBlobStore, memory: BrokerMemory, store: Store, ttl_s: int) -> None:
-        self._redis = redis_blobs
+        self.redis = redis_blobs  # where blobs go while the broker has room
         self._memory = memory
         self._store = store
         self._ttl_s = ttl_s
@@ -53,7 +54,7 @@ class SpillingBlobStore:
         spill = [(key, data) for key, data in items if key not in kept]
         if fits:
             try:
-                self._redis.put_many(fits)
+                self.redis.put_many(fits)
             except redis.ResponseError as err:
                 if not is_out_of_memory(err):
                     raise
@@ -64,9 +65,9 @@ class SpillingBlobStore:
         return [blob_ref(key, data) for key, data in items]
 
     def _spill(self, items: Sequence[tuple[str, bytes]]) -> None:
-        put_spilled(self._store, items, self._ttl_s)
+        put_spilled(self._store, [(self.redis.name(key), data) for key, data in items], self._ttl_s)
         # An older copy in Redis under the same key would be read first: it goes (DEL is allowed at the limit).
-        self._redis.delete(key for key, _ in items)
+        self.redis.delete(key for key, _ in items)
         self._say(sum(len(data) for _, data in items))
         self._maybe_purge()
 
@@ -98,23 +99,23 @@ class SpillingBlobStore:
         """Redis in round trips whose replies stay a small share of maxmemory; what it lacks, from the store."""
         found: list[bytes | None] = []
         for chunk in _chunks(refs, self._memory.read_bytes()):
-            found += self._redis.get_many_raw(chunk)
-        missing = [ref.key for ref, data in zip(refs, found, strict=True) if data is None]
+            found += self.redis.get_many_raw(chunk)
+        missing = [self.redis.name(ref.key) for ref, data in zip(refs, found, strict=True) if data is None]
         spilled = get_spilled(self._store, missing)
         return [
-            checked_blob(ref, data if data is not None else spilled.get(ref.key))
+            checked_blob(ref, data if data is not None else spilled.get(self.redis.name(ref.key)))
             for ref, data in zip(refs, found, strict=True)
         ]
 
     def delete(self, keys: Iterable[str]) -> None:
         names = list(keys)
-        self._redis.delete(names)
+        self.redis.delete(names)
         if names and self._memory.limit():
-            delete_spilled(self._store, names)
+            delete_spilled(self._store, [self.redis.name(key) for key in names])
             self._maybe_purge()
 
     def exists(self, key: str) -> bool:
-        return self._redis.exists(key) or spilled_exists(self._store, key)
+        return self.redis.exists(key) or spilled_exists(self._store, self.redis.name(key))
 
 
 def _chunks(refs: Sequence[BlobRef], max_bytes: int) -> list[Sequence[BlobRef]]:
