@@ -7,6 +7,7 @@ A Redis of the test's own, a real `fedqueue worker` launcher and `fedqueue run` 
 
 from __future__ import annotations
 
+import json
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -22,7 +23,6 @@ from fedqueue.fl.config import RunConfig
 from fedqueue.fl.store.results import device_tasks
 from fedqueue.queue.embedded import EmbeddedRedis
 from tests.fl.test_buffered_async import reference as buffered_reference
-from tests.fl.test_scheduler_recovery import toml_of
 from tests.helpers import assert_same_weights, reference_final_state
 from tests.reliability_support import cli_env, one_result_per_device, printed_run_id, start_follower, stop_process
 
@@ -57,6 +57,23 @@ FEDBUFF = RunConfig.from_dict(
         "communication_delay": {"mean": 0.1, "std": 0.02},
     }
 )
+
+
+def toml_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return str(value).lower()
+    if isinstance(value, str):
+        return json.dumps(value)
+    if isinstance(value, dict):
+        return "{ " + ", ".join(f"{key} = {toml_value(item)}" for key, item in value.items()) + " }"
+    if isinstance(value, list | tuple):
+        return "[" + ", ".join(toml_value(item) for item in value) + "]"
+    return repr(value)
+
+
+def toml_of(config: RunConfig) -> str:
+    """The run's TOML, tables (the clock's `device_speed`, `communication_delay`) written inline."""
+    return "".join(f"{key} = {toml_value(value)}\n" for key, value in config.to_dict().items() if value is not None)
 
 
 def run_under_a_full_broker(settings: Settings, config: RunConfig, tmp_path: Path) -> api.RunHandle:
