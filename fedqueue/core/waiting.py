@@ -12,6 +12,7 @@ import contextlib
 import redis
 
 from fedqueue.core import keys
+from fedqueue.core.broker_memory import read_memory
 from fedqueue.core.services import Services
 
 NOTE_KEEP_S = 90  # a note outlives the longest pause between a waiting task's tries (30 s), and not much more
@@ -40,8 +41,7 @@ def waiting_for(client: redis.Redis, prefix: str, run_id: str) -> str | None:
 
 def broker_full(client: redis.Redis) -> str | None:
     """'broker out of memory: maxmemory 64 MB, used 63.9 MB; waiting' when Redis is at its limit, else None."""
-    memory = client.info("memory")
-    limit, used = int(memory.get("maxmemory") or 0), int(memory.get("used_memory") or 0)
-    if not limit or used < limit * FULL_SHARE:
+    memory = read_memory(client)
+    if not memory.limit or memory.used < memory.limit * FULL_SHARE:
         return None
-    return f"broker out of memory: maxmemory {limit / MIB:.0f} MB, used {used / MIB:.1f} MB; waiting"
+    return f"broker out of memory: maxmemory {memory.limit / MIB:.0f} MB, used {memory.used / MIB:.1f} MB; waiting"
