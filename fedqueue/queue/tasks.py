@@ -20,6 +20,7 @@ from typing import Any
 
 from celery import Celery, Task
 from celery.exceptions import Reject, Retry
+from celery.worker import state as worker_state
 
 from fedqueue.config import Settings
 from fedqueue.core import jobs
@@ -38,6 +39,7 @@ REQUEUE_PAUSE_S = 1.0
 # A task that met a broker or store outage tries again after this pause, doubled each time up to the second.
 OUTAGE_FIRST_PAUSE_S = 1.0
 OUTAGE_MAX_PAUSE_S = 30.0
+STOP_CHECK_S = 0.2  # how soon a task waiting out an outage notices its worker stopping
 # How long a task waits for its worker's warm-up (about a second) before it goes ahead anyway.
 WARM_UP_WAIT_S = 120.0
 
@@ -128,6 +130,11 @@ def _register(
             _after_failure(self, services, settings, handler, context, message, err)
 
 
+def _worker_stopping() -> bool:
+    """The worker was asked to stop (SIGTERM, its launcher gone): a task waiting out an outage gives up at once."""
+    return bool(worker_state.should_stop or worker_state.should_terminate)
+
+
 def _through_outages(
     label: str, run_once: Callable[[], None], wait_limit_s: float, on_fault: Callable[[str], None]
 ) -> None:
@@ -147,13 +154,20 @@ def _through_outages(
             return
         except Exception as err:
             fault = infrastructure_fault(err)
-            if fault is None or waited >= wait_limit_s:
+            if fault is None or waited >= wait_limit_s or _worker_stopping():
                 raise
             log.warning("%s: %s (%s); waiting %.0f s, then trying again (no attempt used)", label, fault, err, pause)
             on_fault(fault)
-            time.sleep(pause)
-            waited += pause
+            waited += _pause_unless_stopping(pause)
             pause = min(pause * 2, OUTAGE_MAX_PAUSE_S)
+
+
+def _pause_unless_stopping(pause_s: float) -> float:
+    """Sleep `pause_s` in short steps, cut short if the worker is asked to stop; returns the time slept."""
+    began = time.monotonic()
+    while time.monotonic() - began < pause_s and not _worker_stopping():
+        time.sleep(min(STOP_CHECK_S, pause_s))
+    return time.monotonic() - began
 
 
 def _after_failure(
