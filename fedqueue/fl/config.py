@@ -98,6 +98,8 @@ class RunConfig:
     # one-way communication delay, e.g. {mean = [0.01, 0.04], std = [0.001, 0.004], share = [0.7, 0.3]}.
     device_speed: dict[str, Any] = field(default_factory=dict)
     communication_delay: dict[str, Any] = field(default_factory=dict)
+    # s_max of staleness_weight = "afl_dw": w(s) = (1 + cos(pi s / (2 s_max))) / 2, 0 beyond 2 s_max.
+    staleness_s_max: float = 75.0
     # Free-form settings handed to the plugins (the TOML `[plugin]` table).
     plugin: dict[str, Any] = field(default_factory=dict)
 
@@ -246,6 +248,8 @@ class RunConfig:
             raise ConfigError(f"max_staleness: must be 0 or more, got {self.max_staleness}")
         if self.staleness_exponent < 0:
             raise ConfigError(f"staleness_exponent: must be 0 or more, got {self.staleness_exponent}")
+        if not self.staleness_s_max > 0:
+            raise ConfigError(f"staleness_s_max: must be greater than 0, got {self.staleness_s_max}")
         if not self.device_reuse and self.num_devices < self.buffer_size * self.last_version:
             raise ConfigError(
                 f"device_reuse: false uses each device once, and {self.last_version} versions of "
