@@ -89,6 +89,6 @@ def _mixture(field: str, value: Any) -> tuple[list[float], list[float]]:
     ):
         raise ConfigError(f"{field}: a list of [share, mean] pairs of finite numbers of at least 0, got {value!r}")
     shares = [float(share) for share, _ in pairs]
-    if sum(shares) <= 0:
-        raise ConfigError(f"{field}: the shares must add up to more than 0, got {value!r}")
+    if not 0 < sum(shares) < math.inf:
+        raise ConfigError(f"{field}: the shares must add up to a finite number more than 0, got {value!r}")
     return shares, [float(mean) for _, mean in pairs]

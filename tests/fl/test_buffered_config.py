@@ -70,6 +70,10 @@ def test_defaults_follow_the_sync_knobs() -> None:
             "download_delay.mean_distribution",
         ),
         ({"clock": "fedrevive", "download_delay": {"mean_distribution": [0.1]}}, "download_delay.mean_distribution"),
+        (
+            {"clock": "fedrevive", "download_delay": {"mean_distribution": [[1e308, 0.1], [1e308, 0.2]]}},
+            "download_delay.mean_distribution",
+        ),
         ({"clock": "fedrevive", "download_delay": {"mean_distribution": []}}, "download_delay.mean_distribution"),
         (
             {"clock": "fedrevive", "localtrain_delay": {"mean_distribution": [[1, True]]}},
