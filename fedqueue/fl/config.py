@@ -15,6 +15,7 @@ from types import UnionType
 from typing import Any, get_args, get_origin, get_type_hints
 
 from fedqueue.errors import ConfigError, DataError
+from fedqueue.fl.delays import CLOCKS, PHASE_KEYS, phase_delay
 from fedqueue.fl.messages import PACK_MAX, PACK_MODES
 from fedqueue.fl.ml.plugins import describe_choices, is_valid_name
 from fedqueue.fl.strategy.fedbuff.staleness import STALENESS_WEIGHTS
@@ -98,6 +99,15 @@ class RunConfig:
     # one-way communication delay, e.g. {mean = [0.01, 0.04], std = [0.001, 0.004], share = [0.7, 0.3]}.
     device_speed: dict[str, Any] = field(default_factory=dict)
     communication_delay: dict[str, Any] = field(default_factory=dict)
+    # How a trip is timed (fl/delays.py): "per_sample" (the two tables above), "flare" (FLARE's edge
+    # simulator: device_speed in seconds per trip, one communication delay per trip) or "fedrevive"
+    # (FedRevive's per-phase tables below, each {type, mean_distribution, std}; one left out is theirs).
+    clock: str = "per_sample"
+    download_delay: dict[str, Any] = field(default_factory=dict)
+    localtrain_delay: dict[str, Any] = field(default_factory=dict)
+    upload_delay: dict[str, Any] = field(default_factory=dict)
+    # s_max of staleness_weight = "afl_dw": w(s) = (1 + cos(pi s / (2 s_max))) / 2, 0 beyond 2 s_max.
+    staleness_s_max: float = 75.0
     # Free-form settings handed to the plugins (the TOML `[plugin]` table).
     plugin: dict[str, Any] = field(default_factory=dict)
 
@@ -156,6 +166,7 @@ class RunConfig:
         self._check_packing()
         self._check_rates()
         _check_clock(self.device_speed, self.communication_delay)
+        self._check_trip_clock()
         if self.mode in BUFFERED_MODES:
             self._check_buffered_rules()
         if self.mode == "fedrevive":
@@ -232,6 +243,26 @@ class RunConfig:
             if not Path(self.data_root).is_dir():
                 raise DataError(f"data_root: dataset root {self.data_root!r} does not exist")
 
+    def _check_trip_clock(self) -> None:
+        _choice("clock", self.clock, CLOCKS)
+        if self.clock == "fedrevive":
+            for key in ("device_speed", "communication_delay"):
+                if getattr(self, key):
+                    raise ConfigError(
+                        f'{key}: applies to clock = "per_sample" or "flare"; clock = "fedrevive" times trips by'
+                        f" {', '.join(PHASE_KEYS)}"
+                    )
+            for key in PHASE_KEYS:
+                phase_delay(key, getattr(self, key))
+            return
+        for key in PHASE_KEYS:
+            if getattr(self, key):
+                raise ConfigError(f'{key}: applies to clock = "fedrevive", not {self.clock!r}')
+        if self.clock == "flare" and not self.device_speed:
+            raise ConfigError(
+                'clock: "flare" needs device_speed = {mean = [...], std = [...]}, seconds per trip of each tier'
+            )
+
     def _check_buffered_rules(self) -> None:
         concurrency = self.resolved_concurrency
         if concurrency > self.num_devices:
@@ -246,6 +277,8 @@ class RunConfig:
             raise ConfigError(f"max_staleness: must be 0 or more, got {self.max_staleness}")
         if self.staleness_exponent < 0:
             raise ConfigError(f"staleness_exponent: must be 0 or more, got {self.staleness_exponent}")
+        if not self.staleness_s_max > 0:
+            raise ConfigError(f"staleness_s_max: must be greater than 0, got {self.staleness_s_max}")
         if not self.device_reuse and self.num_devices < self.buffer_size * self.last_version:
             raise ConfigError(
                 f"device_reuse: false uses each device once, and {self.last_version} versions of "

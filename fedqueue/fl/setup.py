@@ -10,9 +10,11 @@ from typing import Any
 from fedqueue.errors import ConfigError, FedqueueError
 from fedqueue.fl.clock import Delay, DeviceClock, DeviceSpeed, samples_processed
 from fedqueue.fl.config import RunConfig
+from fedqueue.fl.delays import PHASE_KEYS, phase_delay
 from fedqueue.fl.ml.data import DataSpec, FederatedData, load_federated
 from fedqueue.fl.ml.plugins import AggregateRule, LocalStep, check_options, resolve
 from fedqueue.fl.ml.train import LocalTrainConfig
+from fedqueue.fl.phase_clock import FlareClock, PhaseClock, TripClock
 
 
 def data_spec(config: RunConfig) -> DataSpec:
@@ -44,19 +46,24 @@ def _floats(value: Any) -> tuple[float, ...]:
     return tuple(float(v) for v in (value if isinstance(value, list) else [value]))
 
 
-def run_clock(config: RunConfig) -> DeviceClock:
+def run_clock(config: RunConfig) -> TripClock:
     """The run's device clock, built once per process and config (a fold pass asks on every pass)."""
     return _clock_of(json.dumps(config.to_dict(), sort_keys=True))
 
 
 @functools.lru_cache(maxsize=8)
-def _clock_of(config_json: str) -> DeviceClock:
+def _clock_of(config_json: str) -> TripClock:
     config = RunConfig.from_dict(json.loads(config_json))
-    return device_clock(config, load_federated(data_spec(config)))
+    # Only the per-sample clock reads the devices' data sizes: the others need no partition.
+    return device_clock(config, load_federated(data_spec(config)) if config.clock == "per_sample" else None)
 
 
-def device_clock(config: RunConfig, data: FederatedData) -> DeviceClock:
-    """The run's simulated trip times: its speed classes and delays, and each device's training work."""
+def device_clock(config: RunConfig, data: FederatedData | None) -> TripClock:
+    """The run's simulated trip times: FedRevive's phases, FLARE's tiers, or (per_sample) its speed
+    classes and delays and each device's training work (from `data`)."""
+    if config.clock == "fedrevive":
+        phases = [phase_delay(key, getattr(config, key)) for key in PHASE_KEYS]
+        return PhaseClock(config.seed, phases, config.num_devices)
     speed = DeviceSpeed()
     if config.device_speed:
         mean = _floats(config.device_speed["mean"])
@@ -66,6 +73,10 @@ def device_clock(config: RunConfig, data: FederatedData) -> DeviceClock:
     delay = Delay(
         mean=float(config.communication_delay.get("mean", 0.0)), std=float(config.communication_delay.get("std", 0.0))
     )
+    if config.clock == "flare":
+        return FlareClock(config.seed, speed, delay, config.num_devices)
+    if data is None:
+        raise ValueError("the per-sample clock needs the devices' data sizes")
     work = [
         samples_processed(len(part), config.local_batch_size, config.local_iters, config.effective_local_epochs)
         for part in data.partitions

@@ -177,6 +177,37 @@ def assert_reported(handle: api.RunHandle, config: RunConfig, folder: Path) -> N
     assert "Simulated time" in (folder / "report.html").read_text()
 
 
+# FedRevive's clock (its default phases: 0.1 + Exp(1.0 | 1.3 | 1.6) + U(0.15 | 0.25 +- 0.02)) and its
+# AFL-DW weighting, with a small s_max so that this short run's stale updates weigh 0.85, 0.5, 0.15 or 0.
+THEIR_CLOCK: dict[str, Any] = {
+    "clock": "fedrevive",
+    "device_speed": {},
+    "communication_delay": {},
+    "staleness_weight": "afl_dw",
+    "staleness_s_max": 2.0,
+}
+
+
+def test_their_clock_and_afl_dw_fold_stale_updates_by_hand_values() -> None:
+    """Every folded update weighs AFL-DW's w(s) of the staleness it arrived with, and some are stale."""
+    from fedqueue.fl.strategy.fedbuff.staleness import staleness_weight
+
+    made = reference(buffered_config(**THEIR_CLOCK))[0]
+    weights = [weight for _, updates in made for _, _, weight in updates]
+    assert min(weights) < 1.0 and max(weights) == 1.0
+    hand = {0: 1.0, 1: 0.853553, 2: 0.5, 3: 0.146447}
+    assert all(any(abs(weight - w) < 1e-6 for w in hand.values()) or weight == 0.0 for weight in weights)
+    assert hand == {s: round(staleness_weight("afl_dw", s, s_max=2.0), 6) for s in hand}
+
+
+def test_their_clock_and_afl_dw_make_the_same_versions_on_two_workers(settings: Settings) -> None:
+    config = buffered_config(**THEIR_CLOCK)
+    with running_workers(settings, procs=2):
+        handle = api.submit(config, settings=settings)
+        handle.wait(180)
+    assert_like_reference(handle, config)
+
+
 def test_fedrevive_distils_stale_updates_the_same_way_on_two_workers(settings: Settings) -> None:
     """mode = "fedrevive": each stale update mixed with one distilled from recent local models on the
     server's held-out data; the versions and weights equal the same experiment with no queue."""

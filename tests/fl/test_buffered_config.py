@@ -54,6 +54,35 @@ def test_defaults_follow_the_sync_knobs() -> None:
         ({"communication_delay": {"mean": [1.0, 2.0]}}, "communication_delay.mean"),
         ({"communication_delay": {"mean": "fast"}}, "communication_delay.mean"),
         ({"communication_delay": {"jitter": 1}}, "communication_delay"),
+        ({"clock": "wall"}, "clock"),
+        ({"clock": "flare"}, "clock"),  # FLARE's tiers are its device_speed: required
+        ({"localtrain_delay": {"type": "exponential"}}, "localtrain_delay"),  # the per-sample clock has no phases
+        ({"clock": "fedrevive", "device_speed": {"mean": [0.1]}}, "device_speed"),
+        ({"clock": "fedrevive", "upload_delay": {"jitter": 1}}, "upload_delay"),
+        ({"clock": "fedrevive", "upload_delay": {"type": "gamma"}}, "upload_delay.type"),
+        ({"clock": "fedrevive", "upload_delay": {"type": 3}}, "upload_delay.type"),
+        (
+            {"clock": "fedrevive", "download_delay": {"mean_distribution": [[1, -0.1]]}},
+            "download_delay.mean_distribution",
+        ),
+        (
+            {"clock": "fedrevive", "download_delay": {"mean_distribution": [[0, 0.1]]}},
+            "download_delay.mean_distribution",
+        ),
+        ({"clock": "fedrevive", "download_delay": {"mean_distribution": [0.1]}}, "download_delay.mean_distribution"),
+        (
+            {"clock": "fedrevive", "download_delay": {"mean_distribution": [[1e308, 0.1], [1e308, 0.2]]}},
+            "download_delay.mean_distribution",
+        ),
+        ({"clock": "fedrevive", "download_delay": {"mean_distribution": []}}, "download_delay.mean_distribution"),
+        (
+            {"clock": "fedrevive", "localtrain_delay": {"mean_distribution": [[1, True]]}},
+            "localtrain_delay.mean_distribution",
+        ),
+        ({"clock": "fedrevive", "localtrain_delay": {"std": -0.2}}, "localtrain_delay.std"),
+        ({"clock": "fedrevive", "localtrain_delay": {"std": "wide"}}, "localtrain_delay.std"),
+        ({"staleness_weight": "afl_dw", "staleness_s_max": 0}, "staleness_s_max"),
+        ({"staleness_s_max": "75"}, "staleness_s_max"),
     ],
 )
 def test_bad_knobs_name_their_field(overrides: dict[str, Any], field: str) -> None:
@@ -67,6 +96,21 @@ def test_clock_tables_apply_to_sync_runs_too() -> None:
     assert chosen.device_speed == speeds
     with pytest.raises(ConfigError, match="^device_speed.share:"):
         RunConfig.from_dict({**BASE, "device_speed": {"mean": [1.0], "share": [1, 2]}})
+
+
+def test_fedrevive_clock_reads_their_tables() -> None:
+    """Their keys and values as their afl_dw.json writes them; a table left out is theirs."""
+    chosen = config(
+        clock="fedrevive",
+        localtrain_delay={"type": "exponential", "mean_distribution": [[0.25, 1], [0.5, 1.3], [0.25, 1.6]], "std": 0.2},
+        upload_delay={"type": "uniform", "mean_distribution": [[0.5, 0.05], [0.5, 0.10]], "std": 0.01},
+        staleness_weight="afl_dw",
+        staleness_s_max=75,
+    )
+    assert (chosen.clock, chosen.download_delay, chosen.staleness_s_max) == ("fedrevive", {}, 75.0)
+    assert config().clock == "per_sample" and config().staleness_s_max == 75.0
+    assert config(clock="flare", device_speed={"mean": [100, 200, 400], "std": [1, 2, 4]}).clock == "flare"
+    assert config(staleness_weight="flare_sqrt").staleness_weight == "flare_sqrt"
 
 
 def test_the_examples_load(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -62,7 +62,12 @@ def simulated_numbers(
     config: dict[str, Any], rounds: Sequence[RoundRow], buffered: dict[str, Any], wall_s: float
 ) -> dict[str, Any] | None:
     """Simulated against wall time, where the run models device speeds; a buffered-async run's updates."""
-    if not (buffered or config.get("device_speed") or config.get("communication_delay")):
+    if not (
+        buffered
+        or config.get("device_speed")
+        or config.get("communication_delay")
+        or config.get("clock", "per_sample") != "per_sample"
+    ):
         return None
     clock = [(row.round_index, row.sim_time) for row in rounds if row.sim_time is not None]
     sim_s = clock[-1][1] if clock else None

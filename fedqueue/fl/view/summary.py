@@ -47,7 +47,11 @@ def run_status(store: Store, run: RunRow, spans: Sequence[Span]) -> dict[str, An
             if result.state != "done"
         ],
         "mean_train_ms": round(sum(t.compute_ms for t in trained) / len(trained), 2) if trained else None,
-        "simulated_speeds": bool(run.config.get("device_speed") or run.config.get("communication_delay")),
+        "simulated_speeds": bool(
+            run.config.get("device_speed")
+            or run.config.get("communication_delay")
+            or run.config.get("clock", "per_sample") != "per_sample"
+        ),
         "sim_time": {str(row.round_index): round(row.sim_time, 3) for row in rounds if row.sim_time is not None},
         **packing_of(run),
         **buffered_of(run, results),

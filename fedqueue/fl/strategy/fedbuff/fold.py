@@ -65,6 +65,7 @@ def rules_of(config: RunConfig) -> Rules:
         staleness_weight=config.staleness_weight,
         staleness_exponent=config.staleness_exponent,
         pack_size=config.resolved_pack_size,
+        staleness_s_max=config.staleness_s_max,
         keep_recent=config.kd_buffer_size if config.mode == "fedrevive" else 0,
     )
 

@@ -40,6 +40,7 @@ class Rules:
     staleness_weight: str
     staleness_exponent: float
     pack_size: int = 1
+    staleness_s_max: float = 75.0  # afl_dw's s_max
     keep_recent: int = 0  # folded updates each arrival remembers, newest last (FedRevive's teachers)
 
 
@@ -247,7 +248,7 @@ def _arrive(state: ScheduleState, rules: Rules, trip: Trip, outcome: Outcome) ->
     if is_too_stale(staleness, rules.max_staleness):
         state.stale += 1
         return Arrival(trip, "stale", staleness, 0.0, state.version)
-    weight = staleness_weight(rules.staleness_weight, staleness, rules.staleness_exponent)
+    weight = staleness_weight(rules.staleness_weight, staleness, rules.staleness_exponent, rules.staleness_s_max)
     if rules.keep_recent:
         state.recent = [*state.recent, trip][-rules.keep_recent :]
     arrival = Arrival(trip, "folded", staleness, weight, state.version + 1, tuple(state.recent))
