@@ -8,19 +8,22 @@ from typing import Annotated, Any
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
-from fedqueue.cli.common import PluginPathOpt, ProcsOpt, SlotsOpt, console, friendly_errors
+from fedqueue.cli.common import PluginPathOpt, ProcsOpt, SlotsOpt, console, error_console, friendly_errors
 from fedqueue.cli.launch import exit_unless_finished, submit_and_follow, submit_detached
 from fedqueue.config import DEFAULT_WORKER_SLOTS, Settings
 from fedqueue.fl.api import RunSubmission
-from fedqueue.fl.config import RunConfig, load_run_config, parse_override
+from fedqueue.fl.config import RunConfig, config_toml, load_run_config_with_notes, parse_override
 from fedqueue.report.summary import run_summary
 from fedqueue.store import Store
 
 app = typer.Typer(no_args_is_help=True, pretty_exceptions_enable=False)
 
-ConfigArg = Annotated[Path, typer.Argument(help="Run config (TOML); see examples/.", show_default=False)]
+ConfigArg = Annotated[
+    Path, typer.Argument(help="Run config (TOML, or FedRevive's JSON); see examples/.", show_default=False)
+]
 SetOpt = Annotated[list[str] | None, typer.Option("--set", "-s", help="Override a config key: KEY=VALUE (repeatable).")]
 RoundsOpt = Annotated[int | None, typer.Option(help="Override `rounds`.")]
 SeedOpt = Annotated[int | None, typer.Option(help="Override `seed`.")]
@@ -32,7 +35,10 @@ def _config(path: Path, sets: list[str] | None, rounds: int | None, seed: int | 
         overrides["rounds"] = rounds
     if seed is not None:
         overrides["seed"] = seed
-    return load_run_config(path, overrides)
+    config, notes = load_run_config_with_notes(path, overrides)
+    for note in notes:
+        error_console.print(f"note: {escape(note)}", highlight=False)
+    return config
 
 
 def _announce(run_id: str, run_config: RunConfig) -> None:
@@ -57,6 +63,14 @@ def run(
     submission = RunSubmission(_config(config, set_, rounds, seed), announce=_announce)
     settings = Settings.from_env().with_plugin_path(plugin_path)
     exit_unless_finished(submit_and_follow(submission, settings, procs=procs, slots=slots))
+
+
+@app.command()
+@friendly_errors
+def check(config: ConfigArg, set_: SetOpt = None) -> None:
+    """Print a config (TOML, or FedRevive's JSON as it is) resolved to fedqueue's knobs, as TOML `run` reads back."""
+    resolved = _config(config, set_, None, None)
+    print(config_toml(resolved).rstrip("\n"))
 
 
 @app.command()

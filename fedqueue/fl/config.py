@@ -15,6 +15,7 @@ from types import UnionType
 from typing import Any, get_args, get_origin, get_type_hints
 
 from fedqueue.errors import ConfigError, DataError
+from fedqueue.fl.config_files import read_config_file
 from fedqueue.fl.delays import CLOCKS, PHASE_KEYS, phase_delay
 from fedqueue.fl.messages import PACK_MAX, PACK_MODES
 from fedqueue.fl.ml.plugins import describe_choices, is_valid_name
@@ -454,19 +455,27 @@ def parse_override(text: str) -> tuple[str, Any]:
 
 
 def load_run_config(path: str | Path | None, overrides: dict[str, Any] | None = None) -> RunConfig:
-    """Read a TOML config (or none, for all defaults), apply overrides, validate."""
+    """Read a config file (TOML, or FedRevive's JSON; none: all defaults), apply overrides, validate."""
+    return load_run_config_with_notes(path, overrides)[0]
+
+
+def load_run_config_with_notes(
+    path: str | Path | None, overrides: dict[str, Any] | None = None
+) -> tuple[RunConfig, list[str]]:
+    """`load_run_config`, plus one note per key the file gave that means nothing here."""
     raw: dict[str, Any] = {}
+    notes: list[str] = []
     if path is not None:
-        path = Path(path)
-        try:
-            raw = tomllib.loads(path.read_text(encoding="utf-8"))
-        except FileNotFoundError:
-            raise ConfigError(f"config: file {str(path)!r} does not exist") from None
-        except IsADirectoryError:
-            raise ConfigError(f"config: {str(path)!r} is a folder, not a TOML file") from None
-        except UnicodeDecodeError:
-            raise ConfigError(f"config: {str(path)!r} is not UTF-8 text") from None
-        except tomllib.TOMLDecodeError as err:
-            raise ConfigError(f"config: {path}: invalid TOML: {err}") from None
+        read = read_config_file(Path(path))
+        raw, notes = read.raw, read.notes
     raw.update(overrides or {})
-    return RunConfig.from_dict(raw)
+    return RunConfig.from_dict(raw), notes
+
+
+def config_toml(config: RunConfig) -> str:
+    """The config as TOML that `load_run_config` reads back to an equal config (unset knobs left out)."""
+    import tomli_w  # only `fedqueue check` writes TOML
+
+    plain = {key: value for key, value in config.to_dict().items() if value is not None and value != {}}
+    tables = {key: plain.pop(key) for key in list(plain) if isinstance(plain[key], dict)}
+    return tomli_w.dumps({**plain, **tables})
