@@ -388,7 +388,7 @@ def test_a_new_database_and_one_from_the_earlier_line_end_with_the_same_schema(f
         assert from_earlier[table] == new[table], table
     expected = {
         "alembic_version": [head_revision()],
-        "alembic_version_fl": ["fl_0001"],
+        "alembic_version_fl": ["fl_0002"],
         "alembic_version_llm": ["llm_0001"],
     }
     assert version_rows(fresh_url) == version_rows(second_url) == expected
@@ -494,3 +494,30 @@ def test_spilled_blobs_table_comes_and_goes_with_its_revision(fresh_url: str) ->
     open_store(fresh_url, migrate=True).close()
     assert revision_of(fresh_url) == head_revision() == "core_0002"
     assert {"key", "data", "expires_at"} == column_names(fresh_url, "spilled_blobs")
+
+
+def test_run_stops_table_comes_and_goes_with_its_fl_revision(fresh_url: str) -> None:
+    """fl_0002 adds the table of finished runs' stop rules to a database at fl_0001; its downgrade drops only it."""
+    open_store(fresh_url, migrate=True).close()
+    (fl,) = [branch for branch in schema_branches() if branch.name == "fl"]
+
+    def fl_to(revision: str) -> None:
+        def run(engine: Engine) -> None:
+            with engine.begin() as connection:
+                config = Config()
+                config.set_main_option("script_location", str(MIGRATIONS))
+                config.set_main_option("path_separator", "os")
+                config.set_main_option("version_locations", str(fl.revisions))
+                config.attributes["connection"] = connection
+                config.attributes["version_table"] = fl.version_table
+                command.downgrade(config, revision)
+
+        on_engine(fresh_url, run)
+
+    assert {"run_id", "rule", "reason", "version", "sim_time"} == column_names(fresh_url, "run_stops")
+    fl_to("fl_0001")
+    assert "run_stops" not in schema_shape(fresh_url) and "rounds" in schema_shape(fresh_url)
+    assert version_rows(fresh_url)["alembic_version_fl"] == ["fl_0001"]
+    open_store(fresh_url, migrate=True).close()
+    assert version_rows(fresh_url)["alembic_version_fl"] == ["fl_0002"]
+    assert "run_stops" in schema_shape(fresh_url)

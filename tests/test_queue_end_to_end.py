@@ -168,3 +168,31 @@ def test_a_submit_learns_the_slots_of_every_worker_that_answers(settings: Settin
             assert slots == group.slots() and set(slots.values()) == {2}, slots
     finally:
         app.close()
+
+
+def test_a_run_bounded_by_simulated_time_stops_with_the_references_weights(settings: Settings, tmp_path: Path) -> None:
+    """max_sim_time: two workers make the rounds that end before the limit, and the weights of those rounds."""
+    from fedqueue.fl.setup import run_clock
+    from fedqueue.fl.store.stop_rows import get_stop
+    from fedqueue.fl.strategy.sync.rounds import select_devices
+
+    config = small_config(
+        rounds=5, device_speed={"mean": [0.01, 0.05], "std": [0.002, 0.01]}, communication_delay={"mean": 0.2}
+    )
+    clock = run_clock(config)
+    ends, at = [], 0.0
+    for round_index in (1, 2, 3):
+        devices = select_devices(config.seed, round_index, config.num_devices, config.devices_per_round)
+        at += max(clock.trip_seconds(round_index, device) for device in devices)
+        ends.append(at)
+    bounded = replace(config, max_sim_time=(ends[1] + ends[2]) / 2)  # rounds 1 and 2 end before it
+    with running_workers(settings, procs=WORKERS, log_dir=tmp_path / "logs"):
+        run_id, services = run_to_end(settings, bounded)
+    try:
+        assert services.store.get_run(run_id).state == "finished"
+        assert [row.round_index for row in list_rounds(services.store, run_id)] == [1, 2]
+        stop = get_stop(services.store, run_id)
+        assert stop is not None and stop.rule == "max_sim_time" and stop.version == 2
+        assert_same_weights(final_state(services.store, run_id), reference_final_state(replace(config, rounds=2)))
+    finally:
+        services.close()

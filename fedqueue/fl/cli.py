@@ -42,10 +42,30 @@ def _config(path: Path, sets: list[str] | None, rounds: int | None, seed: int | 
 
 
 def _announce(run_id: str, run_config: RunConfig) -> None:
-    console.print(
-        f"run [bold]{run_id}[/bold] submitted ({run_config.rounds} rounds, "
-        f"{run_config.devices_per_round} of {run_config.num_devices} devices per round)"
-    )
+    if run_config.is_buffered:
+        last = run_config.last_version
+        length = f"up to version {last}" if last is not None else "no version bound"
+        shape = f"{length}, {run_config.resolved_concurrency} devices at once"
+    else:
+        shape = (
+            f"{run_config.rounds} rounds, {run_config.devices_per_round} of {run_config.num_devices} devices per round"
+        )
+    if run_config.max_sim_time is not None:
+        shape += f", until simulated time {run_config.max_sim_time:g}"
+    console.print(f"run [bold]{run_id}[/bold] submitted ({shape})")
+
+
+def _print_stop(out: Console, summary: dict[str, Any]) -> None:
+    """The rule that ended the run; while it runs, the simulated time it has left under max_sim_time."""
+    if summary.get("stop"):
+        out.print(summary["stop"], highlight=False)
+        return
+    budget = summary.get("sim_budget")
+    if budget is not None and summary["state"] == "running":
+        out.print(
+            f"simulated time {budget['used']:.1f} of max_sim_time {budget['max']:g} used, {budget['left']:.1f} left",
+            highlight=False,
+        )
 
 
 @app.command()
@@ -131,6 +151,7 @@ def print_summary(out: Console, summary: dict[str, Any]) -> None:
         f" ({summary['tasks_failed']} failed) · mean train {summary['mean_train_ms']} ms"
         f" · max_concurrency {summary['max_concurrency']} · {len(summary['workers'])} workers"
     )
+    _print_stop(out, summary)
     if summary["error"]:
         out.print(f"[red]run {summary['state']}:[/red] {summary['error']}", highlight=False)
     for failure in summary["failures"][:5]:

@@ -19,6 +19,7 @@ from fedqueue.fl.config_files import read_config_file
 from fedqueue.fl.delays import CLOCKS, PHASE_KEYS, phase_delay
 from fedqueue.fl.messages import PACK_MAX, PACK_MODES
 from fedqueue.fl.ml.plugins import describe_choices, is_valid_name
+from fedqueue.fl.stops import check_stop_rules
 from fedqueue.fl.strategy.fedbuff.staleness import STALENESS_WEIGHTS
 from fedqueue.store.schema import NAME_MAX
 
@@ -56,6 +57,14 @@ class RunConfig:
     # min_devices_per_round succeeded), "abort" fails the run.
     on_failure: str = "skip"
     min_devices_per_round: int = 1
+    # When a run stops besides its last round or version (FedRevive's stop rules, fl/stops.py): simulated
+    # seconds (their max_wait_time), an accuracy to reach, and [{version, accuracy}] floors on the best
+    # accuracy so far. max_rounds is their name for the aggregations a run makes: it sets `rounds`
+    # (fedavg) or `max_model_version` (fedbuff, fedrevive).
+    max_sim_time: float | None = None
+    target_accuracy: float | None = None
+    early_stop: list[dict[str, Any]] = field(default_factory=list)
+    max_rounds: int | None = None
     local_step: str = "cross_entropy"
     aggregate: str = "fedavg"
     # Devices per task ("auto": chosen at submit from the round's size and the workers' slots), and
@@ -125,7 +134,7 @@ class RunConfig:
             if key not in known:
                 raise ConfigError(f"{key}: unknown setting (known: {', '.join(sorted(known))})")
         values = {key: _check_type(key, value, _FIELD_TYPES[key]) for key, value in raw.items()}
-        config = cls(**values)
+        config = cls(**_with_max_rounds(raw, values))
         config._check_rules()
         return config
 
@@ -148,10 +157,13 @@ class RunConfig:
         return self.concurrency if self.concurrency is not None else self.devices_per_round
 
     @property
-    def last_version(self) -> int:
-        """The version a run ends on: `rounds` synchronous rounds, or fedbuff's `max_model_version`."""
+    def last_version(self) -> int | None:
+        """The most versions a run makes: `rounds` synchronous rounds, or fedbuff's `max_model_version` (`rounds`
+        when unset; None when unset beside max_sim_time: that time bounds it). A stop rule may end it sooner."""
         if self.mode in BUFFERED_MODES and self.max_model_version is not None:
             return self.max_model_version
+        if self.mode in BUFFERED_MODES and self.max_sim_time is not None:
+            return None
         return self.rounds
 
     @property
@@ -168,6 +180,7 @@ class RunConfig:
         self._check_rates()
         _check_clock(self.device_speed, self.communication_delay)
         self._check_trip_clock()
+        check_stop_rules(self.max_sim_time, self.target_accuracy, self.early_stop, self.eval_every, self.max_rounds)
         if self.mode in BUFFERED_MODES:
             self._check_buffered_rules()
         if self.mode == "fedrevive":
@@ -280,7 +293,11 @@ class RunConfig:
             raise ConfigError(f"staleness_exponent: must be 0 or more, got {self.staleness_exponent}")
         if not self.staleness_s_max > 0:
             raise ConfigError(f"staleness_s_max: must be greater than 0, got {self.staleness_s_max}")
-        if not self.device_reuse and self.num_devices < self.buffer_size * self.last_version:
+        if (
+            not self.device_reuse
+            and self.last_version is not None
+            and self.num_devices < self.buffer_size * self.last_version
+        ):
             raise ConfigError(
                 f"device_reuse: false uses each device once, and {self.last_version} versions of "
                 f"buffer_size = {self.buffer_size} need {self.buffer_size * self.last_version} devices "
@@ -387,6 +404,7 @@ _ACCEPTED: dict[type, tuple[tuple[type, ...], str]] = {
     float: ((float, int), "a number"),
     bool: ((bool,), "true or false"),
     dict: ((dict,), "a table"),
+    list: ((list,), "a list"),
 }
 
 
@@ -412,6 +430,19 @@ def _field_types() -> dict[str, tuple[tuple[type, ...], str, bool]]:
 
 
 _FIELD_TYPES = _field_types()
+
+
+def _with_max_rounds(raw: dict[str, Any], values: dict[str, Any]) -> dict[str, Any]:
+    """max_rounds fills the mode's own bound (rounds, or max_model_version); given both, they must agree."""
+    limit = values.get("max_rounds")
+    if limit is None:
+        return values
+    if limit <= 0:
+        raise ConfigError(f"max_rounds: must be a positive integer, got {limit}")
+    own = "max_model_version" if values.get("mode", "fedavg") in BUFFERED_MODES else "rounds"
+    if raw.get(own) is not None and raw[own] != limit:
+        raise ConfigError(f"max_rounds: {limit} sets {own}, which is {raw[own]}; set one of them")
+    return {**values, own: limit}
 
 
 def _check_type(key: str, value: Any, spec: tuple[tuple[type, ...], str, bool]) -> Any:

@@ -49,13 +49,24 @@ def submit_run(services: Services, config: RunConfig, run_id: str | None = None)
         run_id,
         config.name,
         config.to_dict(),
-        config.last_version,
+        rounds_total(config),
         kind=KIND_NAME,
         broker_id=services.ledger.broker_id(),
     )
     checkpoint_version(services, run_id, 0, encoded)
     strategy_for(config).start(services, run_id, config, encoded)
     return run_id
+
+
+def rounds_total(config: RunConfig) -> int:
+    """The most rounds or versions the run makes: a synchronous run's rounds within max_sim_time are known
+    at submit; a buffered run bounded by max_sim_time alone has no total (0)."""
+    if config.is_buffered:
+        return config.last_version or 0
+    # torch, as above
+    from fedqueue.fl.strategy.sync.sim_bound import rounds_within
+
+    return rounds_within(config)
 
 
 def reconcile(services: Services, run_id: str) -> list[str]:

@@ -111,8 +111,9 @@ def _reference(config_json: str) -> tuple[Made, dict[str, torch.Tensor]]:
                 buffer = [(a.weight, versions[a.trip.base_version], local(a.trip)) for a in event.folded]
                 versions[event.version] = fold_buffer(current, buffer, config.global_lr)
             made.append((event.version, [(a.trip.round_index, a.trip.device, a.weight) for a in event.folded]))
-    assert len(made) == config.last_version
-    return made, versions[config.last_version]
+    # max_sim_time may end the run before its bound on versions (or it has none).
+    assert len(made) == config.last_version or (config.max_sim_time is not None and state.stop is not None)
+    return made, versions[len(made)]
 
 
 def versions_made(store: Store, run_id: str) -> Made:
@@ -358,3 +359,34 @@ def test_a_fold_pass_failing_in_the_worker_that_ran_it_goes_on_as_fold_tasks_tha
         )
     finally:
         services.close()
+
+
+def test_a_run_bounded_by_simulated_time_alone_stops_where_the_reference_does(settings: Settings) -> None:
+    """max_sim_time and no bound on versions: two workers make the versions made before the limit, from the
+    reference's updates, to its weights; the run names the rule."""
+    from fedqueue.fl.setup import run_clock
+    from fedqueue.fl.strategy.fedbuff import schedule
+    from fedqueue.fl.strategy.fedbuff.fold import rules_of
+
+    unbounded = buffered_config()
+    trip, rules = run_clock(unbounded).trip_seconds, rules_of(unbounded)
+    state, _ = schedule.start(rules, trip)
+    events = schedule.advance(state, rules, trip, lambda _: schedule.Outcome(ok=True), stop_after_version=False)
+    times = [event.at for event in events if isinstance(event, schedule.NewVersion)]
+    assert times[2] < times[3]
+    limit = (times[2] + times[3]) / 2  # versions 1-3 are made before it
+    config = buffered_config(max_model_version=None, max_sim_time=limit)
+    assert len(reference(config)[0]) == 3
+    with running_workers(settings, procs=2):
+        handle = api.submit(config, settings=settings)
+        handle.wait(180)
+    status = handle.status()
+    assert status["state"] == "finished", status["error"]
+    assert versions_made(handle.store, handle.id) == sorted_reference(config)
+    assert_same_weights(handle.final_weights(), reference(config)[1])
+    assert status["stop"].startswith(f"stopped: simulated time {limit:g} reached (max_sim_time = {limit:g})")
+    assert store_rounds_done(handle.store, handle.id) == [1, 2, 3]
+
+
+def store_rounds_done(store: Store, run_id: str) -> list[int]:
+    return [row.round_index for row in list_rounds(store, run_id) if row.state == "done"]

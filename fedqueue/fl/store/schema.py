@@ -112,3 +112,15 @@ class CheckpointRow(Base):
     version: Mapped[int] = mapped_column(Integer)
     sha256: Mapped[str] = mapped_column(String(64))
     data: Mapped[bytes] = mapped_column(LargeBinary)
+
+
+class StopRow(Base):
+    """Why a finished run ended: the rule (fedqueue.fl.stops), its one line, and the version it ended on."""
+
+    __tablename__ = "run_stops"
+
+    run_id: Mapped[str] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"), primary_key=True)
+    rule: Mapped[str] = mapped_column(String(32))
+    reason: Mapped[str] = mapped_column(Text)
+    version: Mapped[int] = mapped_column(Integer)
+    sim_time: Mapped[float | None] = mapped_column(Float, nullable=True)

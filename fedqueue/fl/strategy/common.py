@@ -52,8 +52,11 @@ def renewing(services: Services, renew: Callable[[], bool], what: str) -> Iterat
         thread.join()
 
 
-def evaluate_version(config: RunConfig, version: int, state: Mapping[str, torch.Tensor]) -> dict[str, float]:
-    """Held-out accuracy and loss of a version, every `eval_every` versions and at the last; else nothing."""
+def evaluate_version(
+    config: RunConfig, version: int, state: Mapping[str, torch.Tensor], last: bool = False
+) -> dict[str, float]:
+    """Held-out accuracy and loss of a version, every `eval_every` versions and at the last (`last`: known
+    to be the last by a stop rule); else nothing."""
     # torch: loaded where a version is evaluated, not by every process that loads the strategies
     from fedqueue.fl.ml.data import load_federated
     from fedqueue.fl.ml.evaluate import evaluate
@@ -61,7 +64,7 @@ def evaluate_version(config: RunConfig, version: int, state: Mapping[str, torch.
     from fedqueue.fl.ml.torch_device import torch_device
     from fedqueue.fl.setup import data_spec
 
-    if version % config.eval_every != 0 and version != config.last_version:
+    if version % config.eval_every != 0 and version != config.last_version and not last:
         return {}
     began = time.perf_counter()
     data = load_federated(data_spec(config))

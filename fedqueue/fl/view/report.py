@@ -11,6 +11,7 @@ from typing import Any
 
 from fedqueue.fl.store.results import device_tasks, list_rounds
 from fedqueue.fl.store.schema import RoundRow
+from fedqueue.fl.store.stop_rows import get_stop
 from fedqueue.fl.view.summary import buffered_of, is_buffered, packing_of
 from fedqueue.report.html import KindPage, fmt, html_table, percent
 from fedqueue.report.numbers import RunData, rounded, time_breakdown
@@ -22,7 +23,8 @@ def report_numbers(store: Store, data: RunData, numbers: dict[str, Any]) -> dict
     """The FL keys of a run's report, read from its rounds and, for a buffered-async run, its updates."""
     run = data.run
     buffered = buffered_of(run, device_tasks(store, run.id)) if is_buffered(run) else {}
-    return rounds_report(data, list_rounds(store, run.id), buffered, numbers)
+    stop = get_stop(store, run.id)
+    return {**rounds_report(data, list_rounds(store, run.id), buffered, numbers), "stop": stop and stop.reason}
 
 
 def rounds_report(
@@ -143,7 +145,8 @@ def report_page(report: dict[str, Any]) -> KindPage:
 
     return KindPage(
         headline=[
-            ("rounds", f"{report['rounds_done']} of {report['rounds_total']} done"),
+            ("rounds", _rounds_done(report)),
+            *([("stopped", report["stop"])] if report.get("stop") else []),
             ("dataset / model", f"{report['dataset']} / {report['model']}"),
             *_packing_rows(report.get("packing")),
         ],
@@ -155,6 +158,13 @@ def report_page(report: dict[str, Any]) -> KindPage:
         rounds=[RoundMark(r["round"], r["enqueued_at"], r["aggregated_at"]) for r in report["rounds"]],
         draw=draw,
     )
+
+
+def _rounds_done(report: dict[str, Any]) -> str:
+    # No total: a buffered run bounded by max_sim_time alone.
+    if not report["rounds_total"]:
+        return f"{report['rounds_done']} done"
+    return f"{report['rounds_done']} of {report['rounds_total']} done"
 
 
 def _packing_rows(packing: dict[str, Any] | None) -> list[tuple[str, str]]:

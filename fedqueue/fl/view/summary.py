@@ -11,7 +11,9 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from fedqueue.fl.store.results import device_tasks, list_rounds, round_rows_for
-from fedqueue.fl.store.schema import DeviceTaskRow
+from fedqueue.fl.store.schedule_rows import get_schedule
+from fedqueue.fl.store.schema import DeviceTaskRow, RoundRow
+from fedqueue.fl.store.stop_rows import get_stop
 from fedqueue.report.timeline import Span
 from fedqueue.store import Store
 from fedqueue.store.schema import RunRow
@@ -55,7 +57,28 @@ def run_status(store: Store, run: RunRow, spans: Sequence[Span]) -> dict[str, An
         "sim_time": {str(row.round_index): round(row.sim_time, 3) for row in rounds if row.sim_time is not None},
         **packing_of(run),
         **buffered_of(run, results),
+        **stop_of(store, run, rounds),
     }
+
+
+def stop_of(store: Store, run: RunRow, rounds: Sequence[RoundRow]) -> dict[str, Any]:
+    """Why the run ended (its stop rule's line), and with max_sim_time the simulated time used and left."""
+    stop = get_stop(store, run.id)
+    found: dict[str, Any] = {"stop": None if stop is None else stop.reason}
+    limit = run.config.get("max_sim_time")
+    if limit is not None:
+        used = _sim_time_used(store, run, rounds)
+        found["sim_budget"] = {"max": limit, "used": round(used, 3), "left": round(max(0.0, limit - used), 3)}
+    return found
+
+
+def _sim_time_used(store: Store, run: RunRow, rounds: Sequence[RoundRow]) -> float:
+    """A buffered run's clock stands at its last arrival taken; a synchronous run's at its last round's end."""
+    if is_buffered(run):
+        schedule = get_schedule(store, run.id)
+        if schedule is not None:
+            return float(schedule.state.get("now", 0.0))
+    return max((row.sim_time for row in rounds if row.state == "done" and row.sim_time is not None), default=0.0)
 
 
 def run_columns(store: Store, runs: Sequence[RunRow]) -> dict[str, dict[str, Any]]:
@@ -64,7 +87,8 @@ def run_columns(store: Store, runs: Sequence[RunRow]) -> dict[str, dict[str, Any
     done = {run_id: sum(1 for row in rows if row.state == "done") for run_id, rows in rounds.items()}
     return {
         run.id: {
-            "rounds": f"{done[run.id]}/{run.rounds_total}" if run.rounds_total else "",
+            # No total: a buffered run bounded by max_sim_time alone.
+            "rounds": f"{done[run.id]}/{run.rounds_total}" if run.rounds_total else str(done[run.id]),
             "dataset": run.config.get("dataset"),
             "model": run.config.get("model"),
         }

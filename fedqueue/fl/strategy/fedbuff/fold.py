@@ -33,9 +33,11 @@ from fedqueue.fl.config import RunConfig
 from fedqueue.fl.messages import AggregateTask, DeviceTask, FoldTask, fold_key
 from fedqueue.fl.ml.weights import decode_state, encode_state
 from fedqueue.fl.packs.tasks import tasks_of_packs
+from fedqueue.fl.stops import ACCURACY_RULES, Stop, StopRules, accuracy_stop
 from fedqueue.fl.store import schedule_rows
 from fedqueue.fl.store.results import add_round, get_round
 from fedqueue.fl.store.schema import RoundRow
+from fedqueue.fl.store.stop_rows import record_stop
 from fedqueue.fl.strategy.common import ClaimLost, evaluate_version, renewing
 from fedqueue.fl.strategy.fedbuff import schedule
 from fedqueue.fl.strategy.fedbuff.schedule import Arrival, Dispatch, NewVersion, Outcome, Rules, ScheduleState, Trip
@@ -67,6 +69,8 @@ def rules_of(config: RunConfig) -> Rules:
         pack_size=config.resolved_pack_size,
         staleness_s_max=config.staleness_s_max,
         keep_recent=config.kd_buffer_size if config.mode == "fedrevive" else 0,
+        max_sim_time=config.max_sim_time,
+        bound=StopRules.of(config).bound,
     )
 
 
@@ -216,7 +220,7 @@ def fold_updates(services: Services, cache: WorkerCache, run_id: str, worker: st
         held = schedule_rows.claim_schedule(services.store, run_id, owner, stale_before)
         if held is None:
             if services.store.get_run(run_id).state != "running":
-                retire(services, cache.run_config(services, run_id), run_id)  # a result stored after the end
+                retire(services, run_id)  # a result stored after the end
                 return made
             row = schedule_rows.get_schedule(services.store, run_id)
             if row is None:
@@ -259,6 +263,7 @@ class _FoldPass:
         self.worker, self.attempt, self.claim_lost = worker, attempt, claim_lost
         self.config = cache.run_config(services, run_id)
         self.rules = rules_of(self.config)
+        self.stops = StopRules.of(self.config)
         self.trip_seconds = _trip_seconds(self.config)
         self._refs = cache.version_refs(run_id)  # published versions, by number, as this process has read or made them
         self._locals: dict[tuple[int, int], Mapping[str, torch.Tensor]] = {}
@@ -285,8 +290,11 @@ class _FoldPass:
                     return None
                 return Outcome(ok=stored.state == "done", samples=stored.samples)
 
-            events = schedule.advance(state, self.rules, self.trip_seconds, outcome_of, stop_after_version=False)
-            if events:
+            # An accuracy stop is read once a version is evaluated: nothing moves past a version before that.
+            events = schedule.advance(
+                state, self.rules, self.trip_seconds, outcome_of, stop_after_version=self.stops.reads_accuracy
+            )
+            if events or state.done:  # a stop on simulated time may end the run with no event
                 made += self._carry_out(state, events, results, teachers)
                 if oldest_needed(state) > oldest:
                     self._forget_versions(oldest, oldest_needed(state))
@@ -300,13 +308,18 @@ class _FoldPass:
             # A head stored before it was named asked for no pass: this one takes it. The results of the
             # next arrivals, read once, say whether it is stored.
             results = self._results(state)
-            if not state.in_flight or _trip_key(state.in_flight[0]) not in results:
+            if not state.in_flight or not self._may_take(state.in_flight[0], results):
                 break
         if state.stuck is not None and store.finish_run(self.run_id, "failed", state.stuck):
             log.warning("run %s: %s", self.run_id, state.stuck)
         if state.done or state.stuck is not None:
-            retire(self.services, self.config, self.run_id)
+            retire(self.services, self.run_id, state.version)
         return made
+
+    def _may_take(self, head: Trip, results: Mapping[Any, Any]) -> bool:
+        """The head's result is stored, or the run's simulated time ends before it arrives (no result needed)."""
+        late = self.rules.max_sim_time is not None and head.arrives >= self.rules.max_sim_time
+        return late or _trip_key(head) in results
 
     def _forget_versions(self, first: int, end: int) -> None:
         """Versions first..end-1 are never read again: unpublished (the pass's save dropped their kept copies)."""
@@ -350,9 +363,11 @@ class _FoldPass:
                     reason = (stored.error or "").strip().splitlines()[-1:] or ["unknown error"]
                     abort = f"device {event.trip.device} failed ({reason[0]}) and on_failure = 'abort'"
             elif isinstance(event, NewVersion):
-                taken += self._make_version(event, results)
+                taken += self._make_version(event, results, state)
                 fates += [_fate_row(arrival) for arrival in event.folded]
                 made += 1
+                if state.done and state.stop is not None and state.stop.rule in ACCURACY_RULES:
+                    break  # nothing trains on the last version: the refill at its instant is not sent
             else:
                 sends.append(event)
         # Sent once every version they train on is published; before the save, so a pass that dies sends again.
@@ -394,12 +409,36 @@ class _FoldPass:
             taken = [key for key in taken if key not in kept]
             taken += [results[_trip_key(t)].update_key for t in gone if _trip_key(t) in results]
         self.services.blobs.delete(list(dict.fromkeys(taken)))
+        self._end_if_over(state, abort)
+        return made
+
+    def _end_if_over(self, state: ScheduleState, abort: str | None) -> None:
+        """Fail the run (a device failed under on_failure = "abort"), or finish it, naming its stop."""
         if abort is not None:
-            store.finish_run(self.run_id, "failed", abort)
+            self.services.store.finish_run(self.run_id, "failed", abort)
             state.done = True
         elif state.done:
-            store.finish_run(self.run_id, "finished")
-        return made
+            if state.stop is not None:
+                record_stop(self.services.store, self.run_id, state.stop, self._final_evaluation(state))
+            self.services.store.finish_run(self.run_id, "finished")
+
+    def _final_evaluation(self, state: ScheduleState) -> dict[str, Any] | None:
+        """A run ended by simulated time: its last version, made before the stop was known, is evaluated now
+        unless eval_every already did (FedRevive evaluates once more at the stop)."""
+        version = state.version
+        if state.stop is None or state.stop.rule != "max_sim_time" or version == 0:
+            return None
+        row = get_round(self.services.store, self.run_id, version)
+        if row is None or row.accuracy is not None:
+            return None
+        return evaluate_version(self.config, version, self._version_state(version), last=True) or None
+
+    def _accuracy_stop(self, state: ScheduleState, event: NewVersion, metrics: Mapping[str, Any]) -> Stop | None:
+        if "accuracy" in metrics:
+            state.evaluated(float(metrics["accuracy"]))
+        if state.done:
+            return None  # the bound on versions ended it first, as in FedRevive's order
+        return accuracy_stop(self.stops, event.version, event.at, state.last_accuracy, state.best_accuracy)
 
     def _reviver(self) -> Reviver:
         # torch: FedRevive's distillation, loaded by a FedRevive run's fold pass only
@@ -434,7 +473,7 @@ class _FoldPass:
     def _version_state(self, version: int) -> dict[str, torch.Tensor]:
         return self.cache.global_state(self.services, self._model_ref(version))
 
-    def _make_version(self, event: NewVersion, results: Mapping[Any, Any]) -> list[str]:
+    def _make_version(self, event: NewVersion, results: Mapping[Any, Any], state: ScheduleState) -> list[str]:
         """Fold the buffer into the next version, evaluate, checkpoint and publish it; returns the updates used."""
         # torch: loaded by the worker that folds, not by the command line
         from fedqueue.fl.ml.aggregate import fold_buffer, fold_deltas
@@ -468,7 +507,11 @@ class _FoldPass:
         losses = [row.loss for row in stored if row.loss is not None]
         if losses:
             metrics["train_loss"] = float(np.mean(losses))
-        metrics.update(evaluate_version(self.config, event.version, new_state))
+        bounded = state.done and state.stop is not None and state.stop.version == event.version
+        metrics.update(evaluate_version(self.config, event.version, new_state, last=bounded))
+        stop = self._accuracy_stop(state, event, metrics)
+        if stop is not None:
+            state.end(stop)
         marker = AggregateTask(run_id=self.run_id, round_index=event.version, enqueued_at=started_at)
         timing = task_timing(
             marker,
@@ -482,7 +525,7 @@ class _FoldPass:
         )
         # Published first, recorded with the save: a pass that dies in between publishes the same bytes again.
         ref = self.services.blobs.put(global_key(self.run_id, event.version), encoded)
-        last = event.version >= self.config.last_version
+        last = bounded or stop is not None
         next_round = None if last else _round_on(self.run_id, event.version, ref)
         # Recorded by the pass's save, with the schedule that made it: one transaction, not two.
         self._made.append(
@@ -495,11 +538,14 @@ class _FoldPass:
         return [row.update_key for row in stored if row.update_key]
 
 
-def retire(services: Services, config: RunConfig, run_id: str) -> None:
-    """The run has ended: unpublish its versions, so devices still queued skip their training, and drop
-    the updates no pass will take."""
-    services.blobs.delete([global_key(run_id, version) for version in range(config.last_version)])
-    schedule_rows.forget_versions_before(services.store, run_id, config.last_version + 1)
+def retire(services: Services, run_id: str, last_version: int | None = None) -> None:
+    """The run has ended on `last_version` (default: the schedule's): unpublish its versions, so devices
+    still queued skip their training, and drop the updates no pass will take."""
+    if last_version is None:
+        row = schedule_rows.get_schedule(services.store, run_id)
+        last_version = 0 if row is None else row.version
+    services.blobs.delete([global_key(run_id, version) for version in range(last_version)])
+    schedule_rows.forget_versions_before(services.store, run_id, last_version + 1)
     services.blobs.delete(schedule_rows.untaken_update_keys(services.store, run_id))
 
 

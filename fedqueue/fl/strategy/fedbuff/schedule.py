@@ -20,6 +20,7 @@ from typing import Any
 
 import numpy as np
 
+from fedqueue.fl.stops import Stop, StopRules, time_stop, version_stop
 from fedqueue.fl.strategy.fedbuff.staleness import is_too_stale, staleness_weight
 
 REFILL_STREAM = 0xFB0F  # keeps the refill draws apart from every other use of the run's seed
@@ -32,7 +33,7 @@ class Rules:
     num_devices: int
     concurrency: int
     buffer_size: int
-    max_model_version: int
+    max_model_version: int | None  # None: bounded by max_sim_time alone
     max_staleness: int | None
     min_refill: int
     device_reuse: bool
@@ -42,6 +43,12 @@ class Rules:
     pack_size: int = 1
     staleness_s_max: float = 75.0  # afl_dw's s_max
     keep_recent: int = 0  # folded updates each arrival remembers, newest last (FedRevive's teachers)
+    max_sim_time: float | None = None  # an arrival at or after it is never taken: the run ends
+    bound: str = "max_model_version"  # the knob that set max_model_version (max_rounds is its alias)
+
+    @property
+    def stops(self) -> StopRules:
+        return StopRules(last_version=self.max_model_version, bound=self.bound, max_sim_time=self.max_sim_time)
 
 
 @dataclass(frozen=True, order=True)
@@ -132,6 +139,18 @@ class ScheduleState:
     failed: int = 0
     done: bool = False
     stuck: str | None = None  # why no device can be dispatched and nothing is in flight
+    made_at: float | None = None  # simulated time the current version was made
+    stop: Stop | None = None  # the rule that ended the run (done)
+    # Accuracy of the most recent evaluation and the best so far: FedRevive's accuracy stops read them.
+    last_accuracy: float | None = None
+    best_accuracy: float | None = None
+
+    def end(self, stop: Stop) -> None:
+        self.done, self.stop = True, stop
+
+    def evaluated(self, accuracy: float) -> None:
+        self.last_accuracy = accuracy
+        self.best_accuracy = accuracy if self.best_accuracy is None else max(self.best_accuracy, accuracy)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -152,6 +171,10 @@ class ScheduleState:
             "failed": self.failed,
             "done": self.done,
             "stuck": self.stuck,
+            "made_at": self.made_at,
+            "stop": None if self.stop is None else self.stop.to_dict(),
+            "last_accuracy": self.last_accuracy,
+            "best_accuracy": self.best_accuracy,
         }
 
     @classmethod
@@ -181,6 +204,11 @@ class ScheduleState:
             failed=int(raw["failed"]),
             done=bool(raw["done"]),
             stuck=raw["stuck"],
+            # Absent from a schedule saved before stop rules existed.
+            made_at=raw.get("made_at"),
+            stop=None if raw.get("stop") is None else Stop.from_dict(raw["stop"]),
+            last_accuracy=raw.get("last_accuracy"),
+            best_accuracy=raw.get("best_accuracy"),
         )
 
 
@@ -207,6 +235,11 @@ def advance(
     events: list[Event] = []
     while state.in_flight and not state.done:
         head = state.in_flight[0]
+        # Known from the dispatch, before its result is stored: the run ends without waiting for it.
+        late = time_stop(rules.stops, state.version, state.made_at, head.arrives)
+        if late is not None:
+            state.end(late)
+            break
         outcome = outcome_of(head)
         if outcome is None:
             break
@@ -221,9 +254,11 @@ def advance(
             state.version += 1
             state.buffer = []
             state.on_version = set()
+            state.made_at = state.now
             events.append(made)
-            if state.version >= rules.max_model_version:
-                state.done = True
+            last = version_stop(rules.stops, state.version, state.now)
+            if last is not None:
+                state.end(last)
                 break
         dispatch = _refill(state, rules, trip_time)
         if dispatch is not None:

@@ -46,7 +46,7 @@ def repair_rounds(
         if start_next(
             services, run_id, config, current.round_index, checkpoint_bytes(services, run_id, current.round_index)
         ):
-            if current.round_index < config.rounds:
+            if services.store.get_run(run_id).state == "running":
                 return [f"round {current.round_index + 1} was never started: started"]
             return ["the last round was done but the run not finished: finished"]
         return []

@@ -24,17 +24,20 @@ from fedqueue.core.services import Services
 from fedqueue.fl.config import RunConfig
 from fedqueue.fl.ml.weights import decode_state, encode_state
 from fedqueue.fl.packs.tasks import tasks_of_round
+from fedqueue.fl.stops import Stop, StopRules, accuracy_stop, time_stop, version_stop
 from fedqueue.fl.store.results import (
     add_round,
     claim_round,
     complete_round,
     count_done,
     get_round,
+    list_rounds,
     renew_claim,
     round_outcomes,
     unclaim_round,
 )
 from fedqueue.fl.store.schema import RoundRow
+from fedqueue.fl.store.stop_rows import record_stop
 from fedqueue.fl.strategy.common import ClaimLost, checkpoint_version, evaluate_version, renewing
 from fedqueue.fl.strategy.sync.read_ahead import ReadAhead, read_round_ahead
 
@@ -190,7 +193,8 @@ def _aggregate_claimed_round(
     losses = [task.loss for task in results]
     if losses and all(loss is not None for loss in losses):
         metrics["train_loss"] = float(np.average(losses, weights=weights))
-    metrics.update(evaluate_version(config, round_index, new_state))
+    # The last round by rounds_total (max_sim_time may cut it short) is evaluated as the last.
+    metrics.update(evaluate_version(config, round_index, new_state, last=round_index >= run.rounds_total))
     metrics["sim_time"] = _round_sim_time(services, config, run_id, row)
 
     if lost.is_set() or not renew_claim(services.store, run_id, round_index, owner):
@@ -264,8 +268,27 @@ def _loaded(services: Services, stored: Sequence[_Stored], ahead: ReadAhead) -> 
 
 
 def start_next(services: Services, run_id: str, config: RunConfig, done_round: int, model: bytes) -> bool:
-    """After a round is done: start the next one, or finish the run after the last. Idempotent."""
-    if done_round < config.rounds:
+    """After a round is done: start the next one, or finish the run after the last (or where a stop rule
+    ends it, recording the rule). Idempotent."""
+    stop = stop_after(services, run_id, config, done_round)
+    if stop is None:
         return start_round(services, run_id, config, done_round + 1, model)
     services.blobs.put(global_key(run_id, done_round), model)
+    record_stop(services.store, run_id, stop)
     return services.store.finish_run(run_id, "finished")
+
+
+def stop_after(services: Services, run_id: str, config: RunConfig, done_round: int) -> Stop | None:
+    """The rule that ends the run after round `done_round`, in FedRevive's order: the bound on rounds, then
+    accuracy (read right after the round), then simulated time (the next round would end past it)."""
+    rules = StopRules.of(config)
+    rows = [row for row in list_rounds(services.store, run_id) if row.round_index <= done_round]
+    sim_time = rows[-1].sim_time if rows else None
+    accuracies = [row.accuracy for row in rows if row.accuracy is not None]
+    last, best = (accuracies[-1], max(accuracies)) if accuracies else (None, None)
+    within = services.store.get_run(run_id).rounds_total  # max_sim_time's bound, worked out at submit
+    return (
+        version_stop(rules, done_round, sim_time)
+        or accuracy_stop(rules, done_round, sim_time, last, best)
+        or (time_stop(rules, done_round, sim_time, None) if done_round >= within else None)
+    )
