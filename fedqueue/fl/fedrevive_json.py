@@ -88,6 +88,7 @@ def translate(data: Mapping[str, Any], name: str = "") -> Translation:
     handled.add("local_learning_rate")
     local_lr = data.get("local_learning_rate", AUTO_LOCAL_LR)
     raw["local_lr"] = AUTO_LOCAL_LR if local_lr == "auto" else _number("local_learning_rate", local_lr)
+    _stops(data, raw, handled)
     _dataset(data, raw, handled)
     _partition(data, raw, handled)
 
@@ -125,6 +126,27 @@ def translate(data: Mapping[str, Any], name: str = "") -> Translation:
     if unknown:
         raise ConfigError(f"{unknown[0]}: not a FedRevive key fedqueue knows (from their config.py)")
     return out
+
+
+def _stops(data: Mapping[str, Any], raw: dict[str, Any], handled: set[str]) -> None:
+    """Their stop rules; a value of 0 or less turns one off, as in their config."""
+    handled |= {"max_wait_time", "target_accuracy", "max_rounds", "early_stop"}
+    for key, to in (("max_wait_time", "max_sim_time"), ("target_accuracy", "target_accuracy")):
+        value = data.get(key)
+        if value is not None and _number(key, value) > 0:
+            raw[to] = float(value)
+    rounds = data.get("max_rounds")
+    if rounds is not None and _number("max_rounds", rounds) > 0:
+        raw["max_rounds"] = int(rounds)
+    floors = data.get("early_stop") or []
+    if not isinstance(floors, list) or not all(isinstance(floor, Mapping) for floor in floors):
+        raise ConfigError(f"early_stop: expected a list of {{round, acc}} objects, got {floors!r}")
+    try:
+        raw["early_stop"] = [{"version": int(floor["round"]), "accuracy": float(floor["acc"])} for floor in floors]
+    except KeyError as missing:
+        raise ConfigError(f"early_stop: each entry needs round and acc, one lacks {missing}") from None
+    if not raw["early_stop"]:
+        del raw["early_stop"]
 
 
 def _dataset(data: Mapping[str, Any], raw: dict[str, Any], handled: set[str]) -> None:
