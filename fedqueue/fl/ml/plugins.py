@@ -35,6 +35,7 @@ BUILTINS: dict[str, dict[str, str]] = {
     "dataset": {
         "digits": "fedqueue.fl.ml.data:digits",
         "cifar10": "fedqueue.fl.ml.data:cifar10",
+        "cifar100": "fedqueue.fl.ml.data:cifar100",
         "synthetic": "fedqueue.fl.ml.data:synthetic",
     },
     "local_step": {"cross_entropy": "fedqueue.fl.ml.train:cross_entropy_step"},
