@@ -20,6 +20,7 @@ from torch.func import functional_call, vmap
 
 from fedqueue.fl.ml.augment import augment_generator, augment_stacked
 from fedqueue.fl.ml.plugins import LocalStep, Options, TensorData
+from fedqueue.fl.ml.stat_resnet import StatTracker
 from fedqueue.fl.ml.train import (
     LocalTrainConfig,
     OptimizerFactory,
@@ -62,6 +63,8 @@ def vmap_refusal(model: nn.Module) -> str | None:
     for name, module in model.named_modules():
         if isinstance(module, nn.modules.batchnorm._BatchNorm) and module.track_running_stats:
             return f"the model has BatchNorm running statistics ({type(module).__name__} {name!r})"
+        if isinstance(module, StatTracker):
+            return f"the model has running statistics (StatTracker {name!r})"
         if isinstance(module, nn.modules.dropout._DropoutNd) and module.p > 0:
             return f"the model has dropout ({type(module).__name__} {name!r})"
     return None

@@ -31,6 +31,7 @@ BUILTINS: dict[str, dict[str, str]] = {
         "mlp": "fedqueue.fl.ml.models:mlp",
         "cnn": "fedqueue.fl.ml.models:cnn",
         "resnet18": "fedqueue.fl.ml.models:resnet18",
+        "resnet18_fedrevive": "fedqueue.fl.ml.stat_resnet:resnet18_fedrevive",
     },
     "dataset": {
         "digits": "fedqueue.fl.ml.data:digits",

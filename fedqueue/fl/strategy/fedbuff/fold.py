@@ -437,6 +437,7 @@ class _FoldPass:
         """Fold the buffer into the next version, evaluate, checkpoint and publish it; returns the updates used."""
         # torch: loaded by the worker that folds, not by the command line
         from fedqueue.fl.ml.aggregate import fold_buffer, fold_deltas
+        from fedqueue.fl.ml.stat_resnet import reset_trackers
         from fedqueue.fl.ml.torch_device import device_label
 
         started_at, clock = time.time(), time.perf_counter()
@@ -462,6 +463,8 @@ class _FoldPass:
             server_state = reviver.server_state(event.version)
         else:
             new_state = fold_buffer(current, buffer(), self.config.global_lr)
+        # FedRevive: a new version carries no feature statistics of its own (a no-op without trackers).
+        new_state = reset_trackers(new_state)
         encoded = encode_state(new_state)
         metrics: dict[str, Any] = {"aggregate_ms": (time.perf_counter() - clock) * 1000, "sim_time": event.at}
         losses = [row.loss for row in stored if row.loss is not None]

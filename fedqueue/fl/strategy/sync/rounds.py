@@ -152,6 +152,7 @@ def _aggregate_claimed_round(
 ) -> None:
     # torch: loaded by the worker that aggregates, not by the command line
     from fedqueue.fl.ml.aggregate import SUMMABLE_RULES, fedavg
+    from fedqueue.fl.ml.stat_resnet import reset_trackers
     from fedqueue.fl.setup import resolve_plugins
 
     run = services.store.get_run(run_id)
@@ -182,6 +183,8 @@ def _aggregate_claimed_round(
             new_state = fedavg(global_state, updates, config.global_lr, sums)
         else:
             new_state = resolve_plugins(config).aggregate(global_state, updates, config.global_lr, config.plugin)
+    # FedRevive: a new version carries no feature statistics of its own (a no-op without trackers).
+    new_state = reset_trackers(new_state)
     encoded = encode_state(new_state)
     aggregate_ms = (time.perf_counter() - began) * 1000
 
