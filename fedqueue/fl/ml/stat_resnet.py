@@ -104,7 +104,10 @@ def _is_tracker_buffer(name: str) -> bool:
 
 
 def reset_trackers(state: Mapping[str, Tensor]) -> dict[str, Tensor]:
-    """The state with every tracker at 0 mean and 1 variance; a state without trackers comes back as it was."""
+    """The state with every tracker at 0 mean and 1 variance; a state without trackers comes back as it was.
+
+    Trackers are found by FedRevive's names (a module named stat_track*), since only the state is at hand.
+    """
     if not any(_is_tracker_buffer(name) for name in state):
         return dict(state)
     reset = dict(state)
