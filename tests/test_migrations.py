@@ -388,7 +388,7 @@ def test_a_new_database_and_one_from_the_earlier_line_end_with_the_same_schema(f
         assert from_earlier[table] == new[table], table
     expected = {
         "alembic_version": [head_revision()],
-        "alembic_version_fl": ["fl_0002"],
+        "alembic_version_fl": ["fl_0003"],
         "alembic_version_llm": ["llm_0001"],
     }
     assert version_rows(fresh_url) == version_rows(second_url) == expected
@@ -518,6 +518,7 @@ def test_run_stops_table_comes_and_goes_with_its_fl_revision(fresh_url: str) -> 
     fl_to("fl_0001")
     assert "run_stops" not in schema_shape(fresh_url) and "rounds" in schema_shape(fresh_url)
     assert version_rows(fresh_url)["alembic_version_fl"] == ["fl_0001"]
+    assert "label_wise" not in column_names(fresh_url, "rounds")  # fl_0003, above it, went first
     open_store(fresh_url, migrate=True).close()
-    assert version_rows(fresh_url)["alembic_version_fl"] == ["fl_0002"]
-    assert "run_stops" in schema_shape(fresh_url)
+    assert version_rows(fresh_url)["alembic_version_fl"] == ["fl_0003"]
+    assert "run_stops" in schema_shape(fresh_url) and "label_wise" in column_names(fresh_url, "rounds")

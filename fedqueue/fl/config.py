@@ -19,15 +19,17 @@ from fedqueue.fl.config_files import read_config_file
 from fedqueue.fl.delays import CLOCKS, PHASE_KEYS, phase_delay
 from fedqueue.fl.messages import PACK_MAX, PACK_MODES
 from fedqueue.fl.ml.plugins import describe_choices, is_valid_name
-from fedqueue.fl.stops import check_stop_rules
+from fedqueue.fl.stops import StopRules, check_stop_rules
 from fedqueue.fl.strategy.fedbuff.staleness import STALENESS_WEIGHTS
 from fedqueue.store.schema import NAME_MAX
 
-PARTITIONS = ("iid", "dirichlet")
+PARTITIONS = ("iid", "dirichlet", "dirichlet_fixed")
 FAILURE_POLICIES = ("skip", "abort")
 OPTIMIZERS = ("sgd", "adam")
 MODES = ("fedavg", "fedbuff", "fedrevive")
 BUFFERED_MODES = ("fedbuff", "fedrevive")  # run by the buffered-async strategy
+LOCAL_DATASETS = ("cifar10", "cifar100")  # read from data_root, never downloaded
+AUGMENTS = ("none", "crop_flip", "crop_flip_rotate")  # as fl/ml/augment.py
 
 
 @dataclass(frozen=True)
@@ -118,6 +120,14 @@ class RunConfig:
     upload_delay: dict[str, Any] = field(default_factory=dict)
     # s_max of staleness_weight = "afl_dw": w(s) = (1 + cos(pi s / (2 s_max))) / 2, 0 beyond 2 s_max.
     staleness_s_max: float = 75.0
+    # FedRevive's data (issue #34): partition = "dirichlet_fixed" gives every device exactly
+    # client_data_size samples, class shares from its own Dirichlet(alpha) draw, shards overlapping
+    # across devices; drawn from the training set left after a fixed seed-42 split takes val_split and
+    # kd_split out (fl/ml/fixed_shards.py). augment: each batch's random crop (4 px of black padding)
+    # and flip, + a 15 degree rotation with "crop_flip_rotate" (fl/ml/augment.py).
+    client_data_size: int | None = None
+    val_split: float = 0.15
+    augment: str = "none"
     # Free-form settings handed to the plugins (the TOML `[plugin]` table).
     plugin: dict[str, Any] = field(default_factory=dict)
 
@@ -166,6 +176,18 @@ class RunConfig:
             return None
         return self.rounds
 
+    def stop_rules(self) -> StopRules:
+        """The run's stops: its bound on versions and FedRevive's rules (fl/stops.py)."""
+        own_bound = "max_model_version" if self.is_buffered else "rounds"
+        bound = "max_rounds" if self.max_rounds is not None else own_bound
+        return StopRules(
+            last_version=self.last_version,
+            bound=bound,
+            max_sim_time=self.max_sim_time,
+            target_accuracy=self.target_accuracy,
+            early_stop=tuple((int(item["version"]), float(item["accuracy"])) for item in self.early_stop),
+        )
+
     @property
     def effective_local_epochs(self) -> int | None:
         # Neither knob set means one local epoch, the common default.
@@ -186,6 +208,7 @@ class RunConfig:
         if self.mode == "fedrevive":
             self._check_revive_rules()
         self._check_data()
+        self._check_fedrevive_data()
 
     def _check_counts(self) -> None:
         for key in (
@@ -251,9 +274,9 @@ class RunConfig:
             raise ConfigError("plugin: values must be finite numbers, strings, booleans, lists or tables") from None
         if self.seed < 0:
             raise ConfigError(f"seed: must be 0 or more, got {self.seed}")
-        if self.dataset == "cifar10":
+        if self.dataset in LOCAL_DATASETS:
             if self.data_root is None:
-                raise ConfigError("data_root: the cifar10 dataset needs data_root (a local folder)")
+                raise ConfigError(f"data_root: the {self.dataset} dataset needs data_root (a local folder)")
             if not Path(self.data_root).is_dir():
                 raise DataError(f"data_root: dataset root {self.data_root!r} does not exist")
 
@@ -275,6 +298,27 @@ class RunConfig:
         if self.clock == "flare" and not self.device_speed:
             raise ConfigError(
                 'clock: "flare" needs device_speed = {mean = [...], std = [...]}, seconds per trip of each tier'
+            )
+
+    def _check_fedrevive_data(self) -> None:
+        _choice("augment", self.augment, AUGMENTS)
+        if self.partition != "dirichlet_fixed":
+            if self.client_data_size is not None:
+                raise ConfigError('client_data_size: applies to partition = "dirichlet_fixed" only')
+            return
+        if self.client_data_size is None:
+            raise ConfigError('client_data_size: required with partition = "dirichlet_fixed" (samples per device)')
+        _positive("client_data_size", self.client_data_size)
+        if self.samples_per_device is not None:
+            raise ConfigError(
+                'samples_per_device: partition = "dirichlet_fixed" gives exactly client_data_size; unset it'
+            )
+        for key in ("val_split", "kd_split"):
+            if not 0 <= getattr(self, key) < 1:
+                raise ConfigError(f"{key}: a share of the training set in [0, 1), got {getattr(self, key)}")
+        if self.val_split + self.kd_split >= 1:
+            raise ConfigError(
+                f"val_split: val_split + kd_split = {self.val_split + self.kd_split} leave no training set"
             )
 
     def _check_buffered_rules(self) -> None:

@@ -11,7 +11,8 @@ from fedqueue.errors import ConfigError, FedqueueError
 from fedqueue.fl.clock import Delay, DeviceClock, DeviceSpeed, samples_processed
 from fedqueue.fl.config import RunConfig
 from fedqueue.fl.delays import PHASE_KEYS, phase_delay
-from fedqueue.fl.ml.data import DataSpec, FederatedData, load_federated
+from fedqueue.fl.ml.augment import augmentation
+from fedqueue.fl.ml.data import DataSpec, FederatedData, blank_pixel, load_federated
 from fedqueue.fl.ml.plugins import AggregateRule, LocalStep, check_options, resolve
 from fedqueue.fl.ml.train import LocalTrainConfig
 from fedqueue.fl.phase_clock import FlareClock, PhaseClock, TripClock
@@ -27,8 +28,20 @@ def data_spec(config: RunConfig) -> DataSpec:
         alpha=config.alpha,
         samples_per_device=config.samples_per_device,
         server_fraction=config.held_out,
+        **_fixed_shards(config),
         options_json=json.dumps(config.plugin, sort_keys=True),
     )
+
+
+def _fixed_shards(config: RunConfig) -> dict[str, Any]:
+    """FedRevive's shards (partition = "dirichlet_fixed"); other partitions keep the spec they always had."""
+    if config.partition != "dirichlet_fixed":
+        return {}
+    return {
+        "client_data_size": config.client_data_size,
+        "val_fraction": config.val_split,
+        "kd_fraction": config.kd_split,
+    }
 
 
 def train_config(config: RunConfig) -> LocalTrainConfig:
@@ -39,6 +52,7 @@ def train_config(config: RunConfig) -> LocalTrainConfig:
         optimizer=config.local_optimizer,
         lr=config.local_lr,
         momentum=config.local_momentum,
+        augment=augmentation(config.augment, blank_pixel(config.dataset)),
     )
 
 

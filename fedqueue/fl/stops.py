@@ -13,12 +13,9 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from fedqueue.errors import ConfigError
-
-if TYPE_CHECKING:
-    from fedqueue.fl.config import RunConfig
 
 # The rules a stop may name: a bound on versions (`rounds`, `max_model_version` or its alias `max_rounds`),
 # simulated time, or accuracy.
@@ -48,27 +45,13 @@ class Stop:
 
 @dataclass(frozen=True)
 class StopRules:
-    """A run's stops, read from its config."""
+    """A run's stops, read from its config (`RunConfig.stop_rules`)."""
 
     last_version: int | None = None  # None: a buffered run bounded by simulated time alone
     bound: str = "max_model_version"  # the knob that set last_version, named by its stop
     max_sim_time: float | None = None
     target_accuracy: float | None = None
     early_stop: tuple[tuple[int, float], ...] = ()
-
-    @classmethod
-    def of(cls, config: RunConfig) -> StopRules:
-        if config.max_rounds is not None:
-            bound = "max_rounds"
-        else:
-            bound = "max_model_version" if config.is_buffered else "rounds"
-        return cls(
-            last_version=config.last_version,
-            bound=bound,
-            max_sim_time=config.max_sim_time,
-            target_accuracy=config.target_accuracy,
-            early_stop=tuple((int(item["version"]), float(item["accuracy"])) for item in config.early_stop),
-        )
 
     @property
     def reads_accuracy(self) -> bool:

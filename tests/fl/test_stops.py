@@ -51,7 +51,7 @@ def test_max_rounds_sets_the_modes_own_bound() -> None:
     assert small_config(rounds=4, max_rounds=4).rounds == 4  # both given: they agree
     buffered = small_config(**BUFFERED, max_rounds=6)
     assert buffered.max_model_version == buffered.last_version == 6
-    assert StopRules.of(buffered).bound == "max_rounds" and StopRules.of(small_config()).bound == "rounds"
+    assert buffered.stop_rules().bound == "max_rounds" and small_config().stop_rules().bound == "rounds"
     assert small_config(**BUFFERED, max_rounds=6, max_model_version=6).last_version == 6
     # Stored and read back, the config is the same.
     assert RunConfig.from_dict(buffered.to_dict()) == buffered

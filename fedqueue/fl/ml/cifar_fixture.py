@@ -90,3 +90,36 @@ def write_cifar_batches(root: str | Path, train_samples: int, test_samples: int,
         },
     )
     return folder
+
+
+def write_cifar100_files(root: str | Path, train_samples: int, test_samples: int, seed: int = 0) -> Path:
+    """Write `root/cifar-100-python/` (train, test, meta) in CIFAR-100's pickle layout and return that folder.
+
+    Pass `root` as the dataset root; labels cycle through the 100 fine classes.
+    """
+    if train_samples < 0 or test_samples < 0:
+        raise ValueError("sample counts must be >= 0")
+    folder = Path(root) / "cifar-100-python"
+    folder.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(seed)
+    prototypes = rng.integers(0, 256, size=(100, _PIXELS), dtype=np.uint16)
+    for name, count in (("train", train_samples), ("test", test_samples)):
+        labels = rng.permutation(np.arange(count, dtype=np.int64) % 100)
+        _write_pickle(
+            folder / name,
+            {
+                "filenames": [f"{name}_{i:05d}.png" for i in range(count)],
+                "batch_label": f"{name} batch",
+                "fine_labels": [int(v) for v in labels],
+                "coarse_labels": [int(v) // 5 for v in labels],
+                "data": np.ascontiguousarray(_images(rng, prototypes, labels), dtype=np.uint8),
+            },
+        )
+    _write_pickle(
+        folder / "meta",
+        {
+            "fine_label_names": [f"class_{i}" for i in range(100)],
+            "coarse_label_names": [f"group_{i}" for i in range(20)],
+        },
+    )
+    return folder

@@ -21,11 +21,15 @@ import torch.nn.functional as F
 from fedqueue.errors import ConfigError, DataError
 from fedqueue.fl.ml.plugins import DatasetRequest, LoadedDataset, TensorData, describe_choices, is_valid_name, resolve
 
-PARTITIONS = ("iid", "dirichlet")
+PARTITIONS = ("iid", "dirichlet", "dirichlet_fixed")
 NUM_CLASSES = 10
+CIFAR100_CLASSES = 100
 
 _CIFAR_MEAN = (0.4914, 0.4822, 0.4465)
 _CIFAR_STD = (0.2470, 0.2435, 0.2616)
+# FedRevive's CIFAR-100 constants (its CIFAR-10 ones differ from fedqueue's above, which stay as they were).
+CIFAR100_MEAN = (0.507, 0.487, 0.441)
+CIFAR100_STD = (0.268, 0.257, 0.276)
 _SYNTHETIC_TRAIN = 4000
 _SYNTHETIC_TEST = 1000
 # Prototype strength relative to unit noise: learnable, but not in a single step.
@@ -41,11 +45,16 @@ class DataSpec:
     root: str | None = None
     seed: int = 0
     num_devices: int = 1
-    partition: str = "iid"  # "iid" | "dirichlet"
+    partition: str = "iid"  # "iid" | "dirichlet" | "dirichlet_fixed"
     alpha: float = 0.5
     samples_per_device: int | None = None
     # Share of the training set the server holds out before the devices are partitioned (FedRevive's kd_split).
     server_fraction: float = 0.0
+    # dirichlet_fixed (fl/ml/fixed_shards.py): samples per device, and the shares FedRevive's fixed split
+    # takes out of the training set before the shards are drawn (its val_split and kd_split).
+    client_data_size: int | None = None
+    val_fraction: float = 0.0
+    kd_fraction: float = 0.0
     # The run's [plugin] table as canonical JSON: hashable, so the spec still keys the caches.
     options_json: str = "{}"
 
@@ -75,6 +84,8 @@ def _check_partition_args(num_devices: int, scheme: str, alpha: float, cap: int 
         raise ConfigError(f"alpha: must be > 0 for a dirichlet partition, got {alpha}")
     if cap is not None and cap < 1:
         raise ConfigError(f"samples_per_device: must be >= 1, got {cap}")
+    if scheme == "dirichlet_fixed" and cap is not None:
+        raise ConfigError("samples_per_device: dirichlet_fixed gives each device exactly client_data_size; unset it")
 
 
 def _dirichlet_parts(labels: np.ndarray, num_devices: int, alpha: float, rng: np.random.Generator) -> list[np.ndarray]:
@@ -113,6 +124,8 @@ def partition_indices(
 ) -> tuple[np.ndarray, ...]:
     """Disjoint, non-empty index sets, one per device, fixed by seed."""
     _check_partition_args(num_devices, scheme, alpha, cap)
+    if scheme == "dirichlet_fixed":
+        raise ConfigError("partition: dirichlet_fixed shards overlap; fixed_shards.fixed_size_shards draws them")
     labels = np.asarray(labels).reshape(-1)
     if len(labels) < num_devices:
         raise DataError(f"partition: {len(labels)} samples cannot give each of {num_devices} devices one")
@@ -176,22 +189,39 @@ def _digits(seed: int) -> tuple[TensorData, TensorData]:
     return take(train_idx), take(test_idx)
 
 
-@functools.lru_cache(maxsize=1)
-def _unchecked_cifar10() -> type:
-    from torchvision.datasets import CIFAR10
+@dataclass(frozen=True)
+class _CifarFormat:
+    """What differs between torchvision's CIFAR-10 and CIFAR-100 folders, and how fedqueue normalises each."""
 
-    class UncheckedCIFAR10(CIFAR10):
+    name: str  # as errors name it
+    folder: str
+    num_classes: int
+    mean: tuple[float, float, float]
+    std: tuple[float, float, float]
+
+
+_CIFAR10 = _CifarFormat("CIFAR-10", "cifar-10-batches-py", NUM_CLASSES, _CIFAR_MEAN, _CIFAR_STD)
+_CIFAR100 = _CifarFormat("CIFAR-100", "cifar-100-python", CIFAR100_CLASSES, CIFAR100_MEAN, CIFAR100_STD)
+
+
+@functools.lru_cache(maxsize=2)
+def _unchecked_cifar(folder: str) -> type:
+    from torchvision.datasets import CIFAR10, CIFAR100
+
+    base = CIFAR10 if folder == _CIFAR10.folder else CIFAR100
+
+    class Unchecked(base):  # type: ignore[valid-type,misc]  # one of two torchvision classes, chosen above
         # torchvision's reader minus md5 sums, which fixtures and re-packed copies cannot match.
-        train_list = [[name, None] for name, _ in CIFAR10.train_list]
-        test_list = [[name, None] for name, _ in CIFAR10.test_list]
-        meta = {**CIFAR10.meta, "md5": None}
+        train_list = [[name, None] for name, _ in base.train_list]
+        test_list = [[name, None] for name, _ in base.test_list]
+        meta = {**base.meta, "md5": None}
 
-    return UncheckedCIFAR10
+    return Unchecked
 
 
-def _read_cifar10(root: str, train: bool) -> TensorData:
+def _read_cifar(root: str, train: bool, form: _CifarFormat = _CIFAR10) -> TensorData:
     try:
-        dataset: Any = _unchecked_cifar10()(root, train=train, download=False)
+        dataset: Any = _unchecked_cifar(form.folder)(root, train=train, download=False)
     except (
         RuntimeError,
         OSError,
@@ -203,22 +233,29 @@ def _read_cifar10(root: str, train: bool) -> TensorData:
         pickle.UnpicklingError,
     ) as err:
         # torchvision's own message suggests download=True, which fedqueue never does.
-        raise DataError(f"dataset root {root!r}: cifar-10-batches-py files missing or unreadable") from err
+        raise DataError(f"dataset root {root!r}: {form.folder} files missing or unreadable") from err
     # One bulk conversion instead of torchvision's per-item PIL transforms.
     pixels = torch.from_numpy(np.ascontiguousarray(dataset.data))  # N, H, W, C uint8
     x = pixels.permute(0, 3, 1, 2).contiguous().to(torch.float32).div_(255.0)
-    x.sub_(torch.tensor(_CIFAR_MEAN).view(1, 3, 1, 1))
-    x.div_(torch.tensor(_CIFAR_STD).view(1, 3, 1, 1))
+    x.sub_(torch.tensor(form.mean).view(1, 3, 1, 1))
+    x.div_(torch.tensor(form.std).view(1, 3, 1, 1))
     y = torch.tensor(list(dataset.targets), dtype=torch.int64)
-    if len(y) and (int(y.min()) < 0 or int(y.max()) >= NUM_CLASSES):
-        raise DataError(f"dataset root {root!r}: CIFAR-10 labels outside 0..9")
+    if len(y) and (int(y.min()) < 0 or int(y.max()) >= form.num_classes):
+        raise DataError(f"dataset root {root!r}: {form.name} labels outside 0..{form.num_classes - 1}")
     return TensorData(x, y)
 
 
-def _cifar10(root: str | None) -> tuple[TensorData, TensorData]:
+def _cifar(root: str | None, form: _CifarFormat = _CIFAR10) -> tuple[TensorData, TensorData]:
     if root is None or not Path(root).is_dir():
         raise DataError(f"dataset root {root!r} does not exist")
-    return _read_cifar10(str(root), train=True), _read_cifar10(str(root), train=False)
+    return _read_cifar(str(root), True, form), _read_cifar(str(root), False, form)
+
+
+def blank_pixel(dataset: str) -> tuple[float, ...]:
+    """A black pixel per channel as the model sees it (what torchvision's zero padding becomes after
+    normalisation); empty where the dataset is not normalised by fedqueue (zero in every channel)."""
+    form = {"cifar10": _CIFAR10, "cifar100": _CIFAR100}.get(dataset)
+    return () if form is None else tuple(-m / s for m, s in zip(form.mean, form.std, strict=True))
 
 
 def _synthetic(seed: int, train_count: int) -> tuple[TensorData, TensorData]:
@@ -245,8 +282,14 @@ def digits(request: DatasetRequest) -> LoadedDataset:
 
 def cifar10(request: DatasetRequest) -> LoadedDataset:
     """Built-in: CIFAR-10 from `request.root`, in torchvision's folder layout; never downloads."""
-    train, test = _cifar10(request.root)
+    train, test = _cifar(request.root)
     return LoadedDataset(train=train, test=test, num_classes=NUM_CLASSES)
+
+
+def cifar100(request: DatasetRequest) -> LoadedDataset:
+    """Built-in: CIFAR-100 (fine labels) from `request.root`, in torchvision's folder layout; never downloads."""
+    train, test = _cifar(request.root, _CIFAR100)
+    return LoadedDataset(train=train, test=test, num_classes=CIFAR100_CLASSES)
 
 
 def synthetic(request: DatasetRequest) -> LoadedDataset:
@@ -278,21 +321,7 @@ def _build(spec: DataSpec) -> FederatedData:
     if not isinstance(loaded, LoadedDataset):
         raise DataError(f"dataset: {spec.dataset!r} returned {type(loaded).__name__}, not a LoadedDataset")
     train = loaded.train
-    server, pool = _server_split(spec, len(train))
-    if loaded.partitions is None:
-        parts = partition_indices(
-            train.y.numpy()[pool],
-            spec.num_devices,
-            spec.partition,
-            spec.alpha,
-            spec.seed,
-            spec.samples_per_device,
-        )
-        parts = tuple(np.ascontiguousarray(pool[part]) for part in parts)
-    elif server is not None:
-        raise ConfigError(f"kd_split: the dataset {spec.dataset!r} brings its own partitions; hold nothing out of it")
-    else:
-        parts = _given_partitions(spec, loaded.partitions, len(train))
+    server, parts = _split(spec, loaded)
     for part in parts:
         part.setflags(write=False)  # shared through the cache
     return FederatedData(
@@ -303,6 +332,47 @@ def _build(spec: DataSpec) -> FederatedData:
         input_shape=tuple(train.x.shape[1:]),
         server=server,
     )
+
+
+def _split(spec: DataSpec, loaded: LoadedDataset) -> tuple[np.ndarray | None, tuple[np.ndarray, ...]]:
+    """(the server's held-out indices or None, each device's indices) into the training set."""
+    train = loaded.train
+    if loaded.partitions is None and spec.partition == "dirichlet_fixed":
+        return _fixed_shards(spec, train, loaded.num_classes)
+    server, pool = _server_split(spec, len(train))
+    if loaded.partitions is None:
+        parts = partition_indices(
+            train.y.numpy()[pool],
+            spec.num_devices,
+            spec.partition,
+            spec.alpha,
+            spec.seed,
+            spec.samples_per_device,
+        )
+        return server, tuple(np.ascontiguousarray(pool[part]) for part in parts)
+    if server is not None:
+        raise ConfigError(f"kd_split: the dataset {spec.dataset!r} brings its own partitions; hold nothing out of it")
+    return None, _given_partitions(spec, loaded.partitions, len(train))
+
+
+def _fixed_shards(
+    spec: DataSpec, train: TensorData, num_classes: int
+) -> tuple[np.ndarray | None, tuple[np.ndarray, ...]]:
+    """FedRevive's split and shards: the server holds the kd part (if it holds anything), val goes unused."""
+    from fedqueue.fl.ml.fixed_shards import fixed_size_shards, fixed_split
+
+    if spec.client_data_size is None:
+        raise ConfigError('client_data_size: required with partition = "dirichlet_fixed"')
+    pool, _, kd = fixed_split(len(train), spec.val_fraction, spec.kd_fraction)
+    labels = train.y.numpy()[pool]
+    shards, _ = fixed_size_shards(labels, spec.num_devices, spec.client_data_size, spec.alpha, num_classes, spec.seed)
+    server = None
+    if spec.server_fraction > 0:
+        if len(kd) == 0:
+            raise ConfigError(f"kd_split: {spec.kd_fraction} of {len(train)} training samples holds out none")
+        server = np.sort(kd)
+        server.setflags(write=False)
+    return server, tuple(np.ascontiguousarray(pool[shard]) for shard in shards)
 
 
 SERVER_SPLIT_STREAM = 0x5E4D  # keeps the held-out draw apart from the partition's

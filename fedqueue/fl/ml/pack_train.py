@@ -18,7 +18,9 @@ import torch
 from torch import Tensor, nn
 from torch.func import functional_call, vmap
 
+from fedqueue.fl.ml.augment import augment_generator, augment_stacked
 from fedqueue.fl.ml.plugins import LocalStep, Options, TensorData
+from fedqueue.fl.ml.stat_resnet import StatTracker
 from fedqueue.fl.ml.train import (
     LocalTrainConfig,
     OptimizerFactory,
@@ -61,6 +63,8 @@ def vmap_refusal(model: nn.Module) -> str | None:
     for name, module in model.named_modules():
         if isinstance(module, nn.modules.batchnorm._BatchNorm) and module.track_running_stats:
             return f"the model has BatchNorm running statistics ({type(module).__name__} {name!r})"
+        if isinstance(module, StatTracker):
+            return f"the model has running statistics (StatTracker {name!r})"
         if isinstance(module, nn.modules.dropout._DropoutNd) and module.p > 0:
             return f"the model has dropout ({type(module).__name__} {name!r})"
     return None
@@ -149,6 +153,8 @@ def train_pack(
         batch_indices(len(data), batch_size, torch.Generator(device="cpu").manual_seed(seed))
         for data, (batch_size, _), seed in zip(datas, schedules, seeds, strict=True)
     ]
+    # Drawn as sequential training draws them.
+    augmenting = [augment_generator(seed) for seed in seeds] if cfg.augment is not None else []
     # Every device's samples in one tensor on the training device: a step gathers its batches
     # with one index copied there, not a copy per device (each a wait on a GPU).
     inputs = torch.cat([data.x for data in datas]).to(device)
@@ -173,7 +179,10 @@ def train_pack(
                 stacked if everyone else {name: value.index_select(0, chosen) for name, value in stacked.items()}
             )
             rows = torch.stack([drawn[member] + offsets[member] for member in members]).to(device, non_blocking=True)
-            losses = batched_loss(parameters, inputs[rows], labels[rows])
+            batch = inputs[rows]
+            if cfg.augment is not None:
+                batch = augment_stacked(cfg.augment, batch, [augmenting[member] for member in members])
+            losses = batched_loss(parameters, batch, labels[rows])
             losses.sum().backward()
             loss_sums.index_add_(0, chosen, losses.detach().to(torch.float64))
         _step_active(optimizer, stacked.values(), active, size)

@@ -31,10 +31,12 @@ BUILTINS: dict[str, dict[str, str]] = {
         "mlp": "fedqueue.fl.ml.models:mlp",
         "cnn": "fedqueue.fl.ml.models:cnn",
         "resnet18": "fedqueue.fl.ml.models:resnet18",
+        "resnet18_fedrevive": "fedqueue.fl.ml.stat_resnet:resnet18_fedrevive",
     },
     "dataset": {
         "digits": "fedqueue.fl.ml.data:digits",
         "cifar10": "fedqueue.fl.ml.data:cifar10",
+        "cifar100": "fedqueue.fl.ml.data:cifar100",
         "synthetic": "fedqueue.fl.ml.data:synthetic",
     },
     "local_step": {"cross_entropy": "fedqueue.fl.ml.train:cross_entropy_step"},

@@ -8,7 +8,7 @@ models) classify as that label. Each call to `synthesize`:
    - oh:  the teachers' cross-entropy on the labels, each teacher's term weighted by how much
           of that label its device holds (a teacher never taught a class it never saw);
    - bn:  the distance of the batch's feature statistics from each teacher's BatchNorm running
-          statistics (0 for models without BatchNorm);
+          statistics, or its StatTrackers' (fl/ml/stat_resnet.py; 0 for models with neither);
    - adv: after warmup, minus the student's divergence from the teachers where they agree,
           so new images sit where the student still disagrees;
 3. moves the generator toward the trained copy (a Reptile meta-step), so each call starts from
@@ -32,6 +32,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+
+from fedqueue.fl.ml.stat_resnet import StatTracker
 
 
 @dataclass(frozen=True)
@@ -94,15 +96,22 @@ class Generator(nn.Module):
         return images
 
 
+def _tracks_statistics(layer: nn.Module) -> bool:
+    """BatchNorm with running statistics, or a StatTracker: both see a convolution's output and keep its mean
+    and variance, so one hook reads either."""
+    if isinstance(layer, StatTracker):
+        return True
+    return isinstance(layer, nn.BatchNorm1d | nn.BatchNorm2d) and layer.running_mean is not None
+
+
 class _FeatureStats:
-    """Forward hooks on a model's BatchNorm layers: how far a batch's statistics are from the running ones."""
+    """Forward hooks on a model's BatchNorm layers or StatTrackers: how far a batch's statistics are from the
+    running ones."""
 
     def __init__(self, model: nn.Module) -> None:
         self.losses: list[Tensor] = []
         self.handles = [
-            layer.register_forward_hook(self._hook)
-            for layer in model.modules()
-            if isinstance(layer, nn.BatchNorm1d | nn.BatchNorm2d) and layer.running_mean is not None
+            layer.register_forward_hook(self._hook) for layer in model.modules() if _tracks_statistics(layer)
         ]
 
     def _hook(self, layer: nn.Module, inputs: tuple[Tensor, ...], _: Tensor) -> None:

@@ -12,6 +12,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from fedqueue.errors import ConfigError, DataError
+from fedqueue.fl.ml.augment import Augmentation, augment_batch, augment_generator
 from fedqueue.fl.ml.plugins import LocalStep, Options, TensorData
 
 OPTIMIZERS = ("sgd", "adam")
@@ -27,6 +28,8 @@ class LocalTrainConfig:
     optimizer: str  # "sgd" | "adam"
     lr: float
     momentum: float
+    # Train-time augmentation of each batch (fl/ml/augment.py); None trains on the samples as they are.
+    augment: Augmentation | None = None
 
 
 @dataclass(frozen=True, eq=False)
@@ -143,13 +146,17 @@ def train_local(
     # A private generator: the global RNG is shared by every task thread in the process.
     generator = torch.Generator(device="cpu").manual_seed(seed)
     batches = batch_indices(count, batch_size, generator)
+    augmenting = None if cfg.augment is None else augment_generator(seed)
 
     # Summed on the device so the loop never waits for a loss value.
     loss_sum = torch.zeros((), dtype=torch.float64, device=device)
     for _ in range(steps):
         index = next(batches).to(device)
         optimizer.zero_grad(set_to_none=True)
-        loss = step(model, (x[index], y[index]), global_state, options)
+        inputs = x[index]
+        if cfg.augment is not None and augmenting is not None:
+            inputs = augment_batch(cfg.augment, inputs, augmenting)
+        loss = step(model, (inputs, y[index]), global_state, options)
         loss.backward()
         optimizer.step()
         loss_sum += loss.detach()

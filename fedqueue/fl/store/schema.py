@@ -42,6 +42,8 @@ class RoundRow(Base):
     # Simulated time when the round's version was made (fedqueue.fl.clock): the round's slowest
     # device bounds a synchronous round; a buffered-async version is made by its last arrival.
     sim_time: Mapped[float | None] = mapped_column(Float, nullable=True)
+    # Per-class test accuracy and loss of an evaluated version: {"accuracy": [...], "loss": [...]}, one per class.
+    label_wise: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
 
 
 class DeviceTaskRow(Base):

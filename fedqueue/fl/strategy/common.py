@@ -8,7 +8,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from fedqueue.core.services import Services
 from fedqueue.fl.config import RunConfig
@@ -54,12 +54,12 @@ def renewing(services: Services, renew: Callable[[], bool], what: str) -> Iterat
 
 def evaluate_version(
     config: RunConfig, version: int, state: Mapping[str, torch.Tensor], last: bool = False
-) -> dict[str, float]:
-    """Held-out accuracy and loss of a version, every `eval_every` versions and at the last (`last`: known
-    to be the last by a stop rule); else nothing."""
+) -> dict[str, Any]:
+    """Held-out accuracy and loss of a version (overall, and per class as `label_wise`), every `eval_every`
+    versions and at the last (`last`: known to be the last by a stop rule); else nothing."""
     # torch: loaded where a version is evaluated, not by every process that loads the strategies
     from fedqueue.fl.ml.data import load_federated
-    from fedqueue.fl.ml.evaluate import evaluate
+    from fedqueue.fl.ml.evaluate import evaluate_by_class
     from fedqueue.fl.ml.models import build_model
     from fedqueue.fl.ml.torch_device import torch_device
     from fedqueue.fl.setup import data_spec
@@ -71,8 +71,13 @@ def evaluate_version(
     device = torch_device()
     model = build_model(config.model, data.input_shape, data.num_classes, config.plugin)
     model.load_state_dict(state)
-    accuracy, loss = evaluate(model.to(device), data.test, device)
-    return {"accuracy": accuracy, "loss": loss, "eval_ms": (time.perf_counter() - began) * 1000}
+    result = evaluate_by_class(model.to(device), data.test, device, data.num_classes)
+    return {
+        "accuracy": result.accuracy,
+        "loss": result.loss,
+        "label_wise": result.label_wise(),
+        "eval_ms": (time.perf_counter() - began) * 1000,
+    }
 
 
 def checkpoint_version(services: Services, run_id: str, version: int, encoded: bytes) -> None:

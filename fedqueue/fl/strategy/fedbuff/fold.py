@@ -33,7 +33,7 @@ from fedqueue.fl.config import RunConfig
 from fedqueue.fl.messages import AggregateTask, DeviceTask, FoldTask, fold_key
 from fedqueue.fl.ml.weights import decode_state, encode_state
 from fedqueue.fl.packs.tasks import tasks_of_packs
-from fedqueue.fl.stops import ACCURACY_RULES, Stop, StopRules, accuracy_stop
+from fedqueue.fl.stops import ACCURACY_RULES, Stop, accuracy_stop
 from fedqueue.fl.store import schedule_rows
 from fedqueue.fl.store.results import add_round, get_round
 from fedqueue.fl.store.schema import RoundRow
@@ -70,7 +70,7 @@ def rules_of(config: RunConfig) -> Rules:
         staleness_s_max=config.staleness_s_max,
         keep_recent=config.kd_buffer_size if config.mode == "fedrevive" else 0,
         max_sim_time=config.max_sim_time,
-        bound=StopRules.of(config).bound,
+        bound=config.stop_rules().bound,
     )
 
 
@@ -263,7 +263,7 @@ class _FoldPass:
         self.worker, self.attempt, self.claim_lost = worker, attempt, claim_lost
         self.config = cache.run_config(services, run_id)
         self.rules = rules_of(self.config)
-        self.stops = StopRules.of(self.config)
+        self.stops = self.config.stop_rules()
         self.trip_seconds = _trip_seconds(self.config)
         self._refs = cache.version_refs(run_id)  # published versions, by number, as this process has read or made them
         self._locals: dict[tuple[int, int], Mapping[str, torch.Tensor]] = {}
@@ -477,6 +477,7 @@ class _FoldPass:
         """Fold the buffer into the next version, evaluate, checkpoint and publish it; returns the updates used."""
         # torch: loaded by the worker that folds, not by the command line
         from fedqueue.fl.ml.aggregate import fold_buffer, fold_deltas
+        from fedqueue.fl.ml.stat_resnet import reset_trackers
         from fedqueue.fl.ml.torch_device import device_label
 
         started_at, clock = time.time(), time.perf_counter()
@@ -502,6 +503,8 @@ class _FoldPass:
             server_state = reviver.server_state(event.version)
         else:
             new_state = fold_buffer(current, buffer(), self.config.global_lr)
+        # FedRevive: a new version carries no feature statistics of its own (a no-op without trackers).
+        new_state = reset_trackers(new_state)
         encoded = encode_state(new_state)
         metrics: dict[str, Any] = {"aggregate_ms": (time.perf_counter() - clock) * 1000, "sim_time": event.at}
         losses = [row.loss for row in stored if row.loss is not None]

@@ -24,7 +24,7 @@ from fedqueue.core.services import Services
 from fedqueue.fl.config import RunConfig
 from fedqueue.fl.ml.weights import decode_state, encode_state
 from fedqueue.fl.packs.tasks import tasks_of_round
-from fedqueue.fl.stops import Stop, StopRules, accuracy_stop, time_stop, version_stop
+from fedqueue.fl.stops import Stop, accuracy_stop, time_stop, version_stop
 from fedqueue.fl.store.results import (
     add_round,
     claim_round,
@@ -155,6 +155,7 @@ def _aggregate_claimed_round(
 ) -> None:
     # torch: loaded by the worker that aggregates, not by the command line
     from fedqueue.fl.ml.aggregate import SUMMABLE_RULES, fedavg
+    from fedqueue.fl.ml.stat_resnet import reset_trackers
     from fedqueue.fl.setup import resolve_plugins
 
     run = services.store.get_run(run_id)
@@ -185,6 +186,8 @@ def _aggregate_claimed_round(
             new_state = fedavg(global_state, updates, config.global_lr, sums)
         else:
             new_state = resolve_plugins(config).aggregate(global_state, updates, config.global_lr, config.plugin)
+    # FedRevive: a new version carries no feature statistics of its own (a no-op without trackers).
+    new_state = reset_trackers(new_state)
     encoded = encode_state(new_state)
     aggregate_ms = (time.perf_counter() - began) * 1000
 
@@ -281,7 +284,7 @@ def start_next(services: Services, run_id: str, config: RunConfig, done_round: i
 def stop_after(services: Services, run_id: str, config: RunConfig, done_round: int) -> Stop | None:
     """The rule that ends the run after round `done_round`, in FedRevive's order: the bound on rounds, then
     accuracy (read right after the round), then simulated time (the next round would end past it)."""
-    rules = StopRules.of(config)
+    rules = config.stop_rules()
     rows = [row for row in list_rounds(services.store, run_id) if row.round_index <= done_round]
     sim_time = rows[-1].sim_time if rows else None
     accuracies = [row.accuracy for row in rows if row.accuracy is not None]
