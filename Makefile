@@ -67,8 +67,8 @@ bench: $(STAMP)
 	$(BIN)/python bench/async_overhead.py
 	$(BIN)/python bench/sync_vs_async.py
 	$(BIN)/python bench/startup.py
-	$(BIN)/python bench/chaos_soak.py
 	$(MAKE) bench-vllm
+	$(BIN)/python bench/chaos_soak.py
 
 # fedqueue with the vLLM backend against bare vLLM offline, 512 prompts x 64 new tokens (about 8-10 minutes).
 bench-vllm: $(VLLM_STAMP)
