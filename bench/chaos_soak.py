@@ -271,7 +271,8 @@ class Followed:
     output_tail: str = ""
     state: str | None = None
     extra: dict[str, Any] = field(default_factory=dict)
-    refused: list[str] = field(default_factory=list)  # the errors of submissions that printed no id
+    # Submissions that printed no id: (the error they ended with, whether they printed a traceback).
+    refused: list[tuple[str, bool]] = field(default_factory=list)
 
 
 def fedbuff_config(index: int, seed: int, versions: int) -> RunConfig:
@@ -329,7 +330,7 @@ def follow(
         record.run_id = found.group(1) if found else None
         if record.run_id is not None or record.rc == 0:
             break
-        record.refused.append(_last_line(output))
+        record.refused.append((_last_line(output), "Traceback" in output))
         time.sleep(5.0)
     if record.run_id is None:
         return
@@ -653,7 +654,7 @@ def report(
     fl = [r for r in records if r.kind == "fedbuff"]
     llm = [r for r in records if r.kind == "llm"]
     followers_bad = [r for r in records if r.rc != 0 or r.traceback]
-    refused = [(r, line) for r in records for line in r.refused]
+    refused = [(r, line, traceback) for r in records for line, traceback in r.refused]
     total = sum(faults.counts.values())
     by_kind = ", ".join(f"{kind} {faults.counts.get(kind, 0)}" for kind in FAULT_KINDS)
     print(machine_line(info) + "; CPU only")
@@ -669,9 +670,12 @@ def report(
     print(f"tasks stored: {verdict.tasks}; tasks redone (attempt > 1): {verdict.redone}")
     print(f"lost: {verdict.lost}")
     print(f"counted twice: {verdict.twice}")
-    print(f"submissions refused before an id was printed (each tried again): {len(refused)}")
-    for record, line in refused:
-        print(f"  {record.kind} {record.index}: {line}")
+    print(
+        f"submissions refused before an id was printed (each tried again): {len(refused)}, "
+        f"with a traceback: {sum(traceback for _, _, traceback in refused)}"
+    )
+    for record, line, traceback in refused:
+        print(f"  {record.kind} {record.index}: {line}" + (" (after a traceback)" if traceback else ""))
     print(f"runs and jobs in the store that no follower named (written by a refused submission): {len(orphans)}")
     print(f"followers that did not exit 0 or printed a traceback: {len(followers_bad)}")
     for record in followers_bad:
@@ -681,7 +685,10 @@ def report(
     )
     for line in verdict.differ:
         print("  DIFFERS: " + line)
-    ok = bool(records) and not (verdict.differ or verdict.lost or verdict.twice or followers_bad or refused)
+    # A submission refused with one line while the broker is down is what a user can act on (it is tried again);
+    # one that ends in a traceback is not.
+    crashed = [line for _, line, traceback in refused if traceback]
+    ok = bool(records) and not (verdict.differ or verdict.lost or verdict.twice or followers_bad or crashed)
     print("PASS" if ok else "FAIL")
     if not args.keep and ok:
         import shutil
