@@ -55,8 +55,8 @@ lint: $(STAMP)
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
 
-# About 45 minutes on an idle 2-core machine (10 of them bench-vllm, which builds the vLLM venv first); each
-# benchmark first waits (up to 3 minutes) for other work to stop.
+# About an hour on an idle 2-core machine (10 minutes of it bench-vllm, which builds the vLLM venv first, and
+# about 15 the chaos soak); each timing benchmark first waits (up to 3 minutes) for other work to stop.
 bench: $(STAMP)
 	$(BIN)/python bench/fl_round.py
 	$(BIN)/python bench/overhead.py
@@ -68,6 +68,7 @@ bench: $(STAMP)
 	$(BIN)/python bench/sync_vs_async.py
 	$(BIN)/python bench/startup.py
 	$(MAKE) bench-vllm
+	$(BIN)/python bench/chaos_soak.py
 
 # fedqueue with the vLLM backend against bare vLLM offline, 512 prompts x 64 new tokens (about 8-10 minutes).
 bench-vllm: $(VLLM_STAMP)
