@@ -42,6 +42,9 @@ def make_app(settings: Settings) -> Celery:
         task_create_missing_queues=True,
         broker_transport_options=transport_options,
         broker_connection_retry_on_startup=True,
+        # A Redis at its maxmemory refuses the consumer's own writes (the unacked hash, its mutex) with a reply
+        # error, not a lost connection: retry it as one, so the worker waits for room instead of exiting.
+        broker_channel_error_retry=True,
         broker_connection_timeout=5,
         # Task events feed the Flower UI.
         worker_send_task_events=True,

@@ -1,0 +1,74 @@
+"""A worker whose broker fills up to its maxmemory (filled by someone else) waits for room instead of exiting.
+
+Celery's consumer writes to Redis on every delivery (the unacked hash); a Redis at its limit refuses that with
+a reply error, which Celery counts as fatal unless told to retry it as a lost connection. Here the worker is
+frozen, the run's tasks are queued, Redis is filled to its limit, and the worker is thawed into it: it must
+keep its process, and once the junk is gone the run ends with the reference weights.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+from dataclasses import replace
+from pathlib import Path
+
+import psutil
+import pytest
+import redis
+
+from fedqueue.config import Settings
+from fedqueue.fl import api
+from fedqueue.queue.embedded import EmbeddedRedis
+from tests.helpers import assert_same_weights, reference_final_state
+from tests.reliability_support import launcher, reliable_settings, slow_config, wait_until, worker_children
+
+pytestmark = pytest.mark.faults
+
+
+def fill(client: redis.Redis) -> int:
+    """Junk keys until Redis refuses a write; returns how many went in."""
+    count = 0
+    try:
+        while True:
+            client.set(f"junk:{count}", b"x" * 65536)
+            count += 1
+    except redis.exceptions.OutOfMemoryError:
+        return count
+
+
+def oom_replies(client: redis.Redis) -> int:
+    """Writes Redis refused for want of memory so far (its own count, by error code)."""
+    stats = client.info("errorstats")
+    return int(stats.get("errorstat_OOM", {}).get("count", 0))
+
+
+def test_a_worker_thawed_into_a_full_broker_waits_for_room_and_the_run_ends_the_same(
+    settings: Settings, tmp_path: Path
+) -> None:
+    server = EmbeddedRedis(extra_args=["--maxmemory", "32mb", "--maxmemory-policy", "noeviction"]).start()
+    client = redis.Redis.from_url(server.url)
+    settings = reliable_settings(replace(settings, broker_url=server.url))
+    config = slow_config(0.05, rounds=2, devices_per_round=4, local_iters=3)
+    try:
+        with launcher(settings, procs=1, cwd=tmp_path) as workers:
+            (worker,) = worker_children(workers)
+            os.kill(worker.pid, signal.SIGSTOP)
+            handle = api.submit(config, settings=settings)  # its first round waits on the queue
+            junk = fill(client)
+            os.kill(worker.pid, signal.SIGCONT)
+            # Thawed, it takes a message and meets the refusal, again as it retries: it must stay up through it.
+            with api.scheduling(handle) as scheduler:
+                refused = oom_replies(client)
+                wait_until(lambda: oom_replies(client) >= refused + 3, 60, scheduler.tick)
+                assert worker.is_running() and worker.status() != psutil.STATUS_ZOMBIE
+                client.delete(*[f"junk:{index}" for index in range(junk)])
+                status = handle.wait(180, tick=scheduler.tick)
+            assert worker_children(workers) == [worker], "the worker was restarted: it exited on the full broker"
+        log = "".join(path.read_text() for path in tmp_path.glob("launcher-*.log"))
+    finally:
+        client.close()
+        server.stop()
+    assert status["state"] == "finished", status
+    assert "Unrecoverable error" not in log, log[-3000:]
+    assert_same_weights(handle.final_weights(), reference_final_state(config))
