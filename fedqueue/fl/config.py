@@ -120,7 +120,7 @@ class RunConfig:
     upload_delay: dict[str, Any] = field(default_factory=dict)
     # s_max of staleness_weight = "afl_dw": w(s) = (1 + cos(pi s / (2 s_max))) / 2, 0 beyond 2 s_max.
     staleness_s_max: float = 75.0
-    # FedRevive's data (issue #34): partition = "dirichlet_fixed" gives every device exactly
+    # FedRevive's data: partition = "dirichlet_fixed" gives every device exactly
     # client_data_size samples, class shares from its own Dirichlet(alpha) draw, shards overlapping
     # across devices; drawn from the training set left after a fixed seed-42 split takes val_split and
     # kd_split out (fl/ml/fixed_shards.py). augment: each batch's random crop (4 px of black padding)

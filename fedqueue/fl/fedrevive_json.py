@@ -156,27 +156,27 @@ def _dataset(data: Mapping[str, Any], raw: dict[str, Any], handled: set[str]) ->
         raise ConfigError(
             f"dataset: {dataset!r} has no offline loader here (fedqueue reads cifar10 and cifar100 from data_root)"
         )
-    if dataset != "cifar10":
-        raise ConfigError(f"dataset: {dataset!r} is not supported yet (cifar10 is)")
-    raw["dataset"] = "cifar10"
+    if dataset not in ("cifar10", "cifar100"):
+        raise ConfigError(f"dataset: {dataset!r} is not one of their datasets fedqueue reads (cifar10, cifar100)")
+    raw["dataset"] = dataset
+    raw["data_root"] = f"data/{dataset}"  # torchvision's layout under it; `--set data_root=...` names another
+    # Their clients crop (4 px of zero padding) and flip; CIFAR-100's rotate up to 15 degrees too.
+    raw["augment"] = "crop_flip_rotate" if dataset == "cifar100" else "crop_flip"
+    if "val_split" in data:
+        raw["val_split"] = _number("val_split", data["val_split"])
     model = data.get("model_name", "resnet18")
     if model != "resnet18":
         raise ConfigError(f"model_name: {model!r} is not supported (resnet18 is)")
-    raw["model"] = "resnet18"
+    raw["model"] = "resnet18_fedrevive"  # theirs: no BatchNorm, stat trackers instead
 
 
 def _partition(data: Mapping[str, Any], raw: dict[str, Any], handled: set[str]) -> None:
-    handled.add("data_distribution")
+    handled |= {"data_distribution", "client_data_size"}
     distribution = data.get("data_distribution", "non_iid_dirichlet")
-    if distribution == "non_iid_dirichlet":
-        raw["partition"] = "dirichlet"
-    elif distribution == "iid":
-        raw["partition"] = "iid"
-    else:
-        raise ConfigError(f"data_distribution: {distribution!r} is not supported (non_iid_dirichlet and iid are)")
-    handled.add("client_data_size")
-    if "client_data_size" in data:
-        raw["samples_per_device"] = int(data["client_data_size"])
+    if distribution != "non_iid_dirichlet":
+        raise ConfigError(f"data_distribution: {distribution!r} is not supported (non_iid_dirichlet is)")
+    raw["partition"] = "dirichlet_fixed"  # exactly client_data_size samples a device, shards overlapping
+    raw["client_data_size"] = int(data.get("client_data_size", 350))
 
 
 def _kd_settings(
