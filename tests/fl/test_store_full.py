@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import sqlite3
 import subprocess
+import time
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
@@ -40,6 +41,9 @@ pytestmark = pytest.mark.faults
 # What a follower prints when the store's disk is full, and when the store takes writes again.
 STORE_FULL = "store: disk full; waiting"
 STORE_BACK = "store back after "
+# How long the disk stays full once the follower said so: longer than a store call's own retries (7.4 s), and than
+# a task's three attempts of them, so a worker that counted store errors as failures would lose a device.
+FULL_FOR_S = 30
 
 
 @contextlib.contextmanager
@@ -94,6 +98,7 @@ def test_run_waits_for_a_full_disk_and_ends_with_the_same_weights(settings: Sett
                 assert follower.poll() is None, log.read_text()[-3000:]
                 filler = fill(disk)
                 wait_until(lambda: STORE_FULL in log.read_text() or follower.poll() is not None, 60)
+                time.sleep(FULL_FOR_S)  # past the store's own retries: the workers' results wait too
                 assert follower.poll() is None, log.read_text()[-3000:]
                 filler.unlink()
                 follower.wait(timeout=180)
