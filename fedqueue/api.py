@@ -197,15 +197,18 @@ def scheduling(
     waits for it (its `watch` says when the broker goes and comes back, to `say`, else to the log) and
     raises BrokerGone after the broker wait (FEDQUEUE_BROKER_WAIT_S); see fedqueue.core.outage. Its
     `store_watch` does the same for the store (fedqueue.core.store_watch): the caller's polls go through it.
+    Its ticks also say when the run's queues have tasks waiting and no worker reads them (fedqueue.core.unread).
     """
     from fedqueue.core.outage import BrokerWatch
     from fedqueue.core.store_watch import StoreWatch
     from fedqueue.core.supervisor import RunSupervisor
+    from fedqueue.core.unread import UnreadQueues
 
     with _client(Placement(handle.settings), services) as client:
         watch = BrokerWatch.of(client.settings, handle.id, say)
         store_watch = StoreWatch.of(client.settings, handle.id, say)
-        supervisor = RunSupervisor(client, handle.id, watch=watch, store_watch=store_watch).acquire()
+        unread = UnreadQueues.of(client, handle.id, say)
+        supervisor = RunSupervisor(client, handle.id, watch=watch, store_watch=store_watch, unread=unread).acquire()
         try:
             yield supervisor
         finally:

@@ -12,6 +12,7 @@ from fedqueue.core.outage import BrokerWatch
 from fedqueue.core.services import Services
 from fedqueue.core.store_trouble import store_trouble
 from fedqueue.core.store_watch import StoreWatch
+from fedqueue.core.unread import UnreadQueues
 from fedqueue.errors import FedqueueError
 
 log = logging.getLogger(__name__)
@@ -42,6 +43,9 @@ class RunSupervisor:
 
     With a `store_watch`, taking the lease waits through a store outage (the follower's loop runs its
     ticks through the same watch: fedqueue.core.store_watch), and letting it go is best effort.
+
+    With `unread`, each tick also looks (every few seconds) for the run's queues that no worker reads, and
+    says so (fedqueue.core.unread).
     """
 
     def __init__(
@@ -51,12 +55,14 @@ class RunSupervisor:
         owner: str | None = None,
         watch: BrokerWatch | None = None,
         store_watch: StoreWatch | None = None,
+        unread: UnreadQueues | None = None,
     ) -> None:
         self.services = services
         self.run_id = run_id
         self.owner = owner or f"{socket.gethostname()}:{os.getpid()}"
         self.watch = watch
         self.store_watch = store_watch
+        self.unread = unread
         self._next_repair = 0.0
 
     def _take(self) -> bool:
@@ -82,6 +88,11 @@ class RunSupervisor:
 
     def tick(self) -> list[str]:
         """Renew the lease; every few seconds, repair the run. Returns the repairs made."""
+        if self.unread is not None:  # whoever holds the lease: this follower says when no worker reads its queues
+            if self.watch is None:
+                self.unread.check()
+            else:
+                self.watch.call(self.unread.check, _nothing)
         if not self._take():
             if self.watch is not None:
                 self.watch.check()  # the launcher repairs; this follower still says when the broker is back
@@ -110,6 +121,10 @@ class RunSupervisor:
                 raise
             # Leaving anyway (finished, or given up on the store): the lease runs out by itself.
             log.warning("run %s: lease not released (store: %s)", self.run_id, store_trouble(err))
+
+
+def _nothing() -> None:
+    """What looking at the queues does while the broker is unreachable."""
 
 
 def _not_taken() -> bool:
