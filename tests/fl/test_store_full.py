@@ -118,3 +118,47 @@ def test_run_waits_for_a_full_disk_and_ends_with_the_same_weights(settings: Sett
         assert_same_weights(handle.final_weights(), reference_final_state(config))
         handle.store.close()
         assert integrity(database) == "ok"
+
+
+def test_run_gives_up_after_the_store_wait_and_resume_finishes_it(settings: Settings, tmp_path: Path) -> None:
+    """The disk stays full past FEDQUEUE_STORE_WAIT_S: `fedqueue run` exits 2 naming `fedqueue resume RUN`, no
+    traceback; once the disk is freed, that resume finishes the run with the unfaulted run's weights."""
+    server = EmbeddedRedis().start()
+    config = slow_config(0.2, rounds=3, devices_per_round=4, local_iters=4)
+    (tmp_path / "run.toml").write_text(toml_of(config))
+    follower = resumed = None
+    with small_disk(tmp_path / "disk", "8m") as disk:
+        database = disk / "fedqueue.db"
+        settings = reliable_settings(
+            replace(settings, broker_url=server.url, database_url=f"sqlite:///{database}", store_wait_s=5)
+        )
+        try:
+            with launcher(settings, procs=2, cwd=tmp_path) as workers:
+                follower, log = start_follower(tmp_path, cli_env(settings), "run", "run.toml")
+                handle = api.RunHandle(printed_run_id(follower, log), settings)
+                wait_until(lambda: count_done(handle.store, handle.id, 2) >= 1 or follower.poll() is not None, 90)
+                assert follower.poll() is None, log.read_text()[-3000:]
+                filler = fill(disk)
+                follower.wait(timeout=90)
+                filler.unlink()
+                resumed, resume_log = start_follower(tmp_path, cli_env(settings), "resume", handle.id)
+                resumed.wait(timeout=180)
+                assert workers.poll() is None, "the launcher exited"
+        finally:
+            for process in (follower, resumed):
+                if process is not None:
+                    stop_process(process)
+            server.stop()
+        output = log.read_text()
+        assert follower.returncode == 2, output[-3000:]
+        assert output.count(STORE_FULL) == 1 and STORE_BACK not in output, output[-3000:]
+        assert f"run {handle.id} continues when its workers and store are back: `fedqueue resume {handle.id}`" in output
+        assert "Traceback" not in output, output[-3000:]
+        resume_output = resume_log.read_text()
+        assert resumed.returncode == 0, resume_output[-3000:]
+        assert "Traceback" not in resume_output, resume_output[-3000:]
+        assert handle.state == "finished"
+        one_result_per_device(handle)
+        assert_same_weights(handle.final_weights(), reference_final_state(config))
+        handle.store.close()
+        assert integrity(database) == "ok"
