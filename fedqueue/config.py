@@ -17,7 +17,10 @@ DEFAULT_KEY_PREFIX = "fedqueue"  # FEDQUEUE_KEY_PREFIX: starts every Redis key a
 DEFAULT_BLOB_TTL_S = 7 * 24 * 3600
 DEFAULT_THREADS_PER_TASK = 1  # FEDQUEUE_THREADS_PER_TASK: torch threads of one task
 DEFAULT_TASK_TIME_LIMIT_S = 3600  # FEDQUEUE_TASK_TIME_LIMIT_S: a task running longer ends its worker process
-DEFAULT_MAX_ATTEMPTS = 3  # FEDQUEUE_MAX_ATTEMPTS: deliveries of a task before it is stored failed
+DEFAULT_MAX_ATTEMPTS = 3  # FEDQUEUE_MAX_ATTEMPTS: attempts whose code raised before a task is stored failed
+# FEDQUEUE_MAX_LOST_ATTEMPTS: attempts lost with their worker (killed, crashed, gone) before a task is stored failed;
+# more than raised ones, since pre-emption and the OOM killer take workers through no fault of the task.
+DEFAULT_MAX_LOST_ATTEMPTS = 10
 # FEDQUEUE_HEARTBEAT_TTL_S: a running task's heartbeat key lives this long; a task whose key expired has lost its worker.
 DEFAULT_HEARTBEAT_TTL_S = 15
 DEFAULT_LEASE_TTL_S = 15  # FEDQUEUE_LEASE_TTL_S: how long a scheduler's lease on a run outlives its last renewal
@@ -61,6 +64,7 @@ class Settings:
     threads_per_task: int = DEFAULT_THREADS_PER_TASK
     task_time_limit_s: int = DEFAULT_TASK_TIME_LIMIT_S
     max_attempts: int = DEFAULT_MAX_ATTEMPTS
+    max_lost_attempts: int = DEFAULT_MAX_LOST_ATTEMPTS
     heartbeat_ttl_s: int = DEFAULT_HEARTBEAT_TTL_S
     lease_ttl_s: int = DEFAULT_LEASE_TTL_S
     broker_wait_s: int = DEFAULT_BROKER_WAIT_S
@@ -88,6 +92,7 @@ class Settings:
             threads_per_task=_int(env, "FEDQUEUE_THREADS_PER_TASK", cls.threads_per_task),
             task_time_limit_s=_int(env, "FEDQUEUE_TASK_TIME_LIMIT_S", cls.task_time_limit_s),
             max_attempts=_int(env, "FEDQUEUE_MAX_ATTEMPTS", cls.max_attempts),
+            max_lost_attempts=_int(env, "FEDQUEUE_MAX_LOST_ATTEMPTS", cls.max_lost_attempts),
             heartbeat_ttl_s=_int(env, "FEDQUEUE_HEARTBEAT_TTL_S", cls.heartbeat_ttl_s, minimum=2),
             lease_ttl_s=_int(env, "FEDQUEUE_LEASE_TTL_S", cls.lease_ttl_s, minimum=2),
             broker_wait_s=_int(env, "FEDQUEUE_BROKER_WAIT_S", cls.broker_wait_s),
@@ -142,6 +147,7 @@ class Settings:
             "FEDQUEUE_THREADS_PER_TASK": str(self.threads_per_task),
             "FEDQUEUE_TASK_TIME_LIMIT_S": str(self.task_time_limit_s),
             "FEDQUEUE_MAX_ATTEMPTS": str(self.max_attempts),
+            "FEDQUEUE_MAX_LOST_ATTEMPTS": str(self.max_lost_attempts),
             "FEDQUEUE_HEARTBEAT_TTL_S": str(self.heartbeat_ttl_s),
             "FEDQUEUE_LEASE_TTL_S": str(self.lease_ttl_s),
             "FEDQUEUE_BROKER_WAIT_S": str(self.broker_wait_s),

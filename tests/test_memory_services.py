@@ -36,7 +36,7 @@ from fedqueue.store import Store
 from tests.helpers import small_config
 
 HEARTBEAT_S = 15
-MEMORY_SETTINGS = Settings(key_prefix="mem", heartbeat_ttl_s=HEARTBEAT_S, max_attempts=3)
+MEMORY_SETTINGS = Settings(key_prefix="mem", heartbeat_ttl_s=HEARTBEAT_S, max_attempts=3, max_lost_attempts=3)
 
 # --- The ledger's contract: Redis and its twin, the same calls, the same answers.
 
@@ -48,7 +48,13 @@ def _redis_ledger(settings: Settings) -> Iterator[Ledger]:
     """A Redis ledger whose time moves on at once: its clock advances and every key's TTL shrinks as much."""
     client = connect_redis(settings.broker_url or "")
     clock = ManualClock(time.time())
-    settings = replace(settings, heartbeat_ttl_s=HEARTBEAT_S, task_time_limit_s=MEMORY_SETTINGS.task_time_limit_s)
+    settings = replace(
+        settings,
+        heartbeat_ttl_s=HEARTBEAT_S,
+        task_time_limit_s=MEMORY_SETTINGS.task_time_limit_s,
+        max_attempts=MEMORY_SETTINGS.max_attempts,
+        max_lost_attempts=MEMORY_SETTINGS.max_lost_attempts,
+    )
 
     def advance(seconds: float) -> None:
         clock.advance(seconds)
@@ -136,6 +142,21 @@ def test_a_request_goes_through_once_until_it_expires_or_is_forgotten(ledger: Le
     assert led.request_once("short", within_s=0.2)
 
 
+def test_raised_and_lost_attempts_are_counted_apart(ledger: Ledger) -> None:
+    """max_attempts caps attempts whose code raised, max_lost_attempts those lost with their worker."""
+    led, _ = ledger
+    for _ in range(4):
+        led.start_attempt("a", "w1")
+    assert led.count_raised("a") == 1 and led.raised_of(["a", "b"]) == {"a": 1, "b": 0}
+    assert not led.used_up("a", 3)  # one raised, two lost: neither cap reached
+    assert led.used_up("a", 4)  # three lost: max_lost_attempts
+    assert led.lost_reason("a", 4) == "worker lost during 3 of 4 attempts (crashed or killed); the others failed"
+    led.count_raised("a")
+    assert not led.used_up("a", 4) and led.count_raised("a") == 3 and led.used_up("a", 4)  # three raised
+    led.reset_attempts("a")
+    assert led.attempts("a") == 0 and led.raised_of(["a"]) == {"a": 0}
+
+
 def test_requeue_timeout_and_enqueued_marks(ledger: Ledger) -> None:
     led, _ = ledger
     assert led.requeued_of(["a", "b"]) == {"a": None, "b": None} and led.requeued_of([]) == {}
@@ -143,6 +164,8 @@ def test_requeue_timeout_and_enqueued_marks(ledger: Ledger) -> None:
     assert led.requeued_of(["a", "b"]) == {"a": 2, "b": None}
     assert led.lost_reason("a", 3) == "worker lost during each of 3 attempts (crashed or killed)"
     led.mark_timed_out("a")
+    for _ in range(3):  # the watchdog counts each time-out as the task's own error
+        led.count_raised("a")
     assert led.lost_reason("a", 3) == "time limit exceeded (3600 s) on each of 3 attempts"
     assert not led.was_enqueued("run:1")
     led.mark_enqueued("run:1")

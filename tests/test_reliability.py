@@ -132,8 +132,8 @@ def stored_result(task: Any) -> tuple[object, ...]:
 
 @pytest.mark.parametrize("policy", ["skip", "abort"])
 def test_poisoned_device_fails_after_the_attempt_cap(settings: Settings, tmp_path: Path, policy: str) -> None:
-    """A device that kills its worker every time: tried max_attempts times, stored as failed, policy applied."""
-    settings = reliable_settings(settings, max_attempts=2)
+    """A device that kills its worker every time: tried max_lost_attempts times, stored as failed, policy applied."""
+    settings = reliable_settings(settings, max_lost_attempts=2)
     base = slow_config(0.0, rounds=2, devices_per_round=5, local_iters=3)
     poisoned = select_devices(base.seed, 1, base.num_devices, base.devices_per_round)[2]
     config = replace(

@@ -13,6 +13,7 @@ from typing import Annotated, Any
 
 import typer
 from rich import box
+from rich.markup import escape
 from rich.table import Table
 
 from fedqueue import api
@@ -36,6 +37,8 @@ from fedqueue.core import jobs as job_kinds
 from fedqueue.core.adopt import RunAdopter
 from fedqueue.core.database import open_store
 from fedqueue.core.fast_exit import run_then_exit
+from fedqueue.core.retry import retry_failed_run
+from fedqueue.core.services import no_workers_known
 from fedqueue.errors import FedqueueError
 from fedqueue.queue.client import open_client_services
 from fedqueue.queue.flower import check_basic_auth, flower_command
@@ -59,6 +62,14 @@ def resume(
     procs: ProcsOpt = None,
     slots: SlotsOpt = DEFAULT_WORKER_SLOTS,
     plugin_path: PluginPathOpt = None,
+    retry: Annotated[
+        bool,
+        typer.Option(
+            "--retry",
+            help="Continue a failed run from its last stored state: what failed (a step whose workers kept "
+            "being lost, a round stopped by a failed device) is tried again.",
+        ),
+    ] = False,
 ) -> None:
     """Take over scheduling a run of any kind (after its scheduler died) and follow it to the end."""
 
@@ -66,14 +77,26 @@ def resume(
     settings.activate_plugin_path()
     handle = api.RunHandle(run_id, settings)
     state = handle.state  # an unknown id fails here, before anything starts
-    if state != "running":
-        console.print(f"run {run_id} is already {state}")
+    if state not in ("running", "failed") or (state == "failed" and not retry):
+        hint = f"; `fedqueue resume {run_id} --retry` tries it again" if state == "failed" else ""
+        console.print(escape(f"run {run_id} is already {state}{hint}"))
         show_run(handle.store, run_id, as_json=False)
     else:
         with api.placement(settings, procs, slots, wait=True, say=console.print) as place:
+            if state == "failed":
+                _retry_failed(place.settings, run_id)
             handle = api.RunHandle(run_id, place.settings)
             follow_to_end(handle, place)
     exit_unless_finished(handle)
+
+
+def _retry_failed(settings: Settings, run_id: str) -> None:
+    services = open_client_services(settings, worker_slots=no_workers_known)
+    try:
+        for line in retry_failed_run(services, run_id):
+            console.print(escape(line))
+    finally:
+        services.close()
 
 
 @app.command()

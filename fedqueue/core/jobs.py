@@ -98,6 +98,9 @@ class JobKind:
     # One repair pass over a run of this kind; returns what it did, one line per action.
     repair: Callable[[Services, str], list[str]]
     new_cache: Callable[[], Any] = _no_cache
+    # A failed run tried again (`fedqueue resume RUN --retry`): forget the stored failures that would stop it again
+    # at once (devices of a round still to aggregate); returns what it did, one line per action.
+    retry_failed: Callable[[Services, str], list[str]] | None = None
     # Process settings around each task of this kind (thread counts, deterministic kernels).
     task_scope: Callable[[Settings], AbstractContextManager[None]] = _no_scope
     # Run once in a worker (kernels, imports), in a thread beside its first tasks: it must not change

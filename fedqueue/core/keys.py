@@ -39,6 +39,12 @@ def attempts(prefix: str, task_key: str) -> str:
     return _task_mark(prefix, "attempts", task_key)
 
 
+def raised(prefix: str, task_key: str) -> str:
+    """How many of the task's attempts ended in an error its own code raised (or the time limit): counted by the
+    worker; the rest of its attempts, bar one running, were lost with their worker (kept blob_ttl_s)."""
+    return _task_mark(prefix, "raised", task_key)
+
+
 def running(prefix: str, task_key: str) -> str:
     """The worker running the task: set as it starts, refreshed by its heartbeat, expires heartbeat_ttl_s after."""
     return _task_mark(prefix, "running", task_key)

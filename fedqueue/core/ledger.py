@@ -1,9 +1,10 @@
 """The task ledger: what the queue keeps about tasks besides their messages, and the broker's own state.
 
 Tasks are named by their `attempt_key` (a kind's own string, such as `run:round:device`). The
-ledger counts each task's attempts, marks it running while a worker's heartbeat lasts, and keeps
-the marks repair passes leave (requeued, timed out, stranded, enqueued, requested). Kinds keep a
-few short values (notes) and wake-ups in it too. `RedisLedger` keeps it all in Redis under the keys
+ledger counts each task's attempts, and apart those whose code raised (the others were lost with
+their worker), marks it running while a worker's heartbeat lasts, and keeps the marks repair
+passes leave (requeued, timed out, stranded, enqueued, requested). Kinds keep a few short values
+(notes) and wake-ups in it too. `RedisLedger` keeps it all in Redis under the keys
 of `fedqueue.core.keys`; `fedqueue.core.memory.MemoryLedger` is its in-memory twin for tests.
 """
 
@@ -50,12 +51,22 @@ class TaskLedger(Protocol):
 
     def attempts_of(self, task_keys: Sequence[str]) -> dict[str, int]: ...
 
+    def count_raised(self, task_key: str) -> int:
+        """One more attempt of this task ended in an error its own code raised; returns how many did so far."""
+        ...
+
+    def raised_of(self, task_keys: Sequence[str]) -> dict[str, int]: ...
+
+    def used_up(self, task_key: str, attempts: int) -> bool:
+        """No attempt is left after `attempts` finished ones: max_attempts raised, or max_lost_attempts lost."""
+        ...
+
     def running_of(self, task_keys: Sequence[str]) -> dict[str, bool]: ...
 
     def requeued_of(self, task_keys: Sequence[str]) -> dict[str, int | None]: ...
 
     def reset_attempts(self, task_key: str) -> None:
-        """A task run again and again (a run's fold pass) counts only its failures in a row."""
+        """A task run again and again (a run's fold pass) counts only its failures in a row (raised and lost)."""
         ...
 
     def mark_requeued(self, task_key: str, attempts: int) -> None:
@@ -67,7 +78,7 @@ class TaskLedger(Protocol):
         ...
 
     def lost_reason(self, task_key: str, attempts: int) -> str:
-        """Why a task whose every attempt vanished with its worker is given up on."""
+        """Why a task whose attempts ran out without an error of its own (lost or timed out) is given up on."""
         ...
 
     def stranded_long_enough(self, task_key: str) -> bool:
@@ -94,6 +105,10 @@ class TaskLedger(Protocol):
 
     def forget_request(self, task_key: str) -> None:
         """The next `request_once` of this task goes through."""
+        ...
+
+    def forget_run_marks(self, run_id: str) -> None:
+        """Forget the attempts, requeue, time-out and request marks of every task of a run (a failed run retried)."""
         ...
 
     def broker_id(self) -> str:
@@ -124,6 +139,8 @@ class TaskLedger(Protocol):
 
 
 Family = Callable[[str, str], str]  # a key family of fedqueue.core.keys: (prefix, task key) -> key
+# The marks that decide whether a task is tried again: a failed run retried starts them afresh.
+RUN_MARK_FAMILIES: tuple[Family, ...] = (keys.attempts, keys.raised, keys.requeued, keys.timed_out, keys.requested)
 
 
 class LedgerReads(ABC):
@@ -144,6 +161,14 @@ class LedgerReads(ABC):
         values = self._many(keys.attempts, task_keys)
         return {key: int(value or 0) for key, value in zip(task_keys, values, strict=True)}
 
+    def raised_of(self, task_keys: Sequence[str]) -> dict[str, int]:
+        values = self._many(keys.raised, task_keys)
+        return {key: int(value or 0) for key, value in zip(task_keys, values, strict=True)}
+
+    def used_up(self, task_key: str, attempts: int) -> bool:
+        raised = self.raised_of([task_key])[task_key]
+        return raised >= self.settings.max_attempts or attempts - raised >= self.settings.max_lost_attempts
+
     def running_of(self, task_keys: Sequence[str]) -> dict[str, bool]:
         values = self._many(keys.running, task_keys)
         return {key: value is not None for key, value in zip(task_keys, values, strict=True)}
@@ -154,9 +179,13 @@ class LedgerReads(ABC):
 
     def lost_reason(self, task_key: str, attempts: int) -> str:
         limit = self._many(keys.timed_out, [task_key])[0]
-        if limit is not None:
+        raised = self.raised_of([task_key])[task_key]
+        if limit is not None and raised >= attempts:
             return f"time limit exceeded ({int(limit)} s) on each of {attempts} attempts"
-        return f"worker lost during each of {attempts} attempts (crashed or killed)"
+        lost = attempts - raised
+        if raised == 0:
+            return f"worker lost during each of {attempts} attempts (crashed or killed)"
+        return f"worker lost during {lost} of {attempts} attempts (crashed or killed); the others failed"
 
     def was_enqueued(self, group_key: str) -> bool:
         return self._many(keys.enqueued, [group_key])[0] is not None
@@ -210,6 +239,14 @@ class RedisLedger(LedgerReads):
     def hold(self, task_key: str, worker: str) -> None:
         self.redis.set(self._key(keys.running, task_key), worker, ex=self.settings.heartbeat_ttl_s)
 
+    def count_raised(self, task_key: str) -> int:
+        raised = self._key(keys.raised, task_key)
+        with self.redis.pipeline(transaction=True) as pipe:
+            pipe.incr(raised)
+            pipe.expire(raised, self.settings.blob_ttl_s)
+            count, _ = pipe.execute()
+        return int(count)
+
     def _many(self, family: Family, task_keys: Sequence[str]) -> list[Any | None]:
         if not task_keys:
             return []
@@ -217,7 +254,7 @@ class RedisLedger(LedgerReads):
         return values
 
     def reset_attempts(self, task_key: str) -> None:
-        self.redis.delete(self._key(keys.attempts, task_key))
+        self.redis.delete(self._key(keys.attempts, task_key), self._key(keys.raised, task_key))
 
     def mark_requeued(self, task_key: str, attempts: int) -> None:
         self.redis.set(self._key(keys.requeued, task_key), attempts, ex=self.settings.blob_ttl_s)
@@ -254,6 +291,14 @@ class RedisLedger(LedgerReads):
 
     def forget_request(self, task_key: str) -> None:
         self.redis.delete(self._key(keys.requested, task_key))
+
+    def forget_run_marks(self, run_id: str) -> None:
+        # Attempt keys hold their run's id (`RUN:3:7`, `aggregate:RUN:3`, `fold:RUN`, `llm:RUN:2`), not always first.
+        for family in RUN_MARK_FAMILIES:
+            pattern = self._key(family, f"*{run_id}*")
+            names = list(self.redis.scan_iter(match=pattern, count=1000))
+            if names:
+                self.redis.delete(*names)
 
     def broker_id(self) -> str:
         """Redis's own run_id: it changes when the server restarts (and, without persistence, forgets everything)."""

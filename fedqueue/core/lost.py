@@ -2,7 +2,8 @@
 
 A task is lost when it neither stored its outcome nor runs: its worker died holding it,
 or Redis restarted and forgot the queue. Lost tasks are enqueued again until their
-attempts are used up; then the kind stores them failed, so its job can go on.
+attempts are used up (max_attempts raised, or max_lost_attempts lost); then the kind stores them
+failed, so its job can go on.
 """
 
 from __future__ import annotations
@@ -61,7 +62,7 @@ def find_lost(
         elif requeued[key] == tries:
             # Already enqueued again after the last lost attempt: wait for that delivery.
             continue
-        if tries >= services.settings.max_attempts:
+        if services.ledger.used_up(key, tries):
             found.exhausted.append((task, tries, services.ledger.lost_reason(key, tries)))
             continue
         found.requeue.append(task)

@@ -18,7 +18,7 @@ from fedqueue.config import Settings
 from fedqueue.core import jobs, keys
 from fedqueue.core.blobs import blob_ref, checked_blob
 from fedqueue.core.codec import BlobRef
-from fedqueue.core.ledger import WAKE_KEEP_S, Family, LedgerReads, request_ttl_s
+from fedqueue.core.ledger import RUN_MARK_FAMILIES, WAKE_KEEP_S, Family, LedgerReads, request_ttl_s
 from fedqueue.core.services import Services, WorkerSlots, no_workers_known
 from fedqueue.store import Store
 
@@ -148,6 +148,13 @@ class MemoryLedger(LedgerReads):
         with self._changed:
             self._marks.set(self._key(keys.running, task_key), worker, self.settings.heartbeat_ttl_s)
 
+    def count_raised(self, task_key: str) -> int:
+        raised = self._key(keys.raised, task_key)
+        with self._changed:
+            count = int(self._marks.get(raised) or 0) + 1
+            self._marks.set(raised, count, self.settings.blob_ttl_s)
+        return count
+
     def _many(self, family: Family, task_keys: Sequence[str]) -> list[Any | None]:
         with self._changed:
             return [self._marks.get(self._key(family, task_key)) for task_key in task_keys]
@@ -155,6 +162,7 @@ class MemoryLedger(LedgerReads):
     def reset_attempts(self, task_key: str) -> None:
         with self._changed:
             self._marks.delete(self._key(keys.attempts, task_key))
+            self._marks.delete(self._key(keys.raised, task_key))
 
     def mark_requeued(self, task_key: str, attempts: int) -> None:
         with self._changed:
@@ -191,6 +199,13 @@ class MemoryLedger(LedgerReads):
     def forget_request(self, task_key: str) -> None:
         with self._changed:
             self._marks.delete(self._key(keys.requested, task_key))
+
+    def forget_run_marks(self, run_id: str) -> None:
+        starts = tuple(self._key(family, "") for family in RUN_MARK_FAMILIES)
+        with self._changed:
+            for name in self._marks.names():
+                if name.startswith(starts) and run_id in name:
+                    self._marks.delete(name)
 
     def broker_id(self) -> str:
         return self._broker_id

@@ -12,9 +12,12 @@ from typing import Any
 from fedqueue.config import Settings
 from fedqueue.core.jobs import CONTROL_QUEUE, JobKind, RunProgress, TaskContext, TaskHandler
 from fedqueue.core.services import Services
+from fedqueue.errors import ConfigError
+from fedqueue.fl.config import RunConfig
 from fedqueue.fl.messages import DEVICES_QUEUE, KIND_NAME, AggregateTask, DeviceTask, FoldTask
 from fedqueue.fl.ml.warmup import warm_up
 from fedqueue.fl.scheduler import reconcile
+from fedqueue.fl.store.results import reopen_failed_rounds
 from fedqueue.fl.strategy.base import Strategy
 from fedqueue.fl.strategy.choose import strategy_for
 from fedqueue.fl.strategy.fedbuff.fold import fold_updates
@@ -83,6 +86,18 @@ def _fold_failed(context: TaskContext, task: FoldTask, attempts: int, error: str
     reason = error.strip().splitlines()[-1:] or ["unknown error"]
     if context.services.store.finish_run(task.run_id, "failed", f"fold pass failed {attempts} times: {reason[0]}"):
         context.services.ledger.reset_attempts(task.attempt_key)
+
+
+def _retry_failed(services: Services, run_id: str) -> list[str]:
+    run = services.store.get_run(run_id)
+    config = RunConfig.from_dict(run.config)
+    if config.is_buffered and "on_failure = 'abort'" in (run.error or ""):
+        # The schedule already folded on without the device: a retry could not give the run's own weights.
+        raise ConfigError(f"run {run_id} stopped on a failed device under on_failure = 'abort': submit it again")
+    return [
+        f"round {round_index}: failed devices {', '.join(map(str, devices)) or 'none'} train again"
+        for round_index, devices in reopen_failed_rounds(services.store, run_id)
+    ]
 
 
 @contextlib.contextmanager
@@ -165,6 +180,7 @@ KIND = JobKind(
     ),
     repair=reconcile,
     new_cache=WorkerCache,
+    retry_failed=_retry_failed,
     task_scope=_deterministic,
     warm_up=_warm_up,
     commands=_commands,

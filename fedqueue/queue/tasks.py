@@ -2,16 +2,20 @@
 
 The rules every kind gets here: a malformed message is rejected unread; a
 failure before the outcome is stored puts the message back (never an acked,
-lost task); a handler that raises is retried up to `max_attempts`, then its
-kind's `give_up` stores the failure; a task past the time limit ends the process.
+lost task); a broker or store outage is waited out, never counted against the
+task; a handler that raises is retried up to `max_attempts`, and a task whose
+workers vanish is sent again up to `max_lost_attempts`, then its kind's
+`give_up` stores the failure; a task past the time limit ends the process.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
 import traceback
+from collections.abc import Callable
 from typing import Any
 
 from celery import Celery, Task
@@ -21,6 +25,7 @@ from fedqueue.config import Settings
 from fedqueue.core import jobs
 from fedqueue.core.codec import MessageError
 from fedqueue.core.connect import open_services
+from fedqueue.core.infra_errors import infrastructure_fault
 from fedqueue.core.services import Services
 from fedqueue.core.watchdog import Watchdog
 from fedqueue.queue.publish import enqueue_with
@@ -29,6 +34,9 @@ log = logging.getLogger(__name__)
 
 # Before a message whose services failed goes back to the queue: a blip passes, a loop stays slow.
 REQUEUE_PAUSE_S = 1.0
+# A task that met a broker or store outage tries again after this pause, doubled each time up to the second.
+OUTAGE_FIRST_PAUSE_S = 1.0
+OUTAGE_MAX_PAUSE_S = 30.0
 # How long a task waits for its worker's warm-up (about a second) before it goes ahead anyway.
 WARM_UP_WAIT_S = 120.0
 
@@ -91,22 +99,51 @@ def _register(
 
         def on_timeout() -> None:
             services.ledger.mark_timed_out(key)
-            if attempt >= settings.max_attempts:
+            # The time limit counts as an error of the task's own: the watchdog ends the process next.
+            if services.ledger.count_raised(key) >= settings.max_attempts:
                 handler.give_up(context, message, attempt, f"time limit exceeded ({settings.task_time_limit_s} s)")
+
+        def run_once() -> None:
+            # A kind's scope and task import torch's compiler modules (use_deterministic_algorithms does), which
+            # must not be imported beside the worker's warm-up thread: only a process's first tasks wait here.
+            jobs.wait_for_warm_up(WARM_UP_WAIT_S)
+            with state.watchdog.watching(f"{handler.name} {message.label}", on_timeout), kind.task_scope(settings):
+                handler.run(context, message)
 
         try:
             with services.ledger.heartbeat(key, worker):
-                # A task that keeps killing its worker comes back with no exception to count: cap it here.
-                if attempt > settings.max_attempts:
+                # A task whose workers keep vanishing comes back with no exception to count: cap it here.
+                if attempt > 1 and services.ledger.used_up(key, attempt - 1):
                     handler.give_up(context, message, attempt - 1, services.ledger.lost_reason(key, attempt - 1))
                     return
-                # A kind's scope and task import torch's compiler modules (use_deterministic_algorithms does), which
-                # must not be imported beside the worker's warm-up thread: only a process's first tasks wait here.
-                jobs.wait_for_warm_up(WARM_UP_WAIT_S)
-                with state.watchdog.watching(f"{handler.name} {message.label}", on_timeout), kind.task_scope(settings):
-                    handler.run(context, message)
+                _through_outages(f"{handler.name} {key}", run_once, settings.broker_wait_s)
         except Exception as err:
             _after_failure(self, services, settings, handler, context, message, err)
+
+
+def _through_outages(label: str, run_once: Callable[[], None], wait_limit_s: float) -> None:
+    """Run a task, and again after an infrastructure error (the broker or store failed, not the task's code).
+
+    The same delivery tries again in this process, with backoff: no attempt is used up, no message is
+    written to a broker that may be full or gone, and the result is the same since tasks are idempotent.
+    Past `wait_limit_s` the error goes to `_after_failure`, which puts the message back uncounted.
+    """
+    waited = 0.0
+    pause = OUTAGE_FIRST_PAUSE_S
+    while True:
+        try:
+            run_once()
+            if waited:
+                log.warning("%s: went through after %.0f s of waiting for the infrastructure", label, waited)
+            return
+        except Exception as err:
+            fault = infrastructure_fault(err)
+            if fault is None or waited >= wait_limit_s:
+                raise
+            log.warning("%s: %s (%s); waiting %.0f s, then trying again (no attempt used)", label, fault, err, pause)
+            time.sleep(pause)
+            waited += pause
+            pause = min(pause * 2, OUTAGE_MAX_PAUSE_S)
 
 
 def _after_failure(
@@ -118,10 +155,21 @@ def _after_failure(
     message: Any,
     err: Exception,
 ) -> None:
-    """Retry a failed attempt, or store the failure once attempts are used up; never lose the message."""
+    """Retry a failed attempt, or store the failure once attempts are used up; never lose the message.
+
+    An infrastructure error that outlasted the wait is not the task's: its attempt is given back and
+    the message put back. Only errors the task's own code raised count towards `max_attempts`.
+    """
     key = message.attempt_key
+    fault = infrastructure_fault(err)
+    if fault is not None:
+        log.warning("%s %s: %s for too long (%s); message put back, attempt not counted", handler.name, key, fault, err)
+        with contextlib.suppress(Exception):  # the ledger may sit on the broker that failed
+            services.ledger.take_back_attempt(key)
+        raise _requeue(str(err)) from None
     try:
-        if context.attempt < settings.max_attempts:
+        raised = services.ledger.count_raised(key)
+        if raised < settings.max_attempts:
             log.warning("%s %s failed (attempt %d), retrying: %s", handler.name, key, context.attempt, err)
             services.ledger.hold(key, context.worker)
             raise task.retry(exc=err, countdown=1, max_retries=None)

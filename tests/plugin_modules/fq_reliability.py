@@ -75,3 +75,32 @@ def eval_refusing_mlp(input_shape: tuple[int, ...], num_classes: int, options: M
     from fedqueue.fl.ml.models import build_model
 
     return _TrainsOnly(build_model("mlp", input_shape, num_classes))
+
+
+def slow_rule(
+    global_state: Mapping[str, torch.Tensor], updates: Any, global_lr: float, options: Mapping[str, Any]
+) -> dict[str, torch.Tensor]:
+    """FedAvg after a pause: an aggregation long enough for its worker to be killed while it holds the round."""
+    from fedqueue.fl.ml.aggregate import fedavg
+
+    time.sleep(float(options.get("aggregate_sleep", 0.0)))
+    return fedavg(global_state, updates, global_lr)
+
+
+class _SlowToEvaluate(nn.Module):
+    def __init__(self, inner: nn.Module, pause_s: float) -> None:
+        super().__init__()
+        self.inner = inner
+        self.pause_s = pause_s
+
+    def forward(self, inputs: torch.Tensor) -> torch.Tensor:
+        if not self.training:
+            time.sleep(self.pause_s)
+        return self.inner(inputs)
+
+
+def slow_eval_mlp(input_shape: tuple[int, ...], num_classes: int, options: Mapping[str, Any]) -> nn.Module:
+    """The built-in MLP, pausing in each evaluation: a fold pass long enough to be killed while it holds the run."""
+    from fedqueue.fl.ml.models import build_model
+
+    return _SlowToEvaluate(build_model("mlp", input_shape, num_classes), float(options.get("eval_sleep", 0.0)))

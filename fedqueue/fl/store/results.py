@@ -253,6 +253,35 @@ def delete_result(store: Store, run_id: str, round_index: int, device: int) -> N
             )
 
 
+def reopen_failed_rounds(store: Store, run_id: str) -> list[tuple[int, list[int]]]:
+    """Rounds that stopped their run (a device failed under its policy) train again: their failed devices'
+    results are forgotten and the round waits for them; returns (round, devices forgotten) for each."""
+    reopened: list[tuple[int, list[int]]] = []
+    with store.session() as session, session.begin():
+        rounds = session.scalars(select(RoundRow).where(RoundRow.run_id == run_id, RoundRow.state == "failed"))
+        for row in rounds:
+            devices = list(
+                session.scalars(
+                    select(DeviceTaskRow.device).where(
+                        DeviceTaskRow.run_id == run_id,
+                        DeviceTaskRow.round_index == row.round_index,
+                        DeviceTaskRow.state == "failed",
+                    )
+                )
+            )
+            session.execute(
+                delete(DeviceTaskRow).where(
+                    DeviceTaskRow.run_id == run_id,
+                    DeviceTaskRow.round_index == row.round_index,
+                    DeviceTaskRow.state == "failed",
+                )
+            )
+            row.stored -= len(devices)
+            row.state, row.claim_owner, row.claimed_at, row.aggregated_at = "training", None, None, None
+            reopened.append((row.round_index, sorted(devices)))
+    return reopened
+
+
 @retry_transient
 def has_result(store: Store, run_id: str, round_index: int, device: int) -> bool:
     with store.session() as session:
