@@ -15,15 +15,35 @@ import time
 from collections.abc import Callable
 from typing import ParamSpec, TypeVar
 
+from sqlalchemy.exc import DBAPIError
+
 from fedqueue.config import Settings
+from fedqueue.core.infra_errors import infrastructure_fault
 from fedqueue.core.outage import FIRST_PROBE_S, LAST_PROBE_S
-from fedqueue.core.store_trouble import reason, store_trouble
 from fedqueue.errors import ServiceUnavailable
 
 log = logging.getLogger(__name__)
 
 P = ParamSpec("P")
 T = TypeVar("T")
+
+
+def store_trouble(err: BaseException) -> str | None:
+    """What the store lacks under `err` ("disk full", "read-only", "unreachable"), or None when it is not the store."""
+    fault = infrastructure_fault(err)
+    if fault is None or not fault.startswith("store"):
+        return None
+    return fault.removeprefix("store").lstrip(": ")
+
+
+def reason(err: BaseException) -> str:
+    """The database's own first line for an error (without SQLAlchemy's wrapping and its help link)."""
+    current: BaseException | None = err
+    while current is not None and not isinstance(current, DBAPIError):
+        current = current.__cause__ or current.__context__
+    if current is not None and current.orig is not None:
+        err = current.orig
+    return ((str(err) or type(err).__name__).strip().splitlines() or [type(err).__name__])[0][:200]
 
 
 class StoreGone(ServiceUnavailable):

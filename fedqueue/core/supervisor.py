@@ -10,8 +10,7 @@ import time
 from fedqueue.core import jobs
 from fedqueue.core.outage import BrokerWatch
 from fedqueue.core.services import Services
-from fedqueue.core.store_trouble import store_trouble
-from fedqueue.core.store_watch import StoreWatch
+from fedqueue.core.store_watch import StoreWatch, store_trouble
 from fedqueue.core.unread import UnreadQueues
 from fedqueue.errors import FedqueueError
 
