@@ -64,12 +64,11 @@ def small_disk(folder: Path, size: str) -> Iterator[Path]:
 def fill(disk: Path) -> Path:
     """A file that takes every free byte of the disk."""
     filler = disk / "filler"
-    with filler.open("wb") as out:
+    with filler.open("wb", buffering=0) as out:  # unbuffered: nothing left over to fail again at close
         chunk = b"\0" * 65536
         while True:
             try:
                 out.write(chunk)
-                out.flush()
             except OSError:  # ENOSPC: the disk is full (what fit of the last chunk stays written)
                 break
     return filler
