@@ -181,21 +181,21 @@ def _timed_parts() -> list[tuple[Any, str, str]]:
     import fedqueue.fl.setup as setup
     import fedqueue.fl.strategy.sync.strategy as synchronous
     import fedqueue.fl.worker.device_task as device_task
-    from fedqueue.core.blobs import RedisBlobStore
     from fedqueue.core.ledger import RedisLedger
+    from fedqueue.core.spilling import SpillingBlobStore
 
     return [
         (RedisLedger, "start_attempt", "attempt count + running mark (one Redis transaction)"),
         (device_task, "unstored_devices", "duplicate check (SQL SELECT)"),
         (device_task.WorkerCache, "run_config", "run config (cached per worker)"),
-        (RedisBlobStore, "get", "global model blob read (once per worker and version)"),
+        (SpillingBlobStore, "get", "global model blob read (once per worker and version)"),
         (data, "device_data", "device data (cached per worker)"),
         (data, "load_federated", "dataset (cached per worker)"),
         (models, "build_model", "build model (once per slot and run)"),
         (setup, "resolve_plugins", "resolve plugins"),
         (train, "train_local", "local training (1 step)"),
         (device_task, "encode_state", "encode update (safetensors)"),
-        (RedisBlobStore, "put", "update blob write (Redis SET)"),
+        (SpillingBlobStore, "put", "update blob write (Redis SET)"),
         (device_task, "record_device_results", "result write + round's stored count (SQL INSERT, UPDATE, commit)"),
         (synchronous, "tail_started", "tail check (Redis LLEN of the device queue)"),
     ]

@@ -308,6 +308,7 @@ def test_fl_repair_fails_a_device_after_its_attempts_and_the_round_then_fails_th
     assert aggregate_round(services, run_id, 1, "test#1") is not None
     run = services.store.get_run(run_id)
     assert run.state == "failed" and run.error == "round 1: every selected device failed"
+    assert not services.blobs.exists(keys.global_key(run_id, 0))  # the failed round's model left with it
 
 
 def test_fl_repair_after_a_broker_restart_republishes_the_model_and_sends_the_round_again(

@@ -387,7 +387,7 @@ def test_a_new_database_and_one_from_the_earlier_line_end_with_the_same_schema(f
     for table in new:
         assert from_earlier[table] == new[table], table
     expected = {
-        "alembic_version": ["core_0001"],
+        "alembic_version": [head_revision()],
         "alembic_version_fl": ["fl_0001"],
         "alembic_version_llm": ["llm_0001"],
     }
@@ -466,3 +466,31 @@ def test_a_branch_needs_a_plain_name_of_its_own_and_a_folder(tmp_path: Path) -> 
         SchemaBranch("extra", tmp_path / "missing")
     with pytest.raises(ConfigError, match="is the core's"):
         branches_with_core([SchemaBranch(CORE_BRANCH.name, tmp_path)])
+
+
+def test_spilled_blobs_table_comes_and_goes_with_its_revision(fresh_url: str) -> None:
+    """core_0002 adds the spilled-blob table to a database at core_0001; its downgrade drops only it."""
+    open_store(fresh_url, migrate=True).close()
+
+    def core_to(revision: str, step: Callable[[Config, str], None]) -> None:
+        def run(engine: Engine) -> None:
+            with engine.begin() as connection:
+                config = Config()
+                config.set_main_option("script_location", str(MIGRATIONS))
+                config.set_main_option("path_separator", "os")
+                config.set_main_option("version_locations", str(CORE_BRANCH.revisions))
+                config.attributes["connection"] = connection
+                step(config, revision)
+
+        on_engine(fresh_url, run)
+
+    def tables(engine: Engine) -> set[str]:
+        with engine.connect() as connection:
+            return set(inspect(connection).get_table_names())
+
+    core_to("core_0001", command.downgrade)
+    assert "spilled_blobs" not in on_engine(fresh_url, tables) and "runs" in on_engine(fresh_url, tables)
+    assert revision_of(fresh_url) == "core_0001"
+    open_store(fresh_url, migrate=True).close()
+    assert revision_of(fresh_url) == head_revision() == "core_0002"
+    assert {"key", "data", "expires_at"} == column_names(fresh_url, "spilled_blobs")

@@ -38,7 +38,8 @@ from fedqueue.core.adopt import RunAdopter
 from fedqueue.core.database import open_store
 from fedqueue.core.fast_exit import run_then_exit
 from fedqueue.core.retry import retry_failed_run
-from fedqueue.core.services import no_workers_known
+from fedqueue.core.services import connect_redis, no_workers_known
+from fedqueue.core.waiting import waiting_for
 from fedqueue.errors import FedqueueError
 from fedqueue.queue.client import open_client_services
 from fedqueue.queue.flower import check_basic_auth, flower_command
@@ -103,11 +104,31 @@ def _retry_failed(settings: Settings, run_id: str) -> None:
 @friendly_errors
 def status(run_id: RunArg, json_: JsonOpt = False) -> None:
     """Show one run's progress, workers and overlap of tasks, and what its kind adds (accuracy, tokens)."""
-    store = open_store(Settings.from_env().database_url)
+    settings = Settings.from_env()
+    store = open_store(settings.database_url)
     try:
         show_run(store, run_id, json_)
+        if not json_ and store.get_run(run_id).state == "running":
+            _show_waiting(settings, run_id)
     finally:
         store.close()
+
+
+def _show_waiting(settings: Settings, run_id: str) -> None:
+    """The outage a running run's workers wait for, if any (its broker is asked: status works without one)."""
+    if not settings.broker_url:
+        return
+    try:
+        client = connect_redis(settings.broker_url)
+    except FedqueueError:
+        console.print("[yellow]broker unreachable:[/yellow] the run's workers wait for it", highlight=False)
+        return
+    try:
+        waiting = waiting_for(client, settings.key_prefix, run_id)
+    finally:
+        client.close()
+    if waiting:
+        console.print(f"[yellow]waiting:[/yellow] {escape(waiting)}", highlight=False)
 
 
 @app.command()

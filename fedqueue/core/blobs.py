@@ -59,6 +59,10 @@ class RedisBlobStore:
         self._prefix = keys.blob_prefix(prefix)
         self._ttl_s = ttl_s
 
+    def name(self, key: str) -> str:
+        """The Redis key a blob lives under."""
+        return self._prefix + key
+
     def put(self, key: str, data: bytes) -> BlobRef:
         self._client.set(self._prefix + key, data, ex=self._ttl_s)
         return blob_ref(key, data)
@@ -77,10 +81,14 @@ class RedisBlobStore:
 
     def get_many(self, refs: Sequence[BlobRef]) -> list[bytes]:
         """Several blobs in one round trip (small updates, read for an aggregation)."""
+        return [checked_blob(ref, data) for ref, data in zip(refs, self.get_many_raw(refs), strict=True)]
+
+    def get_many_raw(self, refs: Sequence[BlobRef]) -> list[bytes | None]:
+        """The stored bytes of each ref, unchecked, None where Redis has none (for a store that looks elsewhere)."""
         if not refs:
             return []
         found: list[bytes | None] = self._client.mget([self._prefix + ref.key for ref in refs])  # type: ignore[assignment]
-        return [checked_blob(ref, data) for ref, data in zip(refs, found, strict=True)]
+        return found
 
     def delete(self, keys: Iterable[str]) -> None:
         names = [self._prefix + key for key in keys]

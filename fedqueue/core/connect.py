@@ -8,9 +8,11 @@ from __future__ import annotations
 
 from fedqueue.config import Settings
 from fedqueue.core.blobs import BlobStore, DirBlobStore, RedisBlobStore
+from fedqueue.core.broker_memory import BrokerMemory
 from fedqueue.core.database import open_store
 from fedqueue.core.ledger import RedisLedger
 from fedqueue.core.services import Enqueue, Services, WorkerSlots, connect_redis, no_workers_known
+from fedqueue.core.spilling import SpillingBlobStore
 from fedqueue.errors import ConfigError
 
 
@@ -25,7 +27,9 @@ def open_services(
     if settings.blob_dir:
         blobs = DirBlobStore(settings.blob_dir)
     else:
-        blobs = RedisBlobStore(client, settings.key_prefix, settings.blob_ttl_s)
+        # Kept under the broker's maxmemory: what does not fit goes to the store.
+        redis_blobs = RedisBlobStore(client, settings.key_prefix, settings.blob_ttl_s)
+        blobs = SpillingBlobStore(redis_blobs, BrokerMemory(client), store, settings.blob_ttl_s)
     return Services(
         settings=settings,
         store=store,

@@ -62,10 +62,12 @@ def _broker_fault(err: redis.RedisError) -> str | None:
         return "broker read-only (a replica)"
     if isinstance(err, redis.BusyLoadingError):
         return "broker loading its data"
-    if isinstance(err, redis.ResponseError) and str(err).startswith(("OOM", "MISCONF")):
-        return "broker out of memory" if str(err).startswith("OOM") else "broker cannot write its snapshot"
-    if isinstance(err, redis.ResponseError) and "EXECABORT" in str(err) and "OOM" in str(err):
+    message = str(err)
+    # redis-py raises OutOfMemoryError with the reply's "OOM" code stripped; other clients pass it on.
+    if isinstance(err, redis.exceptions.OutOfMemoryError) or message.startswith("OOM") or "'maxmemory'" in message:
         return "broker out of memory"
+    if message.startswith("MISCONF"):
+        return "broker cannot write its snapshot"
     return None
 
 

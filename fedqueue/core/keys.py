@@ -83,6 +83,11 @@ def fold_head(prefix: str, run_id: str) -> str:
     return f"{prefix}:fold-head:{run_id}"
 
 
+def waiting(prefix: str, run_id: str) -> str:
+    """What a run's workers wait for (an outage of the broker or store), written by a worker that met it; short-lived."""
+    return f"{prefix}:waiting:{run_id}"
+
+
 def llm_stored(prefix: str, run_id: str) -> str:
     """LLM: a list that wakes the job's follower, pushed to by workers after each batch they store."""
     return f"{prefix}:llm-stored:{run_id}"

@@ -119,8 +119,8 @@ class TaskLedger(Protocol):
         """Messages waiting on one of the queues (by suffix), not those delivered and unacknowledged."""
         ...
 
-    def put_note(self, key: str, value: str) -> None:
-        """Keep a kind's short value under `key` (a `fedqueue.core.keys` name) for blob_ttl_s."""
+    def put_note(self, key: str, value: str, keep_s: int | None = None) -> None:
+        """Keep a short value under `key` (a `fedqueue.core.keys` name) for `keep_s` (default blob_ttl_s)."""
         ...
 
     def note(self, key: str) -> str | None: ...
@@ -307,8 +307,8 @@ class RedisLedger(LedgerReads):
     def queue_length(self, queue: str) -> int:
         return int(self.redis.llen(keys.queue_list(self.settings.key_prefix, self.settings.queue(queue))))
 
-    def put_note(self, key: str, value: str) -> None:
-        self.redis.set(key, value, ex=self.settings.blob_ttl_s)
+    def put_note(self, key: str, value: str, keep_s: int | None = None) -> None:
+        self.redis.set(key, value, ex=keep_s or self.settings.blob_ttl_s)
 
     def note(self, key: str) -> str | None:
         value = self.redis.get(key)

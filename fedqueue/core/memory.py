@@ -213,9 +213,9 @@ class MemoryLedger(LedgerReads):
     def queue_length(self, queue: str) -> int:
         return self._queue_length(queue)
 
-    def put_note(self, key: str, value: str) -> None:
+    def put_note(self, key: str, value: str, keep_s: int | None = None) -> None:
         with self._changed:
-            self._marks.set(key, value, self.settings.blob_ttl_s)
+            self._marks.set(key, value, keep_s or self.settings.blob_ttl_s)
 
     def note(self, key: str) -> str | None:
         with self._changed:

@@ -6,6 +6,7 @@ import socket
 import subprocess
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 from fedqueue.errors import ServiceUnavailable
@@ -20,8 +21,10 @@ def free_port() -> int:
 class EmbeddedRedis:
     """A private redis-server on 127.0.0.1 that keeps nothing on disk; a context manager."""
 
-    def __init__(self, port: int | None = None) -> None:
+    def __init__(self, port: int | None = None, extra_args: Sequence[str] = ()) -> None:
         self.port = port or free_port()
+        # More server options, after fedqueue's own: `--maxmemory 64mb --maxmemory-policy noeviction`.
+        self.extra_args = list(extra_args)
         self._dir = tempfile.TemporaryDirectory(prefix="fedqueue-redis-")
         self._process: subprocess.Popen[bytes] | None = None
 
@@ -50,6 +53,7 @@ class EmbeddedRedis:
             "no",
             "--logfile",
             str(Path(self._dir.name) / "redis.log"),
+            *self.extra_args,
         ]
         # The worker launcher's module brings Redis's client and the store; an embedded Redis needs one function.
         from fedqueue.queue.workers import stop_when_parent_dies

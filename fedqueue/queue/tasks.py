@@ -27,6 +27,7 @@ from fedqueue.core.codec import MessageError
 from fedqueue.core.connect import open_services
 from fedqueue.core.infra_errors import infrastructure_fault
 from fedqueue.core.services import Services
+from fedqueue.core.waiting import note_waiting
 from fedqueue.core.watchdog import Watchdog
 from fedqueue.queue.publish import enqueue_with
 
@@ -116,12 +117,20 @@ def _register(
                 if attempt > 1 and services.ledger.used_up(key, attempt - 1):
                     handler.give_up(context, message, attempt - 1, services.ledger.lost_reason(key, attempt - 1))
                     return
-                _through_outages(f"{handler.name} {key}", run_once, settings.broker_wait_s)
+                run_id = str(getattr(message, "run_id", ""))
+                _through_outages(
+                    f"{handler.name} {key}",
+                    run_once,
+                    settings.broker_wait_s,
+                    lambda fault: note_waiting(services, run_id, fault) if run_id else None,
+                )
         except Exception as err:
             _after_failure(self, services, settings, handler, context, message, err)
 
 
-def _through_outages(label: str, run_once: Callable[[], None], wait_limit_s: float) -> None:
+def _through_outages(
+    label: str, run_once: Callable[[], None], wait_limit_s: float, on_fault: Callable[[str], None]
+) -> None:
     """Run a task, and again after an infrastructure error (the broker or store failed, not the task's code).
 
     The same delivery tries again in this process, with backoff: no attempt is used up, no message is
@@ -141,6 +150,7 @@ def _through_outages(label: str, run_once: Callable[[], None], wait_limit_s: flo
             if fault is None or waited >= wait_limit_s:
                 raise
             log.warning("%s: %s (%s); waiting %.0f s, then trying again (no attempt used)", label, fault, err, pause)
+            on_fault(fault)
             time.sleep(pause)
             waited += pause
             pause = min(pause * 2, OUTAGE_MAX_PAUSE_S)

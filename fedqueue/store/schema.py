@@ -1,14 +1,16 @@
-"""The core's tables: runs, task timings of every kind, utilization samples. Times are UNIX seconds (float):
-workers on several hosts compare them directly. Job kinds declare their own tables on the same `Base`."""
+"""The core's tables: runs, task timings of every kind, utilization samples, blobs spilled from a full broker.
+Times are UNIX seconds (float): workers on several hosts compare them directly. Job kinds declare their own
+tables on the same `Base`."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from sqlalchemy import JSON, BigInteger, Float, ForeignKey, Integer, String, Text, UniqueConstraint
+from sqlalchemy import JSON, BigInteger, Float, ForeignKey, Integer, LargeBinary, String, Text, UniqueConstraint
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 NAME_MAX = 200  # longest run name; the run config refuses longer ones
+BLOB_KEY_MAX = 400  # longest blob name a spilled blob may have (FL's are under 100 characters)
 # Byte sizes reach past 2 GiB: 64 bits on Postgres; SQLite's INTEGER already holds 64 bits.
 ByteSize = BigInteger().with_variant(Integer(), "sqlite")
 
@@ -83,3 +85,16 @@ class UtilizationSample(Base):
     sampled_at: Mapped[float] = mapped_column(Float, index=True)
     utilization: Mapped[float] = mapped_column(Float)  # percent: of one GPU, or of one CPU core
     memory_bytes: Mapped[int] = mapped_column(BigInteger)
+
+
+class SpilledBlobRow(Base):
+    """A blob that did not fit under the broker's memory limit: kept here instead of in Redis, until it expires.
+
+    Any kind's blob (keyed by its blob name, as in Redis); expired rows read as missing and are purged now and then.
+    """
+
+    __tablename__ = "spilled_blobs"
+
+    key: Mapped[str] = mapped_column(String(BLOB_KEY_MAX), primary_key=True)
+    data: Mapped[bytes] = mapped_column(LargeBinary)
+    expires_at: Mapped[float] = mapped_column(Float, index=True)

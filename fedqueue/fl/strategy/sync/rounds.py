@@ -165,6 +165,8 @@ def _aggregate_claimed_round(
     if stop is not None:
         if complete_round(services.store, run_id, round_index, owner, state="failed"):
             services.store.finish_run(run_id, "failed", stop)
+            # Nothing reads the round's blobs again: they leave the broker now, not when their TTL ends.
+            services.blobs.delete([task.update_key for task in tasks if task.update_key] + [row.model_key])
         return
     results = [task for task in tasks if task.state == "done"]
     began = time.perf_counter()
