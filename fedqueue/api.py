@@ -24,6 +24,7 @@ from fedqueue.errors import ConfigError
 if TYPE_CHECKING:
     from fedqueue.core.cluster_file import ClusterInfo
     from fedqueue.core.services import Services, WorkerSlots
+    from fedqueue.core.store_watch import StoreWatch
     from fedqueue.core.supervisor import RunSupervisor
     from fedqueue.queue.local import LocalCluster
     from fedqueue.store import Store
@@ -69,19 +70,32 @@ class RunHandle:
         return run_summary(self.store, self.id)
 
     def wait(
-        self, timeout_s: float | None = None, poll_s: float = 0.2, tick: Callable[[], object] | None = None
+        self,
+        timeout_s: float | None = None,
+        poll_s: float = 0.2,
+        tick: Callable[[], object] | None = None,
+        store_watch: StoreWatch | None = None,
     ) -> dict[str, Any]:
         """Block until the run finishes or fails; return its status. `tick` runs on every poll.
 
         The tick of `scheduling()` (or `keep_running`) waits through a broker outage; it raises
-        BrokerGone once the broker stayed away longer than FEDQUEUE_BROKER_WAIT_S.
+        BrokerGone once the broker stayed away longer than FEDQUEUE_BROKER_WAIT_S. Each poll goes through
+        `store_watch` (the supervisor's): while the store refuses it, the poll waits; past
+        FEDQUEUE_STORE_WAIT_S, StoreGone.
         """
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
-        while self.state == "running":
-            if deadline is not None and time.monotonic() > deadline:
-                raise TimeoutError(f"run {self.id} still running after {timeout_s} s")
+
+        def poll() -> bool:
+            """Whether the run is still running; a tick if so."""
+            if self.state != "running":
+                return False
             if tick is not None:
                 tick()
+            return True
+
+        while poll() if store_watch is None else store_watch.call(poll, _still_running):
+            if deadline is not None and time.monotonic() > deadline:
+                raise TimeoutError(f"run {self.id} still running after {timeout_s} s")
             time.sleep(poll_s)
         return self.status()
 
@@ -104,6 +118,11 @@ class Placement:
 
 def _quiet(_line: str) -> None:
     pass
+
+
+def _still_running() -> bool:
+    """What a poll tells while the store refuses it."""
+    return True
 
 
 @contextlib.contextmanager
@@ -176,14 +195,20 @@ def scheduling(
 
     Raises LeaseHeld when another live scheduler has the run. While the broker is unreachable, `tick()`
     waits for it (its `watch` says when the broker goes and comes back, to `say`, else to the log) and
-    raises BrokerGone after the broker wait (FEDQUEUE_BROKER_WAIT_S); see fedqueue.core.outage.
+    raises BrokerGone after the broker wait (FEDQUEUE_BROKER_WAIT_S); see fedqueue.core.outage. Its
+    `store_watch` does the same for the store (fedqueue.core.store_watch): the caller's polls go through it.
+    Its ticks also say when the run's queues have tasks waiting and no worker reads them (fedqueue.core.unread).
     """
     from fedqueue.core.outage import BrokerWatch
+    from fedqueue.core.store_watch import StoreWatch
     from fedqueue.core.supervisor import RunSupervisor
+    from fedqueue.core.unread import UnreadQueues
 
     with _client(Placement(handle.settings), services) as client:
         watch = BrokerWatch.of(client.settings, handle.id, say)
-        supervisor = RunSupervisor(client, handle.id, watch=watch).acquire()
+        store_watch = StoreWatch.of(client.settings, handle.id, say)
+        unread = UnreadQueues.of(client, handle.id, say)
+        supervisor = RunSupervisor(client, handle.id, watch=watch, store_watch=store_watch, unread=unread).acquire()
         try:
             yield supervisor
         finally:
@@ -222,7 +247,7 @@ def run(
         check(submission, place.settings)
         handle = submit(submission, place)
         with scheduling(handle) as supervisor:
-            handle.wait(timeout_s, tick=keep_running(supervisor, place.cluster))
+            handle.wait(timeout_s, tick=keep_running(supervisor, place.cluster), store_watch=supervisor.store_watch)
     return handle
 
 

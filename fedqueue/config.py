@@ -26,6 +26,9 @@ DEFAULT_HEARTBEAT_TTL_S = 15
 DEFAULT_LEASE_TTL_S = 15  # FEDQUEUE_LEASE_TTL_S: how long a scheduler's lease on a run outlives its last renewal
 # FEDQUEUE_BROKER_WAIT_S: how long a command following a run waits for an unreachable broker before it gives up.
 DEFAULT_BROKER_WAIT_S = 600
+DEFAULT_STORE_WAIT_S = 600  # FEDQUEUE_STORE_WAIT_S: the same for a store that refuses it (disk full, read-only, down)
+# FEDQUEUE_NO_WORKER_S: how long a run's tasks wait on a queue no worker reads before its follower says so.
+DEFAULT_NO_WORKER_S = 60
 # Worker processes (`--slots`, `--gpus-per-worker`, `--procs-per-gpu` and `fedqueue.api.local_cluster`).
 DEFAULT_WORKER_SLOTS = 1  # concurrent tasks per worker process
 DEFAULT_GPUS_PER_WORKER = 1  # GPUs one worker process spreads a model over
@@ -65,6 +68,8 @@ class Settings:
     heartbeat_ttl_s: int = DEFAULT_HEARTBEAT_TTL_S
     lease_ttl_s: int = DEFAULT_LEASE_TTL_S
     broker_wait_s: int = DEFAULT_BROKER_WAIT_S
+    store_wait_s: int = DEFAULT_STORE_WAIT_S
+    no_worker_s: int = DEFAULT_NO_WORKER_S
     # None: above the task time limit (the safe default). Shorter only to provoke redelivery in tests.
     visibility_timeout_override_s: int | None = None
     # Folders searched for plugin modules, by workers and by the submitting process.
@@ -91,6 +96,8 @@ class Settings:
             heartbeat_ttl_s=_int(env, "FEDQUEUE_HEARTBEAT_TTL_S", cls.heartbeat_ttl_s, minimum=2),
             lease_ttl_s=_int(env, "FEDQUEUE_LEASE_TTL_S", cls.lease_ttl_s, minimum=2),
             broker_wait_s=_int(env, "FEDQUEUE_BROKER_WAIT_S", cls.broker_wait_s),
+            store_wait_s=_int(env, "FEDQUEUE_STORE_WAIT_S", cls.store_wait_s),
+            no_worker_s=_int(env, "FEDQUEUE_NO_WORKER_S", cls.no_worker_s),
             visibility_timeout_override_s=(
                 _int(env, "FEDQUEUE_VISIBILITY_TIMEOUT_S", 0) if env.get("FEDQUEUE_VISIBILITY_TIMEOUT_S") else None
             ),
@@ -144,6 +151,8 @@ class Settings:
             "FEDQUEUE_HEARTBEAT_TTL_S": str(self.heartbeat_ttl_s),
             "FEDQUEUE_LEASE_TTL_S": str(self.lease_ttl_s),
             "FEDQUEUE_BROKER_WAIT_S": str(self.broker_wait_s),
+            "FEDQUEUE_STORE_WAIT_S": str(self.store_wait_s),
+            "FEDQUEUE_NO_WORKER_S": str(self.no_worker_s),
         }
         if self.visibility_timeout_override_s is not None:
             env["FEDQUEUE_VISIBILITY_TIMEOUT_S"] = str(self.visibility_timeout_override_s)

@@ -12,6 +12,7 @@ from fedqueue.core import jobs
 from fedqueue.core.jobs import ProgressBar, RunProgress
 from fedqueue.core.outage import BrokerWatch
 from fedqueue.core.services import Services
+from fedqueue.core.store_watch import StoreWatch
 from fedqueue.store import Store
 
 
@@ -50,12 +51,14 @@ def follow(
     poll_s: float = 0.2,
     tick: Callable[[], Iterable[str]] | None = None,
     watch: BrokerWatch | None = None,
+    store_watch: StoreWatch | None = None,
 ) -> str:
     """Show the run's bars until it finishes or fails; its final state.
 
     `tick` (the scheduler's lease and repairs) runs at most once per `poll_s`; what it reports is printed.
     The kind's wait between polls goes through `watch` (the one `tick` reports to): while the broker is
-    unreachable it is a plain sleep.
+    unreachable it is a plain sleep. Each poll (reading the run, the tick) goes through `store_watch`:
+    while the store refuses it, the bars stand still.
     """
     progress = progress_of(services, run_id)
     wait = progress.wait if watch is None else watch.guard(progress.wait, _sleep)
@@ -69,20 +72,35 @@ def follow(
         TextColumn("{task.fields[note]}"),
         console=console,
     )
-    ticked = 0.0
+    ticked = [0.0]
+
+    def poll() -> str | None:
+        """One look at the run: its final state once it ended, else None."""
+        state = services.store.get_run(run_id).state
+        for bar in progress.bars():
+            if bar.key not in shown:
+                shown[bar.key] = display.add_task("", total=bar.total, label=bar.label, unit=bar.unit, note="")
+            display.update(shown[bar.key], total=bar.total, completed=bar.completed, note=bar.note)
+            if bar.finished:
+                display.stop_task(shown[bar.key])
+        if state != "running":
+            return state
+        # While the store is down every try ticks: only the lease and the repairs tell that it takes writes again.
+        due = time.monotonic() - ticked[0] >= poll_s or (store_watch is not None and store_watch.down)
+        if tick is not None and due:
+            ticked[0] = time.monotonic()
+            for action in tick():
+                display.console.print(f"[yellow]repair:[/yellow] {action}", highlight=False)
+        return None
+
     with display:
         while True:
-            state = services.store.get_run(run_id).state
-            for bar in progress.bars():
-                if bar.key not in shown:
-                    shown[bar.key] = display.add_task("", total=bar.total, label=bar.label, unit=bar.unit, note="")
-                display.update(shown[bar.key], total=bar.total, completed=bar.completed, note=bar.note)
-                if bar.finished:
-                    display.stop_task(shown[bar.key])
-            if state != "running":
-                return state
-            if tick is not None and time.monotonic() - ticked >= poll_s:
-                ticked = time.monotonic()
-                for action in tick():
-                    display.console.print(f"[yellow]repair:[/yellow] {action}", highlight=False)
+            ended = poll() if store_watch is None else store_watch.call(poll, _still_running)
+            if ended is not None:
+                return ended
             wait(poll_s)
+
+
+def _still_running() -> str | None:
+    """What a poll tells while the store refuses it."""
+    return None

@@ -66,7 +66,8 @@ def follow_to_end(handle: api.RunHandle, place: api.Placement, services: Any = N
     """Schedule the run (lease, repairs) and show its progress until it ends; then its summary.
 
     With the cluster of `fedqueue up` running the workers, following stops if that cluster stops. Through
-    a broker outage it waits, saying when the broker goes and comes back, up to FEDQUEUE_BROKER_WAIT_S.
+    a broker outage it waits, saying when the broker goes and comes back, up to FEDQUEUE_BROKER_WAIT_S; through
+    a store outage (a full disk), the same up to FEDQUEUE_STORE_WAIT_S.
     """
 
     with api.scheduling(handle, services, say=_say) as supervisor:
@@ -74,7 +75,14 @@ def follow_to_end(handle: api.RunHandle, place: api.Placement, services: Any = N
         if place.standing is not None:
             tick = _while_up(tick, place.standing.pid, handle.id)
         try:
-            follow(supervisor.services, handle.id, console, tick=tick, watch=supervisor.watch)
+            follow(
+                supervisor.services,
+                handle.id,
+                console,
+                tick=tick,
+                watch=supervisor.watch,
+                store_watch=supervisor.store_watch,
+            )
         except KeyboardInterrupt:
             if place.cluster is None:
                 error_console.print(f"stopped following; run {handle.id} goes on (fedqueue resume {handle.id})")
@@ -83,7 +91,7 @@ def follow_to_end(handle: api.RunHandle, place: api.Placement, services: Any = N
 
 
 def _say(line: str) -> None:
-    """A line of the broker's watch, above the bars."""
+    """A line of the broker's or the store's watch, above the bars."""
     console.print(Text(line, style="yellow"), soft_wrap=True)
 
 

@@ -101,6 +101,12 @@ def ready(prefix: str, token: str) -> str:
     return f"{prefix}:ready:{token}"
 
 
+def queue_readers(prefix: str, queue: str) -> str:
+    """The worker processes reading a queue (a full name): a sorted set of hostnames, each scored by when its mark
+    runs out (the broker's clock), refreshed by the worker (fedqueue.core.readers)."""
+    return f"{prefix}:readers:{queue}"
+
+
 # --- Blobs: a blob named `name` lives in Redis under blob_prefix(prefix) + name, or in a blob folder at `name`.
 
 

@@ -10,6 +10,8 @@ import time
 from fedqueue.core import jobs
 from fedqueue.core.outage import BrokerWatch
 from fedqueue.core.services import Services
+from fedqueue.core.store_watch import StoreWatch, store_trouble
+from fedqueue.core.unread import UnreadQueues
 from fedqueue.errors import FedqueueError
 
 log = logging.getLogger(__name__)
@@ -37,15 +39,29 @@ class RunSupervisor:
     With a `watch`, the repair pass goes through it: while the broker is unreachable the lease is still
     renewed (it lives in the store), repairs wait for the broker, and the watch says when it goes and
     comes back (see fedqueue.core.outage). Without, a broker error is raised to the caller.
+
+    With a `store_watch`, taking the lease waits through a store outage (the follower's loop runs its
+    ticks through the same watch: fedqueue.core.store_watch), and letting it go is best effort.
+
+    With `unread`, each tick also looks (every few seconds) for the run's queues that no worker reads, and
+    says so (fedqueue.core.unread).
     """
 
     def __init__(
-        self, services: Services, run_id: str, owner: str | None = None, watch: BrokerWatch | None = None
+        self,
+        services: Services,
+        run_id: str,
+        owner: str | None = None,
+        watch: BrokerWatch | None = None,
+        store_watch: StoreWatch | None = None,
+        unread: UnreadQueues | None = None,
     ) -> None:
         self.services = services
         self.run_id = run_id
         self.owner = owner or f"{socket.gethostname()}:{os.getpid()}"
         self.watch = watch
+        self.store_watch = store_watch
+        self.unread = unread
         self._next_repair = 0.0
 
     def _take(self) -> bool:
@@ -63,11 +79,19 @@ class RunSupervisor:
         )
 
     def acquire(self) -> RunSupervisor:
-        self._take()
+        if self.store_watch is None:
+            self._take()
+        else:  # a store that refuses the lease now: the first tick that goes through takes it
+            self.store_watch.call(self._take, _not_taken)
         return self
 
     def tick(self) -> list[str]:
         """Renew the lease; every few seconds, repair the run. Returns the repairs made."""
+        if self.unread is not None:  # whoever holds the lease: this follower says when no worker reads its queues
+            if self.watch is None:
+                self.unread.check()
+            else:
+                self.watch.call(self.unread.check, _nothing)
         if not self._take():
             if self.watch is not None:
                 self.watch.check()  # the launcher repairs; this follower still says when the broker is back
@@ -76,7 +100,11 @@ class RunSupervisor:
         if now < self._next_repair:
             return []
         self._next_repair = now + REPAIR_EVERY_S
-        actions = self._repair() if self.watch is None else self.watch.call(self._repair, _no_repairs)
+        try:
+            actions = self._repair() if self.watch is None else self.watch.call(self._repair, _no_repairs)
+        except Exception:
+            self._next_repair = 0.0  # the next tick tries the pass again (the store may refuse it for a while)
+            raise
         for action in actions:
             log.warning("run %s: %s", self.run_id, action)
         return actions
@@ -85,7 +113,22 @@ class RunSupervisor:
         return repair(self.services, self.run_id)
 
     def release(self) -> None:
-        self.services.store.release_lease(self.run_id, self.owner)
+        try:
+            self.services.store.release_lease(self.run_id, self.owner)
+        except Exception as err:
+            if self.store_watch is None or store_trouble(err) is None:
+                raise
+            # Leaving anyway (finished, or given up on the store): the lease runs out by itself.
+            log.warning("run %s: lease not released (store: %s)", self.run_id, store_trouble(err))
+
+
+def _nothing() -> None:
+    """What looking at the queues does while the broker is unreachable."""
+
+
+def _not_taken() -> bool:
+    """What taking the lease gave while the store refuses it."""
+    return False
 
 
 def _no_repairs() -> list[str]:

@@ -6,10 +6,12 @@ import threading
 import time
 from typing import Any
 
+import redis
 from celery.signals import worker_init, worker_ready, worker_shutdown
 
 from fedqueue.config import Settings
 from fedqueue.core import jobs
+from fedqueue.core.readers import ReaderMarks
 from fedqueue.core.utilization import Sampler
 from fedqueue.queue.app import make_app
 from fedqueue.queue.readiness import READY_KEY_ENV, announce_ready
@@ -22,6 +24,7 @@ settings.activate_plugin_path()
 app = make_app(settings)
 state = register_tasks(app, settings)
 _sampler: Sampler | None = None
+_reader_marks: ReaderMarks | None = None
 _warmed = threading.Event()
 
 
@@ -51,9 +54,10 @@ def _warm_up() -> None:
 @worker_ready.connect
 def _start_sampler(sender: Any = None, **_: Any) -> None:
     # Started here, not at import: only a consuming worker samples, under the hostname its tasks record.
-    global _sampler
+    global _sampler, _reader_marks
     hostname = getattr(sender, "hostname", None) or "unknown"
     _sampler = Sampler(settings.database_url, hostname).start()
+    _reader_marks = _mark_queues(hostname)
     ready_key = os.environ.get(READY_KEY_ENV)  # set by fedqueue's launcher, not a user setting
     if ready_key:
         threading.Thread(target=_say_ready, args=(ready_key, hostname), name="fedqueue-ready", daemon=True).start()
@@ -67,7 +71,20 @@ def _say_ready(ready_key: str, hostname: str) -> None:
         log.exception("could not announce readiness")
 
 
+def _mark_queues(hostname: str) -> ReaderMarks | None:
+    """Marks on the queues this worker consumes (its -Q), so followers know someone reads them (core.readers)."""
+    client = redis.Redis.from_url(settings.broker_url or "", socket_connect_timeout=3, socket_timeout=5)
+    queues = sorted(app.amqp.queues.consume_from)
+    try:
+        return ReaderMarks(client, settings.key_prefix, queues, hostname, settings.heartbeat_ttl_s).start()
+    except Exception:  # followers may then say that no worker reads; the tasks run all the same
+        log.exception("could not start the queue reader marks")
+        return None
+
+
 @worker_shutdown.connect
 def _stop_sampler(**_: Any) -> None:
+    if _reader_marks is not None:
+        _reader_marks.stop()
     if _sampler is not None:
         _sampler.stop()

@@ -39,7 +39,8 @@ def retry_transient(method: F) -> F:
             try:
                 return method(*args, **kwargs)
             except OperationalError as err:
-                log.warning("store call %s failed (%s); retrying in %.1f s", method.__name__, err.orig, delay)
+                # Not a warning: the caller hears of a failure that outlasts these tries (a follower in one line).
+                log.info("store call %s failed (%s); retrying in %.1f s", method.__name__, err.orig, delay)
                 time.sleep(delay)
         return method(*args, **kwargs)
 
