@@ -154,7 +154,11 @@ COMMON = {
     "local_optimizer": "adam",
     "local_lr": 0.0003,
     "alpha": 0.5,
-    "partition": "dirichlet",
+    "partition": "dirichlet_fixed",
+    "client_data_size": 350,
+    "val_split": 0.15,
+    "augment": "crop_flip",
+    "model": "resnet18_fedrevive",
     "dataset": "cifar10",
     "clock": "fedrevive",
     "max_sim_time": 17500.0,
@@ -236,6 +240,8 @@ def test_their_dfkd_settings_become_the_synthesizer_s_knobs(tmp_path: Path) -> N
         (lambda data: data.update(cloud_bucket="s3://x"), "cloud_bucket"),
         (lambda data: data["dfkd_settings"].update(mystery=1), "dfkd_settings.mystery"),
         (lambda data: data.update(dataset="femnist"), "dataset"),
+        (lambda data: data.update(model_name="t5-small"), "model_name"),
+        (lambda data: data.update(data_distribution="pathological"), "data_distribution"),
         (lambda data: data.update(algorithm="semi_async"), "algorithm"),
         (lambda data: data.update(early_stop=[{"round": 1000}]), "early_stop"),
         (lambda data: data.update(external_kd_dataset="kd.pth"), "external_kd_dataset"),
@@ -247,6 +253,16 @@ def test_a_key_or_value_it_cannot_honour_is_refused_by_name(change: Any, field: 
     change(data)
     with pytest.raises(ConfigError, match=rf"^{field}:"):
         load_run_config(_write(tmp_path, "fedrevive", data), {"data_root": str(tmp_path)})
+
+
+def test_cifar100_reads_from_its_own_folder_and_rotates_too(tmp_path: Path) -> None:
+    data = fedrevive()
+    data["dataset"] = "cifar100"
+    (tmp_path / "data" / "cifar100").mkdir(parents=True)
+    config = load_run_config(
+        _write(tmp_path / "data", "c100", data), {"data_root": str(tmp_path / "data" / "cifar100")}
+    )
+    assert (config.dataset, config.augment) == ("cifar100", "crop_flip_rotate")
 
 
 def test_auto_learning_rates_resolve_as_theirs_do(tmp_path: Path) -> None:
