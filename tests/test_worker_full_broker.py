@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import signal
+import threading
 from dataclasses import replace
 from pathlib import Path
 
@@ -71,4 +72,34 @@ def test_a_worker_thawed_into_a_full_broker_waits_for_room_and_the_run_ends_the_
         server.stop()
     assert status["state"] == "finished", status
     assert "Unrecoverable error" not in log, log[-3000:]
+    assert_same_weights(handle.final_weights(), reference_final_state(config))
+
+
+def test_a_submit_into_a_full_broker_waits_for_room_and_the_run_ends_the_same(
+    settings: Settings, tmp_path: Path
+) -> None:
+    """Redis full when the run is submitted: the submit waits (no error, no half-sent round) until room is made."""
+    server = EmbeddedRedis(extra_args=["--maxmemory", "32mb", "--maxmemory-policy", "noeviction"]).start()
+    client = redis.Redis.from_url(server.url)
+    settings = reliable_settings(replace(settings, broker_url=server.url))
+    config = slow_config(0.0, rounds=2, devices_per_round=4, local_iters=3)
+    try:
+        with launcher(settings, procs=1, cwd=tmp_path):
+            junk = fill(client)
+            refused = oom_replies(client)
+
+            def make_room() -> None:  # once the submit was refused twice, as an operator clearing Redis
+                wait_until(lambda: oom_replies(client) >= refused + 2, 60)
+                client.delete(*[f"junk:{index}" for index in range(junk)])
+
+            clearer = threading.Thread(target=make_room)
+            clearer.start()
+            handle = api.submit(config, settings=settings)
+            clearer.join()
+            with api.scheduling(handle) as scheduler:
+                status = handle.wait(180, tick=scheduler.tick)
+    finally:
+        client.close()
+        server.stop()
+    assert status["state"] == "finished", status
     assert_same_weights(handle.final_weights(), reference_final_state(config))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import logging
 import sys
 from collections.abc import Callable
 from typing import Annotated, Any, TypeVar
@@ -27,6 +28,9 @@ ProcsPerGpuOpt = Annotated[
     int, typer.Option(help="Worker processes per GPU, each with its own CUDA context (small models).")
 ]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON for scripts.")]
+
+
+log = logging.getLogger(__name__)
 
 
 def warn_if_insecure(settings: Settings) -> None:
@@ -63,9 +67,11 @@ def warn_if_no_workers(settings: Settings) -> None:
     celery_app = make_app(settings)
     try:
         # limit=1: the first answer is enough, instead of collecting answers for the whole second.
-        if not celery_app.control.ping(timeout=1.0, limit=1):
-            error_console.print(
-                "warning: no worker answers on this broker yet; its tasks wait for one (fedqueue worker)"
-            )
+        answers = celery_app.control.ping(timeout=1.0, limit=1)
+    except Exception as err:  # noqa: BLE001 - a broker that cannot take the ping (full, gone): nothing to warn of
+        log.info("workers not asked (%s)", err)
+        return
     finally:
         celery_app.close()
+    if not answers:
+        error_console.print("warning: no worker answers on this broker yet; its tasks wait for one (fedqueue worker)")

@@ -22,6 +22,7 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from fedqueue.config import Settings
+from fedqueue.core.infra_errors import infrastructure_fault
 from fedqueue.errors import ServiceUnavailable
 
 log = logging.getLogger(__name__)
@@ -38,7 +39,11 @@ class BrokerGone(ServiceUnavailable):
 
 
 def is_broker_error(err: BaseException) -> bool:
-    """A lost, refused or timed-out connection to the broker: Redis's own errors, or a publish error caused by one."""
+    """The broker failed, not the caller: a lost, refused or timed-out connection, a Redis at its maxmemory or
+    read-only (fedqueue.core.infra_errors), or a publish error caused by one."""
+    fault = infrastructure_fault(err)
+    if fault is not None and fault.startswith("broker"):
+        return True
     seen: set[int] = set()
     current: BaseException | None = err
     while current is not None and id(current) not in seen:

@@ -13,6 +13,7 @@ from kombu.exceptions import OperationalError
 
 from fedqueue.config import Settings
 from fedqueue.core import jobs
+from fedqueue.core.infra_errors import infrastructure_fault
 from fedqueue.core.services import Enqueue
 
 log = logging.getLogger(__name__)
@@ -26,42 +27,79 @@ FIRST_BATCH = 8
 SPLIT_ABOVE = 2 * FIRST_BATCH
 RETRY_DELAYS_S = (0.2, 0.7, 1.5)
 _BROKER_ERRORS = (redis.ConnectionError, redis.TimeoutError, OperationalError)
+FULL_FIRST_PAUSE_S = 0.5  # a publish refused for want of broker memory tries again after this, doubled ...
+FULL_MAX_PAUSE_S = 5.0  # ... up to this
+
+
+def _broker_full(err: BaseException) -> bool:
+    return infrastructure_fault(err) == "broker out of memory"
 
 
 def enqueue_with(app: Celery, settings: Settings) -> Enqueue:
     """An `Enqueue` that publishes each message as JSON to its handler's queue, batched over one connection."""
 
-    def publish(messages: Sequence[Any]) -> None:
-        with app.producer_or_acquire() as producer, producer.batch(max_size=PUBLISH_BATCH):
-            for message in messages:
-                handler = jobs.handler_for(message)
-                app.send_task(
-                    handler.name,
-                    args=[message.to_dict()],
-                    queue=settings.queue(handler.queue),
-                    producer=producer,
-                    # What Flower shows for the task; also spares Celery a repr of every message.
-                    argsrepr=message.label,
-                    kwargsrepr="{}",
-                )
-
-    def publish_retrying(messages: Sequence[Any]) -> None:
-        # A batch cut short by a dropped connection is sent again whole: a task sent twice is stored once.
-        for delay in RETRY_DELAYS_S:
-            try:
-                return publish(messages)
-            except _BROKER_ERRORS as err:
-                log.warning("publishing %d tasks failed (%s); retrying in %.1f s", len(messages), err, delay)
-                time.sleep(delay)
-        return publish(messages)
-
     def enqueue(messages: Sequence[Any]) -> None:
         if not messages:
             return
         if len(messages) <= SPLIT_ABOVE:
-            publish_retrying(messages)
+            _publish_retrying(app, settings, messages)
             return
-        publish_retrying(messages[:FIRST_BATCH])
-        publish_retrying(messages[FIRST_BATCH:])
+        _publish_retrying(app, settings, messages[:FIRST_BATCH])
+        _publish_retrying(app, settings, messages[FIRST_BATCH:])
 
     return enqueue
+
+
+def _publish(app: Celery, settings: Settings, messages: Sequence[Any]) -> None:
+    with app.producer_or_acquire() as producer:
+        try:
+            with producer.batch(max_size=PUBLISH_BATCH):
+                for message in messages:
+                    handler = jobs.handler_for(message)
+                    app.send_task(
+                        handler.name,
+                        args=[message.to_dict()],
+                        queue=settings.queue(handler.queue),
+                        producer=producer,
+                        # What Flower shows for the task; also spares Celery a repr of every message.
+                        argsrepr=message.label,
+                        kwargsrepr="{}",
+                    )
+        except Exception:
+            # A batch the broker refused can leave the pooled connection's channel closed, and the pool
+            # (kombu's, shared by the process) would hand it out again: close it, so it connects afresh.
+            connection = getattr(producer, "__connection__", None)
+            if connection is not None:
+                connection.close()
+            raise
+
+
+def _publish_retrying(app: Celery, settings: Settings, messages: Sequence[Any]) -> None:
+    # A batch cut short by a dropped connection is sent again whole: a task sent twice is stored once.
+    for delay in RETRY_DELAYS_S:
+        try:
+            return _publish(app, settings, messages)
+        except _BROKER_ERRORS as err:
+            log.warning("publishing %d tasks failed (%s); retrying in %.1f s", len(messages), err, delay)
+            time.sleep(delay)
+        except Exception as err:
+            if not _broker_full(err):
+                raise
+            return _publish_when_room(app, settings, messages, err)
+    return _publish(app, settings, messages)
+
+
+def _publish_when_room(app: Celery, settings: Settings, messages: Sequence[Any], first: Exception) -> None:
+    """A Redis at its maxmemory frees room as workers take tasks and fold updates: wait for it (up to the
+    broker wait), where a lost connection gets its few quick retries and then the follower's own wait."""
+    log.warning("publishing %d tasks: %s; waiting for room (up to %d s)", len(messages), first, settings.broker_wait_s)
+    deadline = time.monotonic() + settings.broker_wait_s
+    delay = FULL_FIRST_PAUSE_S
+    while True:
+        time.sleep(delay)
+        try:
+            return _publish(app, settings, messages)
+        except Exception as err:
+            if not _broker_full(err) or time.monotonic() > deadline:
+                raise
+        delay = min(delay * 2, FULL_MAX_PAUSE_S)
