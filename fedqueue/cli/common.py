@@ -67,7 +67,8 @@ def warn_if_no_workers(settings: Settings) -> None:
     celery_app = make_app(settings)
     try:
         # limit=1: the first answer is enough, instead of collecting answers for the whole second.
-        answers = celery_app.control.ping(timeout=1.0, limit=1)
+        with celery_app.connection_for_write() as connection:  # its own: a refused ping breaks no pooled one
+            answers = celery_app.control.ping(timeout=1.0, limit=1, connection=connection)
     except Exception as err:  # noqa: BLE001 - a broker that cannot take the ping (full, gone): nothing to warn of
         log.info("workers not asked (%s)", err)
         return

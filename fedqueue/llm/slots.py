@@ -62,6 +62,8 @@ def _broadcast(settings: Settings, command: str) -> list[dict[str, Any]]:
     app = make_app(settings)
     try:
         # The timeout is the wait for each next answer, so this returns REPLY_GAP_S after the last.
-        return list(app.control.broadcast(command, reply=True, timeout=REPLY_GAP_S) or [])
+        # On a connection of its own: a broadcast the broker refuses must not break the publishers' pooled one.
+        with app.connection_for_write() as connection:
+            return list(app.control.broadcast(command, reply=True, timeout=REPLY_GAP_S, connection=connection) or [])
     finally:
         app.close()

@@ -32,7 +32,10 @@ def worker_slots_of(app: Celery) -> WorkerSlots:
     """Ask the workers on the broker for their pool sizes (only when a submit needs them)."""
 
     def worker_slots() -> dict[str, int]:
-        stats = app.control.inspect(timeout=STATS_TIMEOUT_S).stats() or {}
+        # On a connection of its own: a request the broker refuses (full, gone) must not leave the publishers'
+        # pooled connection with a closed channel, which kombu would hand out again.
+        with app.connection_for_write() as connection:
+            stats = app.control.inspect(timeout=STATS_TIMEOUT_S, connection=connection).stats() or {}
         return {name: int(info.get("pool", {}).get("max-concurrency", 1)) for name, info in stats.items()}
 
     return worker_slots

@@ -71,21 +71,25 @@ def _publish(app: Celery, settings: Settings, messages: Sequence[Any]) -> None:
             connection = getattr(producer, "__connection__", None)
             if connection is not None:
                 connection.close()
+                # kombu keeps a closed connection's channel as its default and would hand that out again.
+                connection._default_channel = None
             raise
 
 
 def _publish_retrying(app: Celery, settings: Settings, messages: Sequence[Any]) -> None:
     # A batch cut short by a dropped connection is sent again whole: a task sent twice is stored once.
-    for delay in RETRY_DELAYS_S:
+    for attempt, delay in enumerate(RETRY_DELAYS_S):
         try:
             return _publish(app, settings, messages)
-        except _BROKER_ERRORS as err:
+        except Exception as err:
+            if _broker_full(err):
+                return _publish_when_room(app, settings, messages, err)
+            # Past a lost connection, a pooled one that an earlier refusal left with a closed channel fails
+            # with kombu's own odd errors: `_publish` closed it, so one more try connects afresh.
+            if not isinstance(err, _BROKER_ERRORS) and attempt > 0:
+                raise
             log.warning("publishing %d tasks failed (%s); retrying in %.1f s", len(messages), err, delay)
             time.sleep(delay)
-        except Exception as err:
-            if not _broker_full(err):
-                raise
-            return _publish_when_room(app, settings, messages, err)
     return _publish(app, settings, messages)
 
 
