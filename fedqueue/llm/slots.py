@@ -62,8 +62,6 @@ def _broadcast(settings: Settings, command: str) -> list[dict[str, Any]]:
     app = make_app(settings)
     try:
         # The timeout is the wait for each next answer, so this returns REPLY_GAP_S after the last.
-        # On a connection of its own: a broadcast the broker refuses must not break the publishers' pooled one.
-        with app.connection_for_write() as connection:
-            return list(app.control.broadcast(command, reply=True, timeout=REPLY_GAP_S, connection=connection) or [])
+        return list(app.control.broadcast(command, reply=True, timeout=REPLY_GAP_S) or [])
     finally:
         app.close()
