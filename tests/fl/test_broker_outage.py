@@ -15,9 +15,10 @@ import pytest
 
 from fedqueue.config import Settings
 from fedqueue.fl import api
+from fedqueue.fl.config import config_toml
 from fedqueue.fl.store.results import count_done
 from fedqueue.queue.embedded import EmbeddedRedis
-from tests.fl.test_scheduler_recovery import embedded_env, toml_of
+from tests.fl.test_scheduler_recovery import embedded_env
 from tests.helpers import assert_same_weights, reference_final_state
 from tests.reliability_support import (
     BROKER_BACK,
@@ -44,7 +45,7 @@ def test_run_waits_for_a_restarted_broker_and_ends_with_the_same_weights(setting
     first = EmbeddedRedis().start()
     settings = reliable_settings(replace(settings, broker_url=first.url))
     config = slow_config(0.2, rounds=3, devices_per_round=4, local_iters=4)
-    (tmp_path / "run.toml").write_text(toml_of(config))
+    (tmp_path / "run.toml").write_text(config_toml(config))
     second = None
     follower = None
     try:
@@ -75,7 +76,7 @@ def test_run_gives_up_after_the_broker_wait_and_names_resume(settings: Settings,
     server = EmbeddedRedis().start()
     settings = reliable_settings(replace(settings, broker_url=server.url, broker_wait_s=5))
     config = slow_config(0.2, rounds=2, devices_per_round=4, local_iters=4)
-    (tmp_path / "run.toml").write_text(toml_of(config))
+    (tmp_path / "run.toml").write_text(config_toml(config))
     follower = None
     try:
         # No workers: the run waits on its queue while the follower holds its lease.
@@ -109,7 +110,7 @@ def test_run_starts_its_embedded_redis_again_when_it_exits(tmp_path: Path) -> No
     starts it again (empty) on its port, and the run ends as an unfaulted one, with the same weights."""
     env = embedded_env(tmp_path)
     config = slow_config(0.2, rounds=3, devices_per_round=4, local_iters=4)
-    (tmp_path / "run.toml").write_text(toml_of(config))
+    (tmp_path / "run.toml").write_text(config_toml(config))
     follower = None
     try:
         follower, log = start_follower(tmp_path, env, "run", "run.toml", "--procs", "2")

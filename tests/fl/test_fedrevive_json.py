@@ -289,3 +289,11 @@ def test_a_plain_json_of_fedqueue_keys_reads_like_toml(tmp_path: Path) -> None:
     path = tmp_path / "plain.json"
     path.write_text(json.dumps({"rounds": 3, "devices_per_round": 4}))
     assert load_run_config(path) == RunConfig.from_dict({"rounds": 3, "devices_per_round": 4})
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED))
+def test_the_example_toml_is_their_file_resolved(name: str, tmp_path: Path) -> None:
+    """examples/fedrevive/NAME.toml stays what `fedqueue check` makes of their NAME.json."""
+    example = Path(__file__).resolve().parents[2] / "examples" / "fedrevive" / f"{name}.toml"
+    here = {"data_root": str(tmp_path)}
+    assert load_run_config(example, here) == load_run_config(_write(tmp_path, name, EXPECTED[name][0]()), here)

@@ -7,7 +7,6 @@ A Redis of the test's own, a real `fedqueue worker` launcher and `fedqueue run` 
 
 from __future__ import annotations
 
-import json
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -19,7 +18,7 @@ import torch
 
 from fedqueue.config import Settings
 from fedqueue.fl import api
-from fedqueue.fl.config import RunConfig
+from fedqueue.fl.config import RunConfig, config_toml
 from fedqueue.fl.store.results import device_tasks
 from fedqueue.queue.embedded import EmbeddedRedis
 from tests.fl.test_buffered_async import reference as buffered_reference
@@ -59,23 +58,6 @@ FEDBUFF = RunConfig.from_dict(
 )
 
 
-def toml_value(value: Any) -> str:
-    if isinstance(value, bool):
-        return str(value).lower()
-    if isinstance(value, str):
-        return json.dumps(value)
-    if isinstance(value, dict):
-        return "{ " + ", ".join(f"{key} = {toml_value(item)}" for key, item in value.items()) + " }"
-    if isinstance(value, list | tuple):
-        return "[" + ", ".join(toml_value(item) for item in value) + "]"
-    return repr(value)
-
-
-def toml_of(config: RunConfig) -> str:
-    """The run's TOML, tables (the clock's `device_speed`, `communication_delay`) written inline."""
-    return "".join(f"{key} = {toml_value(value)}\n" for key, value in config.to_dict().items() if value is not None)
-
-
 def run_under_a_full_broker(settings: Settings, config: RunConfig, tmp_path: Path) -> api.RunHandle:
     """`fedqueue run` of `config` on two worker processes against a 64 MB noeviction Redis; checks it ended
     well: exit 0, every device stored done, no worker crash, Redis never at its limit, blobs spilled."""
@@ -83,7 +65,7 @@ def run_under_a_full_broker(settings: Settings, config: RunConfig, tmp_path: Pat
 
     server = EmbeddedRedis(extra_args=["--maxmemory", str(MAXMEMORY), "--maxmemory-policy", "noeviction"]).start()
     settings = replace(settings, broker_url=server.url)
-    (tmp_path / "run.toml").write_text(toml_of(config))
+    (tmp_path / "run.toml").write_text(config_toml(config))
     follower = None
     began = time.monotonic()
     try:

@@ -13,8 +13,8 @@ import pytest
 
 from fedqueue.config import Settings
 from fedqueue.fl import api
+from fedqueue.fl.config import config_toml
 from fedqueue.queue.embedded import EmbeddedRedis
-from tests.fl.test_scheduler_recovery import toml_of
 from tests.helpers import assert_same_weights, reference_final_state
 from tests.reliability_support import (
     cli_env,
@@ -41,7 +41,7 @@ def test_run_says_no_worker_reads_its_queue_then_finishes_once_a_launcher_starts
     server = EmbeddedRedis().start()
     settings = reliable_settings(replace(settings, broker_url=server.url, no_worker_s=3))
     config = slow_config(0.0, rounds=2, devices_per_round=4, local_iters=4)
-    (tmp_path / "run.toml").write_text(toml_of(config))
+    (tmp_path / "run.toml").write_text(config_toml(config))
     follower = None
     try:
         follower, log = start_follower(tmp_path, cli_env(settings), "run", "run.toml")

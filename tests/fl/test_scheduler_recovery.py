@@ -17,7 +17,7 @@ from fedqueue.config import Settings
 from fedqueue.core.database import open_store
 from fedqueue.errors import ServiceUnavailable
 from fedqueue.fl import api
-from fedqueue.fl.config import RunConfig
+from fedqueue.fl.config import config_toml
 from fedqueue.fl.ml.weights import decode_state
 from fedqueue.fl.store.results import count_done, list_rounds, load_checkpoint
 from fedqueue.store import Store
@@ -26,20 +26,6 @@ from tests.conftest import running_workers
 from tests.helpers import assert_same_weights, reference_final_state
 from tests.reliability_support import PLUGINS, one_result_per_device, reliable_settings, slow_config, wait_until
 from tests.test_cli import our_processes
-
-
-def toml_of(config: RunConfig) -> str:
-    lines, plugin = [], {}
-    for key, value in config.to_dict().items():
-        if key == "plugin":
-            plugin = value
-        elif isinstance(value, bool):
-            lines.append(f"{key} = {str(value).lower()}")
-        elif value is not None:
-            lines.append(f"{key} = {value!r}".replace("'", '"'))
-    lines.append("[plugin]")
-    lines += [f"{key} = {value!r}" for key, value in plugin.items()]
-    return "\n".join(lines) + "\n"
 
 
 def embedded_env(tmp_path: Path) -> dict[str, str]:
@@ -97,7 +83,7 @@ def killed_then_resumed(
 def test_killed_scheduler_is_resumed_to_the_same_weights(tmp_path: Path, moment: str) -> None:
     """SIGKILL `fedqueue run` (embedded Redis and workers go down with it); `fedqueue resume` finishes."""
     config = slow_config(0.15, rounds=3, devices_per_round=4, local_iters=4)
-    (tmp_path / "run.toml").write_text(toml_of(config))
+    (tmp_path / "run.toml").write_text(config_toml(config))
     if moment == "between_rounds":
         store, run_id, resumed = killed_then_resumed(
             tmp_path, lambda store, run_id: any(r.state == "done" for r in list_rounds(store, run_id)), 60

@@ -18,9 +18,9 @@ import pytest
 
 from fedqueue.config import Settings
 from fedqueue.fl import api
+from fedqueue.fl.config import config_toml
 from fedqueue.fl.store.results import count_done
 from fedqueue.queue.embedded import EmbeddedRedis
-from tests.fl.test_scheduler_recovery import toml_of
 from tests.helpers import assert_same_weights, reference_final_state
 from tests.reliability_support import (
     cli_env,
@@ -84,7 +84,7 @@ def test_run_waits_for_a_full_disk_and_ends_with_the_same_weights(settings: Sett
     launcher and its workers still up, the database intact."""
     server = EmbeddedRedis().start()
     config = slow_config(0.2, rounds=3, devices_per_round=4, local_iters=4)
-    (tmp_path / "run.toml").write_text(toml_of(config))
+    (tmp_path / "run.toml").write_text(config_toml(config))
     follower = None
     with small_disk(tmp_path / "disk", "8m") as disk:
         database = disk / "fedqueue.db"
@@ -124,7 +124,7 @@ def test_run_gives_up_after_the_store_wait_and_resume_finishes_it(settings: Sett
     traceback; once the disk is freed, that resume finishes the run with the unfaulted run's weights."""
     server = EmbeddedRedis().start()
     config = slow_config(0.2, rounds=3, devices_per_round=4, local_iters=4)
-    (tmp_path / "run.toml").write_text(toml_of(config))
+    (tmp_path / "run.toml").write_text(config_toml(config))
     follower = resumed = None
     with small_disk(tmp_path / "disk", "8m") as disk:
         database = disk / "fedqueue.db"
