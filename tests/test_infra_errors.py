@@ -82,3 +82,27 @@ def test_a_statement_the_server_refuses_is_the_task_s() -> None:
         sqlstate = "23505"
 
     assert infrastructure_fault(sqlalchemy.exc.IntegrityError("INSERT ...", {}, Duplicate("duplicate key"))) is None
+
+
+def test_a_command_caught_by_a_broker_fault_ends_in_one_line_not_a_traceback(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    import typer
+
+    from fedqueue.cli.common import friendly_errors
+
+    @friendly_errors
+    def submit() -> None:
+        raise redis.exceptions.OutOfMemoryError("command not allowed when used memory > 'maxmemory'.")
+
+    @friendly_errors
+    def buggy() -> None:
+        raise KeyError("a bug of fedqueue's own")
+
+    with pytest.raises(typer.Exit) as ended:
+        submit()
+    assert ended.value.exit_code == 1
+    line = capsys.readouterr().err.strip()
+    assert line.startswith("error: broker out of memory (command not allowed") and "\n" not in line
+    with pytest.raises(KeyError):  # not the infrastructure's: left to show itself
+        buggy()

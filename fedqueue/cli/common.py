@@ -10,8 +10,10 @@ from typing import Annotated, Any, TypeVar
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 from fedqueue.config import Settings, insecure_broker, mask_url
+from fedqueue.core.infra_errors import infrastructure_fault
 from fedqueue.errors import FedqueueError
 
 # Piped output is not cut at 80 columns: tables and summaries stay one line per row.
@@ -51,6 +53,17 @@ def friendly_errors(command: F) -> F:
         except FedqueueError as err:
             error_console.print(f"[red]error:[/red] {err}", highlight=False)
             raise typer.Exit(err.exit_code) from None
+        except Exception as err:
+            # The broker failed under a command that does not wait for it (a submit caught mid-way): one line.
+            fault = infrastructure_fault(err)
+            if fault is None:
+                raise
+            error_console.print(
+                f"[red]error:[/red] {escape(fault)} ({escape(str(err))}); nothing stored is lost: a run already"
+                " stored is carried on by the workers (`fedqueue runs` lists it), else submit again",
+                highlight=False,
+            )
+            raise typer.Exit(1) from None
 
     return wrapper  # type: ignore[return-value]
 
