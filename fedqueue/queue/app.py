@@ -8,6 +8,7 @@ from fedqueue.config import Settings
 from fedqueue.core import keys
 from fedqueue.core.jobs import CONTROL_QUEUE
 from fedqueue.errors import ConfigError
+from fedqueue.queue.redis_transport import use_for_redis_urls
 
 
 def make_app(settings: Settings) -> Celery:
@@ -24,6 +25,8 @@ def make_app(settings: Settings) -> Celery:
     if settings.visibility_timeout_override_s is not None:
         # A short timeout only means something if Redis is swept for expired deliveries as often.
         transport_options.update(unacked_restore_interval=1, unacked_restore_throttle=1)
+    # A full Redis is waited out as a lost connection, not an unrecoverable error (fedqueue.queue.redis_transport).
+    use_for_redis_urls()
     app = Celery("fedqueue", broker=settings.broker_url, set_as_current=False)
     app.conf.update(
         # JSON only: a pickled message from the broker is refused, never loaded.
@@ -42,9 +45,6 @@ def make_app(settings: Settings) -> Celery:
         task_create_missing_queues=True,
         broker_transport_options=transport_options,
         broker_connection_retry_on_startup=True,
-        # A Redis at its maxmemory refuses the consumer's own writes (the unacked hash, its mutex) with a reply
-        # error, not a lost connection: retry it as one, so the worker waits for room instead of exiting.
-        broker_channel_error_retry=True,
         broker_connection_timeout=5,
         # Task events feed the Flower UI.
         worker_send_task_events=True,
