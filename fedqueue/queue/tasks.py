@@ -132,7 +132,10 @@ def _register(
 
 def _worker_stopping() -> bool:
     """The worker was asked to stop (SIGTERM, its launcher gone): a task waiting out an outage gives up at once."""
-    return bool(worker_state.should_stop or worker_state.should_terminate)
+    # Celery's flags hold the exit code once set, and a warm stop's is 0: set means "not None, not False".
+    return any(
+        flag is not None and flag is not False for flag in (worker_state.should_stop, worker_state.should_terminate)
+    )
 
 
 def _through_outages(
