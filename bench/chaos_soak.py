@@ -61,7 +61,7 @@ from tests.cli_runner import start_fedqueue_cli  # noqa: E402
 from tests.fl.test_buffered_async import BUFFERED, reference, sorted_reference, versions_made  # noqa: E402
 from tests.helpers import small_config  # noqa: E402
 from tests.llm.test_llm_queue import expected_outputs  # noqa: E402
-from tests.reliability_support import cli_env, kill_tree, ping_count, wait_until  # noqa: E402
+from tests.reliability_support import cli_env, kill_tree, ping_count, stop_launcher, wait_until  # noqa: E402
 
 FAULT_KINDS = ("kill", "stop", "restart", "fill")
 JUNK_PREFIX = "chaos-junk:"  # junk keys of the fill fault; fedqueue's keys start with its key prefix
@@ -544,13 +544,7 @@ def main() -> int:
     finally:
         if injector is not None:
             injector.finish()
-        if launcher.poll() is None:
-            launcher.send_signal(signal.SIGTERM)
-            try:
-                launcher.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                kill_tree(launcher.pid)
-                launcher.wait()
+        stop_launcher(launcher)
         launcher_log.close()
         broker.stop()
     wall = time.monotonic() - began

@@ -72,14 +72,19 @@ def launcher(settings: Settings, procs: int, cwd: Path) -> Iterator[subprocess.P
         wait_until(lambda: ping_count(settings) >= procs, 90)
         yield process
     finally:
-        if process.poll() is None:
-            process.send_signal(signal.SIGTERM)
-            try:
-                process.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                kill_tree(process.pid)
-                process.wait()
+        stop_launcher(process)
         log.close()
+
+
+def stop_launcher(process: subprocess.Popen[str]) -> None:
+    """SIGTERM a launcher (its workers finish their tasks), SIGKILL its tree if it takes over a minute; reap it."""
+    if process.poll() is None:
+        process.send_signal(signal.SIGTERM)
+        try:
+            process.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            kill_tree(process.pid)
+            process.wait()
 
 
 def worker_children(process: subprocess.Popen[str]) -> list[psutil.Process]:
