@@ -399,21 +399,28 @@ def _numbers(key: str, value: Any, minimum: float = 0.0) -> list[float]:
 
 
 def _check_dfkd(table: dict[str, Any]) -> None:
-    """dfkd = {...}: each key a knob of the synthesizer (or freeze_rounds), each value of its default's type."""
+    """dfkd = {...}: each key a knob of the synthesizer or the server step, each value of its default's type."""
     # torch, as above
-    from fedqueue.fl.ml.distill import dfkd_defaults
+    from fedqueue.fl.ml.distill import PROPORTION_SOURCES, dfkd_defaults
+    from fedqueue.fl.ml.synthesis import ADV_GATES
 
     if not table:
         return
     defaults = dfkd_defaults()
     _check_table("dfkd", table, tuple(defaults))
+    choices = {"adv_gate": ADV_GATES, "class_proportion_source": PROPORTION_SOURCES}
     for name, value in table.items():
         default = defaults[name]
-        if isinstance(default, int):
+        if isinstance(default, str):
+            _choice(f"dfkd.{name}", value, choices[name])
+        elif isinstance(default, int):
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
                 raise ConfigError(f"dfkd.{name}: a whole number of at least 0, got {value!r}")
         elif isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) or value < 0:
             raise ConfigError(f"dfkd.{name}: a number of at least 0, got {value!r}")
+    for name in ("synthesis_interval", "proxy_uploads", "proxy_probes"):
+        if table.get(name) == 0:
+            raise ConfigError(f"dfkd.{name}: must be at least 1, got 0")
 
 
 def _check_table(key: str, table: dict[str, Any], allowed: tuple[str, ...]) -> None:

@@ -226,7 +226,9 @@ def test_fedrevive_distils_stale_updates_the_same_way_on_two_workers(settings: S
 
 def test_data_free_fedrevive_continues_its_synthesizer_across_workers(settings: Settings) -> None:
     """kd_augmentation = "dfkd": the generator learns across versions, and the pass making a version
-    continues from the state the last one kept, on whichever worker; the weights equal the reference."""
+    continues from the state the last one kept, on whichever worker; the weights equal the reference.
+    The class proportions are estimated from the uploads (kept with that state too), and the generator
+    trains at every second version only."""
     config = buffered_config(
         mode="fedrevive",
         kd_augmentation="dfkd",
@@ -235,7 +237,17 @@ def test_data_free_fedrevive_continues_its_synthesizer_across_workers(settings: 
         kd_buffer_size=3,
         kd_iters=2,
         kd_batch_size=8,
-        dfkd={"freeze_rounds": 1, "warmup_rounds": 2, "nz": 8, "ngf": 4, "synth_batch_size": 8, "g_steps": 2},
+        dfkd={
+            "freeze_rounds": 1,
+            "warmup_rounds": 2,
+            "nz": 8,
+            "ngf": 4,
+            "synth_batch_size": 8,
+            "g_steps": 2,
+            "class_proportion_source": "estimated",
+            "proxy_probes": 8,
+            "synthesis_interval": 2,
+        },
     )
     with running_workers(settings, procs=2):
         handle = api.submit(config, settings=settings)

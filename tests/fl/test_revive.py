@@ -11,6 +11,7 @@ from torch import nn
 
 from fedqueue.fl.ml.aggregate import fold_buffer, fold_deltas
 from fedqueue.fl.ml.distill import KdData, class_proportions, distil, kd_beta, mixed_delta
+from fedqueue.fl.ml.teacher_stack import TeacherStack
 
 
 @pytest.mark.parametrize(
@@ -75,7 +76,7 @@ def test_distillation_moves_the_student_toward_its_teachers() -> None:
     for version in ("distribution_match_batch", "avg_logits", "avg_loss"):
         distil(
             student,
-            [teacher],
+            TeacherStack([teacher]),
             [proportions],
             data,
             np.random.default_rng(0),

@@ -10,7 +10,8 @@ from fedqueue.errors import ConfigError
 from fedqueue.fl.ml.models import build_model, initial_state
 from fedqueue.fl.ml.pack_train import vmap_refusal
 from fedqueue.fl.ml.stat_resnet import StatTracker, reset_trackers
-from fedqueue.fl.ml.synthesis import SynthesisSettings, Synthesizer, _FeatureStats
+from fedqueue.fl.ml.synthesis import SynthesisSettings, Synthesizer
+from fedqueue.fl.ml.teacher_stack import TeacherStack
 
 
 def model(classes: int = 10) -> torch.nn.Module:
@@ -73,14 +74,11 @@ def test_synthesis_reads_the_trackers_and_runs_one_step() -> None:
     teacher = model()
     teacher.train()
     teacher(torch.randn(8, 3, 32, 32))  # a device's statistics
-    hooks = _FeatureStats(teacher)
-    teacher.eval()
-    teacher(torch.randn(2, 3, 32, 32))
-    assert len(hooks.losses) == 20
-    hooks.close()
+    stack = TeacherStack([teacher])
+    assert len(stack._shell.layers) == 20
     settings = SynthesisSettings(nz=8, ngf=8, synth_batch_size=4, g_steps=1, warmup_rounds=0, pool_size=8)
     torch.manual_seed(1)
     synth = Synthesizer(settings, (3, 32, 32), 10)
-    parts = synth.synthesize([teacher], [np.full(10, 0.1)], model(), current_round=1)
-    assert parts["bn"] > 0 and np.isfinite(parts["loss"])
+    parts = synth.synthesize(stack, torch.full((1, 10), 0.1), model(), current_round=1)
+    assert float(parts["bn"]) > 0 and np.isfinite(float(parts["loss"]))
     assert synth.pool()[0].shape == (4, 3, 32, 32)

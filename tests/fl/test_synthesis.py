@@ -3,15 +3,24 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from fedqueue.fl.ml.models import build_model
-from fedqueue.fl.ml.synthesis import SynthesisSettings, Synthesizer, _FeatureStats, image_shape
+from fedqueue.fl.ml.synthesis import SynthesisSettings, Synthesizer, image_shape
+from fedqueue.fl.ml.teacher_stack import TeacherStack
 
 SMALL = SynthesisSettings(nz=8, ngf=8, synth_batch_size=8, g_steps=2, warmup_rounds=1, pool_size=20)
 UNIFORM = np.full(10, 0.1)
+
+
+def synthesize(
+    synth: Synthesizer, teachers: list[nn.Module], proportions: list[np.ndarray], student: nn.Module, current_round: int
+) -> dict[str, float]:
+    parts = synth.synthesize(TeacherStack(teachers), torch.as_tensor(np.stack(proportions)), student, current_round)
+    return {name: float(value) for name, value in parts.items()}
 
 
 def teacher(seed: int = 0) -> nn.Module:
@@ -24,7 +33,7 @@ def test_each_call_adds_a_batch_of_model_inputs_and_the_pool_is_bounded() -> Non
     synth = Synthesizer(SMALL, (64,), 10)  # a flat input: drawn as 8x8, handed back flat
     models = [build_model("mlp", (64,), 10)]
     for calls in range(1, 4):
-        synth.synthesize(models, [UNIFORM], build_model("mlp", (64,), 10), current_round=calls)
+        synthesize(synth, models, [UNIFORM], build_model("mlp", (64,), 10), calls)
         inputs, labels = synth.pool()
         assert inputs.shape == (min(8 * calls, 20), 64) and labels.shape == (len(inputs),)
     assert int(labels.min()) >= 0 and int(labels.max()) < 10
@@ -34,7 +43,7 @@ def test_labels_follow_the_teachers_classes() -> None:
     torch.manual_seed(0)
     synth = Synthesizer(SMALL, (1, 8, 8), 10)
     only_three = np.eye(10)[3]
-    synth.synthesize([teacher()], [only_three], teacher(1), current_round=0)
+    synthesize(synth, [teacher()], [only_three], teacher(1), 0)
     assert set(synth.pool()[1].tolist()) == {3}
 
 
@@ -44,7 +53,7 @@ def run(seed: int, calls: int, synth: Synthesizer | None = None) -> Synthesizer:
         synth = Synthesizer(SMALL, (1, 8, 8), 10)
     for call in range(calls):
         torch.manual_seed(seed * 100 + call)
-        synth.synthesize([teacher(1), teacher(2)], [UNIFORM, np.eye(10)[0]], teacher(3), current_round=call)
+        synthesize(synth, [teacher(1), teacher(2)], [UNIFORM, np.eye(10)[0]], teacher(3), call)
     return synth
 
 
@@ -65,7 +74,7 @@ def test_same_seed_same_images_and_a_saved_state_continues_exactly() -> None:
     resumed.load_state_dict(halfway.state_dict())
     for call in (2,):
         torch.manual_seed(0 * 100 + call)
-        resumed.synthesize([teacher(1), teacher(2)], [UNIFORM, np.eye(10)[0]], teacher(3), current_round=call)
+        synthesize(resumed, [teacher(1), teacher(2)], [UNIFORM, np.eye(10)[0]], teacher(3), call)
     assert_same_state(resumed, run(0, 3))
 
 
@@ -86,25 +95,29 @@ def test_the_generator_learns_images_the_teacher_labels_as_asked() -> None:
     for seed in (0, 1):
         torch.manual_seed(seed)
         synth = Synthesizer(settings, (1, 8, 8), 10)
-        losses = [synth.synthesize([model], [UNIFORM], teacher(5), current_round=0)["oh"] for _ in range(15)]
+        losses = [synthesize(synth, [model], [UNIFORM], teacher(5), 0)["oh"] for _ in range(15)]
         assert np.mean(losses[-5:]) < 0.5 * np.mean(losses[:5]), losses
 
 
 def test_feature_statistics_count_only_batchnorm_layers() -> None:
     inputs = torch.randn(8, 1, 8, 8)
-    plain = teacher()
-    tracker = _FeatureStats(plain)
-    plain(inputs)
-    assert tracker.take() is None  # the cnn has no BatchNorm: no term, no error
-    normed = nn.Sequential(nn.Conv2d(1, 4, 3), nn.BatchNorm2d(4), nn.Flatten(), nn.Linear(144, 6), nn.BatchNorm1d(6))
-    normed.eval()
-    tracker = _FeatureStats(normed)
-    normed(inputs)
-    found = tracker.take()
-    assert found is not None and float(found.detach()) > 0 and len(tracker.handles) == 2
-    tracker.close()
-    normed(inputs)
-    assert tracker.take() is None  # hooks removed
+    plain = TeacherStack([teacher(), teacher(1)])
+    assert not plain.has_statistics and torch.equal(plain.ask(inputs)[1], torch.zeros(2))  # no BatchNorm: 0
+    normed = [
+        nn.Sequential(nn.Conv2d(1, 4, 3), nn.BatchNorm2d(4), nn.Flatten(), nn.Linear(144, 6), nn.BatchNorm1d(6))
+        for _ in range(2)
+    ]
+    stack = TeacherStack(normed)
+    _, distances = stack.ask(inputs)
+    # By hand, for the first teacher: each BatchNorm's input statistics against its running ones.
+    features = normed[0][0](inputs)
+    expected = torch.tensor(0.0)
+    for layer, seen in ((normed[0][1], features), (normed[0][4], normed[0][3](normed[0][2](normed[0][1](features))))):
+        dims = [0] if seen.dim() == 2 else [0, 2, 3]
+        expected = expected + torch.linalg.vector_norm(layer.running_var - seen.var(dim=dims, unbiased=False))
+        expected = expected + torch.linalg.vector_norm(layer.running_mean - seen.mean(dim=dims))
+    assert stack.has_statistics and float(distances[0]) == pytest.approx(float(expected), rel=1e-5)
+    assert not normed[0][1]._forward_hooks  # the caller's models carry no hooks
 
 
 def test_flat_inputs_are_drawn_as_squares() -> None:

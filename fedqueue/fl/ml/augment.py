@@ -25,10 +25,16 @@ AUGMENT_STREAM = 0xA06E  # keeps the augmentation's draws apart from the batch o
 
 @dataclass(frozen=True)
 class Augmentation:
-    """What is applied, and the padding's value per channel (empty: zero in every channel)."""
+    """What is applied, and the padding's value per channel (empty: zero in every channel).
+
+    `reflect` pads by mirroring the image instead (the server's synthesis and distillation crop so);
+    `pad` is how far the crop may shift.
+    """
 
     rotate: bool
     fill: tuple[float, ...] = ()
+    reflect: bool = False
+    pad: int = PAD
 
 
 def augmentation(name: str, fill: tuple[float, ...] = ()) -> Augmentation | None:
@@ -55,7 +61,7 @@ class Draws:
 
 def draw(aug: Augmentation, generator: torch.Generator, count: int) -> Draws:
     """One batch's draws, on the CPU, always in the same order (so they never depend on the training device)."""
-    corners = torch.randint(0, 2 * PAD + 1, (2, count), generator=generator)
+    corners = torch.randint(0, 2 * aug.pad + 1, (2, count), generator=generator)
     flip = torch.rand(count, generator=generator) < 0.5
     angle = None
     if aug.rotate:
@@ -88,8 +94,12 @@ def apply(aug: Augmentation, images: Tensor, draws: Draws) -> Tensor:
         raise ConfigError(f"augment: needs (channels, height, width) images, got inputs of shape {tuple(images.shape)}")
     count, channels, height, width = images.shape
     fill = _fill(aug, channels, images)
-    padded = fill.expand(count, channels, height + 2 * PAD, width + 2 * PAD).clone()
-    padded[..., PAD : PAD + height, PAD : PAD + width] = images
+    pad = aug.pad
+    if aug.reflect:
+        padded = F.pad(images, (pad, pad, pad, pad), mode="reflect")
+    else:
+        padded = fill.expand(count, channels, height + 2 * pad, width + 2 * pad).clone()
+        padded[..., pad : pad + height, pad : pad + width] = images
     rows = draws.top.to(images.device)[:, None] + torch.arange(height, device=images.device)
     cols = draws.left.to(images.device)[:, None] + torch.arange(width, device=images.device)
     samples = torch.arange(count, device=images.device)[:, None, None]

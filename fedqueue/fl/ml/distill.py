@@ -26,7 +26,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from fedqueue.fl.ml.loss_window import LossWindow
 from fedqueue.fl.ml.synthesis import SynthesisSettings
+from fedqueue.fl.ml.teacher_stack import TeacherStack
 
 KD_AUGMENTATIONS = ("simple_kd", "dfkd")  # distil on held-out samples, or on synthesised ones
 KD_VERSIONS = ("distribution_match_batch", "avg_logits", "avg_loss")
@@ -34,10 +36,26 @@ BETA_SCHEDULES = ("cosine", "exponential", "linear", "stepwise")
 KD_STREAM = 0xFD4E  # keeps the distillation batches apart from every other use of the run's seed
 
 
-def dfkd_defaults() -> dict[str, int | float]:
-    """The knobs of the `dfkd` table and their defaults: the synthesizer's, and freeze_rounds (versions
-    made before any update is revived: until then updates go in as they came)."""
-    return {"freeze_rounds": 50, **asdict(SynthesisSettings())}
+PROPORTION_SOURCES = ("labels", "estimated")  # the devices' true label shares, or PR #5274's estimate
+
+
+def dfkd_defaults() -> dict[str, int | float | str]:
+    """The knobs of the `dfkd` table and their defaults: the synthesizer's, and the server step's own:
+    - freeze_rounds: versions made before any update is revived (until then updates go in as they came);
+    - synthesis_interval: the generator trains only at arrivals whose current version is a multiple of
+      it (distillation still runs on every revived update, from the pool as it stands);
+    - student_weight_decay: the distilled student's Adam weight decay;
+    - class_proportion_source and the estimate's proxy_* knobs (fl/ml/proportion_proxy.py)."""
+    return {
+        "freeze_rounds": 50,
+        "synthesis_interval": 1,
+        "student_weight_decay": 1e-5,
+        "class_proportion_source": "labels",
+        "proxy_uploads": 2,
+        "proxy_temperature": 0.8,
+        "proxy_probes": 64,
+        **asdict(SynthesisSettings()),
+    }
 
 
 def kd_beta(rule: float | str, factor: float, staleness: int, concurrency: int, buffer_size: int) -> float:
@@ -66,35 +84,52 @@ def kd_beta(rule: float | str, factor: float, staleness: int, concurrency: int, 
 
 
 class KdData:
-    """The server's held-out samples, and batches drawn from them for distillation."""
+    """The server's held-out samples (or the synthesizer's pool), and batches drawn from them for distillation."""
 
     def __init__(self, x: Tensor, y: Tensor, num_classes: int) -> None:
         self.x, self.y = x, y
         labels = y.numpy()
-        self.by_class = [np.flatnonzero(labels == label) for label in range(num_classes)]
+        # The samples sorted by label: class c's are order[starts[c] : starts[c] + counts[c]].
+        self.order = np.argsort(labels, kind="stable")
+        self.counts = np.bincount(labels, minlength=num_classes)
+        self.starts = np.concatenate([[0], np.cumsum(self.counts)[:-1]])
 
     def uniform(self, rng: np.random.Generator, size: int) -> Tensor:
         return torch.from_numpy(rng.integers(0, len(self.y), size=size))
 
     def matching(self, rng: np.random.Generator, size: int, proportions: np.ndarray) -> Tensor:
-        """A batch whose labels follow a device's class proportions (classes the split lacks are skipped)."""
-        present = np.array([len(indices) > 0 for indices in self.by_class])
+        """A batch whose labels follow a device's class proportions, each sample drawn uniformly (with
+        replacement) within its class; classes the data lacks are skipped."""
+        present = self.counts > 0
         weights = np.where(present, proportions, 0.0)
         weights = weights / weights.sum() if weights.sum() > 0 else present / present.sum()
         classes = rng.choice(len(weights), size=size, p=weights)
-        picks = [self.by_class[label][rng.integers(len(self.by_class[label]))] for label in classes]
-        return torch.as_tensor(np.asarray(picks, dtype=np.int64))
+        offsets = (rng.random(size) * self.counts[classes]).astype(np.int64)
+        return torch.from_numpy(self.order[self.starts[classes] + offsets])
 
 
-def _kl(student_logits: Tensor, teacher_logits: Tensor, temperature: float) -> Tensor:
-    soft_student = F.log_softmax(student_logits / temperature, dim=1)
-    soft_teacher = F.softmax(teacher_logits / temperature, dim=1)
-    return F.kl_div(soft_student, soft_teacher, reduction="batchmean") * temperature**2
+def _kl_sum(student_logits: Tensor, teacher_logits: Tensor, temperature: float) -> Tensor:
+    """KL(teacher || student) at this temperature, summed over the batch, times T^2."""
+    soft_student = F.log_softmax(student_logits / temperature, dim=-1)
+    soft_teacher = F.softmax(teacher_logits / temperature, dim=-1)
+    return F.kl_div(soft_student, soft_teacher, reduction="sum") * temperature**2
+
+
+def has_batch_norm(model: nn.Module) -> bool:
+    """Whether a training forward pass depends on how the batch is split (BatchNorm's batch statistics)."""
+    return any(isinstance(layer, nn.modules.batchnorm._BatchNorm) for layer in model.modules())
+
+
+def to_device(tensor: Tensor, device: torch.device) -> Tensor:
+    """A host tensor on the device, copied without waiting on the device's queue."""
+    if device.type != "cuda":
+        return tensor.to(device)
+    return tensor.pin_memory().to(device, non_blocking=True)
 
 
 def distil(
     student: nn.Module,
-    teachers: Sequence[nn.Module],
+    teachers: TeacherStack,
     teacher_proportions: Sequence[np.ndarray],
     data: KdData,
     rng: np.random.Generator,
@@ -105,41 +140,52 @@ def distil(
     temperature: float,
     version: str,
     augment: Callable[[Tensor], Tensor] | None = None,
+    weight_decay: float = 0.0,
+    guard: LossWindow | None = None,
 ) -> None:
-    """Train `student` in place to match the teachers' softened outputs on the server's data
-    (each batch passed through `augment` first, as the data-free variant does with its images)."""
+    """Train `student` in place to match the teachers' softened outputs on the server's data (each batch
+    passed through `augment` first, as the data-free variant does with its images). The loss is the
+    KL x T^2 summed over the teachers' batches, divided by their samples; `guard` zeroes spikes.
+
+    All teachers are asked in one vmapped call; the student sees every teacher's batch in one forward
+    pass too, unless it has BatchNorm (whose statistics depend on the batch it is given)."""
+    device = next(student.parameters()).device
+    count = teachers.count
+    split = has_batch_norm(student)
 
     def draw(index: Tensor) -> Tensor:
-        inputs = data.x.index_select(0, index)
+        inputs = to_device(data.x.index_select(0, index), device)
         if augment is not None:
             with torch.no_grad():
                 inputs = augment(inputs)
         return inputs
 
-    for teacher in teachers:
-        teacher.eval()
     student.train()
-    optimizer = torch.optim.Adam(student.parameters(), lr=lr)
+    optimizer = torch.optim.Adam(student.parameters(), lr=lr, weight_decay=weight_decay)
     for _ in range(iters):
         optimizer.zero_grad()
         if version == "distribution_match_batch":
             # Each teacher is asked on a batch drawn like its own device's labels.
-            losses = []
-            for teacher, proportions in zip(teachers, teacher_proportions, strict=True):
-                inputs = draw(data.matching(rng, batch_size, proportions))
-                with torch.no_grad():
-                    target = teacher(inputs)
-                losses.append(_kl(student(inputs), target, temperature))
-            loss = torch.stack(losses).mean()
+            index = torch.cat([data.matching(rng, batch_size, proportions) for proportions in teacher_proportions])
+            inputs = draw(index).view(count, batch_size, *data.x.shape[1:])
+            with torch.no_grad():
+                targets = teachers.ask_each(inputs)
+            if split:
+                logits = torch.stack([student(batch) for batch in inputs])
+            else:
+                logits = student(inputs.flatten(0, 1)).view(count, batch_size, -1)
+            loss = _kl_sum(logits, targets, temperature) / (count * batch_size)
         else:
             inputs = draw(data.uniform(rng, batch_size))
             with torch.no_grad():
-                targets = [teacher(inputs) for teacher in teachers]
+                targets = teachers.ask(inputs)[0]
             logits = student(inputs)
             if version == "avg_logits":
-                loss = _kl(logits, torch.stack(targets).mean(dim=0), temperature)
+                loss = _kl_sum(logits, targets.mean(dim=0), temperature) / batch_size
             else:
-                loss = torch.stack([_kl(logits, target, temperature) for target in targets]).mean()
+                loss = _kl_sum(logits.expand_as(targets), targets, temperature) / (count * batch_size)
+        if guard is not None:
+            loss = guard.guard(loss)
         loss.backward()
         optimizer.step()
 

@@ -1,39 +1,47 @@
 """Images for distillation when the server holds no data: FedRevive's data-free synthesizer. Pure: no I/O.
 
-A class-conditional generator maps noise and a label to an input the teachers (recent local
-models) classify as that label. Each call to `synthesize`:
+A class-conditional generator maps noise plus a scaled class embedding to an image (a sigmoid,
+stretched to the data's per-channel range: FedRevive's sigmoid then normalize). Each call to
+`synthesize`, as the authors' `FastMetaSynthesizer.synthesize` does it:
 
-1. draws labels from the teachers' pooled class proportions, and fresh noise;
-2. copies the generator and trains the copy, with the noise, `g_steps` Adam steps on
-   - oh:  the teachers' cross-entropy on the labels, each teacher's term weighted by how much
-          of that label its device holds (a teacher never taught a class it never saw);
-   - bn:  the distance of the batch's feature statistics from each teacher's BatchNorm running
-          statistics, or its StatTrackers' (fl/ml/stat_resnet.py; 0 for models with neither);
-   - adv: after warmup, minus the student's divergence from the teachers where they agree,
-          so new images sit where the student still disagrees;
-3. moves the generator toward the trained copy (a Reptile meta-step), so each call starts from
-   a generator that adapts in a few steps;
+1. draws fresh noise, labels from the teachers' pooled class proportions, and fresh class embeddings;
+2. copies the generator and trains the copy, the noise and the embeddings `g_steps` Adam steps on
+   three terms, each teacher's share of a sample set by how much of its label the teacher's device
+   holds against the other teachers' devices (w_k(y) = q_k(y) / sum_t q_t(y)):
+   - oh:  the teachers' cross-entropy on the labels;
+   - bn:  each teacher's distance of the batch's feature statistics from its own (BatchNorm running
+          statistics or StatTrackers, fl/ml/stat_resnet.py; 0 for models with neither);
+   - adv: once the adversarial gate opens, minus the student's divergence from each teacher where
+          they agree, so new images sit where the student still disagrees;
+   each term guarded against spikes (fl/ml/loss_window.py);
+3. moves the generator toward the trained copy (a Reptile step through Adam with eps 0);
 4. adds the copy's lowest-loss batch to a bounded pool, which distillation samples from.
 
-All randomness comes from torch's global generator: the caller seeds it. `state_dict` holds
-everything (generator, its optimizer, the pool), so a synthesizer loaded from it continues
-exactly as the one that wrote it.
+Images are cropped (reflect padding) and flipped per image before the teachers see them. The
+teachers are asked in one vmapped call (fl/ml/teacher_stack.py), and nothing in a call waits on the
+host until its losses are read. All randomness comes from torch's global CPU generator: the caller
+seeds it. `state_dict` holds everything (generator, its optimizer, the pool, the call count, the loss
+windows), so a synthesizer loaded from it continues exactly as the one that wrote it.
 """
 
 from __future__ import annotations
 
 import copy
 import math
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
 from typing import Any
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from fedqueue.fl.ml.stat_resnet import StatTracker
+from fedqueue.fl.ml.augment import Augmentation, apply, draw
+from fedqueue.fl.ml.loss_window import LossWindow
+from fedqueue.fl.ml.teacher_stack import TeacherStack
+
+ADV_GATES = ("calls", "version")  # what opens the adversarial term: synthesis calls made, or versions made
+LOSS_TERMS = ("bn", "oh", "adv", "kd")  # each with a spike window; kd is the distillation's
 
 
 @dataclass(frozen=True)
@@ -43,13 +51,15 @@ class SynthesisSettings:
     synth_batch_size: int = 64  # images made per call
     g_steps: int = 2  # steps of the generator's copy per call
     lr_g: float = 3e-3
-    lr_z: float = 1e-3
+    lr_z: float = 1e-3  # the noise's and the class embeddings' rate
     adv: float = 0.1  # weights of the three losses
     bn: float = 0.003
     oh: float = 1.0
     class_embedding_weight: float = 0.2  # how strongly the label steers the noise
-    warmup_rounds: int = 100  # versions made before the adversarial loss (and the student's distillation)
-    pool_size: int = 10_000  # images kept; the oldest go first
+    warmup_rounds: int = 100  # the adversarial gate's threshold, and versions made before the student distils
+    adv_gate: str = "calls"  # "calls": from the warmup_rounds-th synthesis call (the authors' simulator);
+    # "version": from version warmup_rounds on (their FLARE port)
+    pool_size: int = 16_000  # images kept; the oldest go first
 
 
 def image_shape(input_shape: tuple[int, ...]) -> tuple[int, int, int]:
@@ -62,16 +72,17 @@ def image_shape(input_shape: tuple[int, ...]) -> tuple[int, int, int]:
 
 
 class Generator(nn.Module):
-    """Noise plus a scaled label embedding, upsampled twice by convolutions to an image."""
+    """Noise plus a scaled class embedding, upsampled twice by convolutions to an image in the data's range."""
 
-    def __init__(self, nz: int, ngf: int, shape: tuple[int, int, int], num_classes: int, label_weight: float):
+    low: Tensor
+    span: Tensor
+
+    def __init__(self, nz: int, ngf: int, shape: tuple[int, int, int], pixel_range: tuple[Tensor, Tensor]):
         super().__init__()
         channels, height, width = shape
-        self.shape, self.label_weight = shape, label_weight
+        self.shape, self.ngf = shape, ngf
         self.start = (max(1, height // 4), max(1, width // 4))
-        self.embed = nn.Embedding(num_classes, nz)
         self.project = nn.Linear(nz, 2 * ngf * self.start[0] * self.start[1])
-        self.ngf = ngf
         self.body = nn.Sequential(
             nn.BatchNorm2d(2 * ngf),
             nn.Upsample(scale_factor=2),
@@ -83,165 +94,168 @@ class Generator(nn.Module):
             nn.BatchNorm2d(ngf),
             nn.LeakyReLU(0.2),
             nn.Conv2d(ngf, channels, 3, padding=1),
-            nn.BatchNorm2d(channels, affine=False),  # standardised images, as inputs usually are
+            nn.Sigmoid(),
         )
+        # The sigmoid's [0, 1] stretched to each channel's range in the data: a pixel scale then the
+        # data's normalization, as the authors' generator and their Normalize do it.
+        low, high = pixel_range
+        self.register_buffer("low", low.reshape(1, channels, 1, 1).clone(), persistent=False)
+        self.register_buffer("span", (high - low).reshape(1, channels, 1, 1).clone(), persistent=False)
 
-    def forward(self, z: Tensor, labels: Tensor) -> Tensor:
-        code = z + self.label_weight * self.embed(labels)
+    def forward(self, z: Tensor, labels: Tensor, embeddings: Tensor, weight: float) -> Tensor:
+        code = z + weight * embeddings[labels]
         x = self.project(code).view(len(z), 2 * self.ngf, *self.start)
         x = self.body(x)
         if tuple(x.shape[-2:]) != self.shape[1:]:
             x = F.interpolate(x, size=self.shape[1:], mode="bilinear", align_corners=False)
-        images: Tensor = x
+        images: Tensor = self.low + self.span * x
         return images
 
 
-def _tracks_statistics(layer: nn.Module) -> bool:
-    """BatchNorm with running statistics, or a StatTracker: both see a convolution's output and keep its mean
-    and variance, so one hook reads either."""
-    if isinstance(layer, StatTracker):
-        return True
-    return isinstance(layer, nn.BatchNorm1d | nn.BatchNorm2d) and layer.running_mean is not None
+def weighted_terms(
+    logits: Tensor, distances: Tensor, labels: Tensor, weights: Tensor, student_logits: Tensor | None
+) -> tuple[Tensor, Tensor, Tensor]:
+    """The synthesis's three loss terms, before their weights: feature statistics, cross-entropy, adversarial.
+
+    logits: (teachers, samples, classes); distances: each teacher's statistics distance (teachers,);
+    weights: each teacher's share of each sample (samples, teachers); student_logits: (samples, classes),
+    None while the adversarial gate is shut (that term is then 0). Each term sums its per-teacher parts,
+    weighted, over the samples and divides by their number."""
+    count, size, classes = logits.shape
+    bn = (weights.sum(dim=0) * distances).sum() / size
+    ce = F.cross_entropy(logits.reshape(-1, classes), labels.repeat(count), reduction="none").view(count, size)
+    oh = (weights * ce.T).sum() / size
+    if student_logits is None:
+        return bn, oh, torch.zeros((), device=logits.device)
+    agree = (student_logits.argmax(dim=1) == logits.argmax(dim=2)).to(logits.dtype)  # (teachers, samples)
+    divergence = F.kl_div(
+        F.log_softmax(student_logits, dim=1).expand_as(logits), F.softmax(logits, dim=2), reduction="none"
+    ).sum(dim=2)
+    adv = (weights * (-(divergence * agree)).T).sum() / size
+    return bn, oh, adv
 
 
-class _FeatureStats:
-    """Forward hooks on a model's BatchNorm layers or StatTrackers: how far a batch's statistics are from the
-    running ones."""
-
-    def __init__(self, model: nn.Module) -> None:
-        self.losses: list[Tensor] = []
-        self.handles = [
-            layer.register_forward_hook(self._hook) for layer in model.modules() if _tracks_statistics(layer)
-        ]
-
-    def _hook(self, layer: nn.Module, inputs: tuple[Tensor, ...], _: Tensor) -> None:
-        features = inputs[0]
-        dims = [0] if features.dim() == 2 else [0, 2, 3]
-        mean = features.mean(dim=dims)
-        var = features.var(dim=dims, unbiased=False)
-        assert isinstance(layer.running_mean, Tensor) and isinstance(layer.running_var, Tensor)
-        self.losses.append(torch.norm(mean - layer.running_mean, 2) + torch.norm(var - layer.running_var, 2))
-
-    def take(self) -> Tensor | None:
-        total = torch.stack(self.losses).sum() if self.losses else None
-        self.losses = []
-        return total
-
-    def close(self) -> None:
-        for handle in self.handles:
-            handle.remove()
-
-
-def augment_images(images: Tensor) -> Tensor:
-    """A random shift (zero padding of an eighth) per batch, and a random horizontal flip per colour image."""
-    height, width = images.shape[-2:]
-    pad = max(1, height // 8)
-    padded = F.pad(images, (pad, pad, pad, pad))
-    top, left = (int(v) for v in torch.randint(0, 2 * pad + 1, (2,)))
-    shifted = padded[..., top : top + height, left : left + width]
-    if images.shape[1] == 3:
-        flip = torch.rand(len(images), device=images.device) < 0.5
-        shifted = torch.where(flip[:, None, None, None], shifted.flip(-1), shifted)
-    return shifted
+def _crop_pad(shape: tuple[int, int, int]) -> int:
+    """How far the server's crop shifts: 4 pixels of a 32-pixel image, an eighth in general; 0 for flat inputs."""
+    side = min(shape[1], shape[2])
+    return side // 8 if side >= 8 else 0
 
 
 class Synthesizer:
-    """The generator, its meta-optimiser and the pool of images made so far."""
+    """The generator, its meta-optimiser, the pool of images made so far, and the loss windows."""
 
-    def __init__(self, settings: SynthesisSettings, input_shape: tuple[int, ...], num_classes: int) -> None:
+    def __init__(
+        self,
+        settings: SynthesisSettings,
+        input_shape: tuple[int, ...],
+        num_classes: int,
+        *,
+        pixel_range: tuple[Tensor, Tensor] | None = None,
+        rotate: bool = False,
+    ) -> None:
+        if settings.adv_gate not in ADV_GATES:
+            raise ValueError(f"adv_gate: one of {', '.join(ADV_GATES)}, got {settings.adv_gate!r}")
         self.settings, self.input_shape, self.num_classes = settings, tuple(input_shape), num_classes
         self.image = image_shape(self.input_shape)
-        self.generator = Generator(settings.nz, settings.ngf, self.image, num_classes, settings.class_embedding_weight)
-        # Reptile: the meta-step moves by the copy's whole change, so its rate is g_steps times the copy's.
-        self.meta_optimizer = torch.optim.Adam(
-            self.generator.parameters(), lr=settings.lr_g * settings.g_steps, betas=(0.5, 0.999)
-        )
+        channels = self.image[0]
+        if pixel_range is None:
+            pixel_range = (torch.zeros(channels), torch.ones(channels))
+        low, high = (bound.to(torch.float32) for bound in pixel_range)
+        self.generator = Generator(settings.nz, settings.ngf, self.image, (low, high))
+        # Reptile through Adam with eps 0: the first step moves every weight by exactly lr_g.
+        self.meta_optimizer = torch.optim.Adam(self.generator.parameters(), lr=settings.lr_g, betas=(0.5, 0.999), eps=0)
+        pad = _crop_pad(self.image)
+        # Padding by reflection; a rotation fills with the channel's darkest value (black, normalized).
+        self.augmentation = Augmentation(rotate=rotate, fill=tuple(low.tolist()), reflect=True, pad=pad)
         self.pool_x = torch.zeros((0, *self.image))
         self.pool_y = torch.zeros(0, dtype=torch.int64)
-
-    def _labels(self, proportions: Sequence[np.ndarray], size: int) -> Tensor:
-        pooled = torch.as_tensor(np.mean(np.stack(proportions), axis=0), dtype=torch.float64)
-        if float(pooled.sum()) <= 0:
-            pooled = torch.ones(self.num_classes, dtype=torch.float64)
-        return torch.multinomial(pooled / pooled.sum(), size, replacement=True)
+        self.calls = 0
+        self.windows = {term: LossWindow() for term in LOSS_TERMS}
 
     def _inputs(self, images: Tensor) -> Tensor:
         return images.reshape(len(images), *self.input_shape)
 
-    def synthesize(
-        self, teachers: Sequence[nn.Module], proportions: Sequence[np.ndarray], student: nn.Module, current_round: int
-    ) -> dict[str, float]:
-        """Train the generator from these teachers and add a batch to the pool; returns the last losses."""
+    def augment_images(self, images: Tensor) -> Tensor:
+        """Per image: a crop of the image padded by reflection, a horizontal flip for colour images, and the
+        rotation where the run's devices rotate theirs; draws from torch's global CPU generator."""
+        if self.augmentation.pad == 0:
+            return images
+        draws = draw(self.augmentation, torch.default_generator, len(images))
+        if images.shape[1] != 3:  # a grey image (a digit) is not flipped
+            draws = replace(draws, flip=torch.zeros_like(draws.flip))
+        return apply(self.augmentation, images, draws)
+
+    def adversarial(self, current_round: int) -> bool:
+        """Whether this call's generator is pushed away from the student (after `self.calls` is counted)."""
         settings = self.settings
-        teacher_device = next(teachers[0].parameters()).device
-        self.generator.to(teacher_device)
-        labels = self._labels(proportions, settings.synth_batch_size).to(teacher_device)
-        # How much each teacher speaks for each label: its device's share of it, across teachers.
-        shares = torch.as_tensor(np.stack(proportions), dtype=torch.float32, device=teacher_device)
-        per_label = shares[:, labels] / shares[:, labels].sum(dim=0).clamp_min(1e-12)
-        z = torch.randn(settings.synth_batch_size, settings.nz, device=teacher_device, requires_grad=True)
+        seen = self.calls if settings.adv_gate == "calls" else current_round
+        return settings.adv > 0 and seen >= settings.warmup_rounds
+
+    def synthesize(
+        self, teachers: TeacherStack, proportions: Tensor, student: nn.Module, current_round: int
+    ) -> dict[str, Tensor]:
+        """Train the generator from these teachers (proportions: one row of class shares per teacher) and add
+        a batch to the pool; returns the last step's losses, still on the device."""
+        settings = self.settings
+        device = next(teachers.teachers[0].parameters()).device
+        self.calls += 1
+        self.generator.to(device)
+        size = settings.synth_batch_size
+        # Drawn on the CPU, in the authors' order, so a call draws the same on any device.
+        z = torch.randn(size, settings.nz).to(device).requires_grad_()
+        q = proportions.to(torch.float32).cpu()
+        labels = torch.multinomial(q.mean(dim=0), size, replacement=True).to(device)
+        embeddings = torch.randn(self.num_classes, settings.nz).to(device).requires_grad_()
+        # Each teacher's share of each sample: w_k(y) = q_k(y) / sum_t q_t(y).
+        shares = (q / q.sum(dim=0, keepdim=True).clamp_min(1e-8)).to(device)
+        weights = shares[:, labels].T  # (samples, teachers)
         fast = copy.deepcopy(self.generator).train()
-        groups: list[dict[str, Any]] = [{"params": list(fast.parameters())}, {"params": [z], "lr": settings.lr_z}]
-        optimizer = torch.optim.Adam(
-            groups,
-            lr=settings.lr_g,
-            betas=(0.5, 0.999),
-        )
-        trackers = [_FeatureStats(teacher) for teacher in teachers]
-        for teacher in teachers:
-            teacher.eval()
+        groups: list[dict[str, Any]] = [
+            {"params": list(fast.parameters())},
+            {"params": [z], "lr": settings.lr_z},
+            {"params": [embeddings], "lr": settings.lr_z},
+        ]
+        optimizer = torch.optim.Adam(groups, lr=settings.lr_g, betas=(0.5, 0.999))
         student.eval()
-        best: tuple[float, Tensor] | None = None
-        parts: dict[str, float] = {}
-        try:
-            for _ in range(settings.g_steps):
-                images = fast(z, labels)
-                inputs = self._inputs(augment_images(images))
-                logits = [teacher(inputs) for teacher in teachers]
-                oh = torch.stack(
-                    [
-                        (F.cross_entropy(out, labels, reduction="none") * per_label[index]).mean()
-                        for index, out in enumerate(logits)
-                    ]
-                ).sum()
-                stats = [tracker.take() for tracker in trackers]
-                bn_terms = [term for term in stats if term is not None]
-                bn = torch.stack(bn_terms).mean() if bn_terms else torch.zeros((), device=teacher_device)
-                adv = torch.zeros((), device=teacher_device)
-                if current_round > settings.warmup_rounds and settings.adv > 0:
-                    ensemble = torch.stack(logits).mean(dim=0)
-                    student_logits = student(inputs)
-                    agree = (student_logits.argmax(1) == ensemble.argmax(1)).float()
-                    divergence = F.kl_div(
-                        F.log_softmax(student_logits, dim=1), F.softmax(ensemble, dim=1), reduction="none"
-                    ).sum(1)
-                    adv = -(divergence * agree).mean()
-                loss = settings.oh * oh + settings.bn * bn + settings.adv * adv
-                if best is None or float(loss.detach()) < best[0]:
-                    best = (float(loss.detach()), images.detach().clone())
-                optimizer.zero_grad()
-                loss.backward()
-                optimizer.step()
-                parts = {
-                    name: float(term.detach()) for name, term in (("oh", oh), ("bn", bn), ("adv", adv), ("loss", loss))
-                }
-        finally:
-            for tracker in trackers:
-                tracker.close()
+        adversarial = self.adversarial(current_round)
+        best_loss = torch.full((), math.inf, device=device)
+        best_images = torch.zeros((size, *self.image), device=device)
+        parts: dict[str, Tensor] = {}
+        for _ in range(settings.g_steps):
+            images = fast(z, labels, embeddings, settings.class_embedding_weight)
+            inputs = self._inputs(self.augment_images(images))
+            logits, distances = teachers.ask(inputs)  # (teachers, samples, classes), (teachers,)
+            student_logits = student(inputs) if adversarial else None
+            bn, oh, adv = weighted_terms(logits, distances, labels, weights, student_logits)
+            zero = torch.zeros((), device=device)
+            bn = self._guarded("bn", bn) if settings.bn > 0 else zero
+            oh = self._guarded("oh", oh)
+            adv = self._guarded("adv", adv) if adversarial else zero
+            loss = settings.bn * bn + settings.oh * oh + settings.adv * adv
+            better = loss.detach() < best_loss
+            best_loss = torch.where(better, loss.detach(), best_loss)
+            best_images = torch.where(better, images.detach(), best_images)
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+            parts = {"oh": oh.detach(), "bn": bn.detach(), "adv": adv.detach(), "loss": loss.detach()}
+        parts["best"] = best_loss
         self._meta_step(fast)
-        assert best is not None
-        self._add(best[1].cpu(), labels.cpu())
+        self._add(best_images.cpu(), labels.cpu())
         return parts
 
+    def _guarded(self, term: str, loss: Tensor) -> Tensor:
+        """A term through its spike window, as the authors guard every term they weigh above 0."""
+        weight: float = getattr(self.settings, term)
+        return self.windows[term].guard(loss) if weight > 0 else loss
+
     def _meta_step(self, fast: nn.Module) -> None:
-        """Reptile: the generator's gradient is its distance from the trained copy."""
+        """Reptile: the generator's gradient is its distance from the trained copy (its BatchNorm statistics
+        stay: the copies train in batch-statistics mode, so they are never read)."""
         self.meta_optimizer.zero_grad()
         for meta, trained in zip(self.generator.parameters(), fast.parameters(), strict=True):
-            meta.grad = (meta.detach() - trained.detach()).clone()
+            meta.grad = meta.detach() - trained.detach()
         self.meta_optimizer.step()
-        # BatchNorm statistics are not parameters: the generator takes the copy's.
-        for meta_buffer, trained_buffer in zip(self.generator.buffers(), fast.buffers(), strict=True):
-            meta_buffer.copy_(trained_buffer)
 
     def _add(self, images: Tensor, labels: Tensor) -> None:
         keep = self.settings.pool_size
@@ -255,14 +269,17 @@ class Synthesizer:
     def augment(self, inputs: Tensor) -> Tensor:
         """What distillation applies to pool batches: the synthesis's own augmentation."""
         images = inputs.reshape(len(inputs), *self.image)
-        return self._inputs(augment_images(images))
+        return self._inputs(self.augment_images(images))
 
     def state_dict(self) -> dict[str, Tensor]:
         state = {f"generator.{name}": value.detach().cpu() for name, value in self.generator.state_dict().items()}
         for index, slot in self.meta_optimizer.state_dict()["state"].items():
             for key, value in slot.items():
                 state[f"optimizer.{index}.{key}"] = torch.as_tensor(value).detach().cpu()
-        state["pool.x"], state["pool.y"] = self.pool_x.contiguous(), self.pool_y.contiguous()
+        state["pool.x"], state["pool.y"] = self.pool_x, self.pool_y
+        state["calls"] = torch.tensor(self.calls, dtype=torch.int64)
+        for term, window in self.windows.items():
+            state[f"window.{term}"] = window.state()
         return {name: value.contiguous() for name, value in state.items()}
 
     def load_state_dict(self, state: Mapping[str, Tensor]) -> None:
@@ -276,3 +293,6 @@ class Synthesizer:
         saved = self.meta_optimizer.state_dict()
         self.meta_optimizer.load_state_dict({"state": slots, "param_groups": saved["param_groups"]})
         self.pool_x, self.pool_y = state["pool.x"].clone(), state["pool.y"].clone()
+        self.calls = int(state["calls"])
+        for term, window in self.windows.items():
+            window.load(state[f"window.{term}"])
