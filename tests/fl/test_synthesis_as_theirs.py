@@ -160,3 +160,20 @@ def test_the_dfkd_table_takes_the_new_knobs_and_names_a_bad_one() -> None:
     ):
         with pytest.raises(ConfigError, match=field.replace(".", r"\.")):
             RunConfig.from_dict({**base, "dfkd": bad})
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_on_a_gpu_the_synthesis_makes_what_it_makes_on_the_cpu() -> None:
+    """Every draw is made on the CPU, so a GPU worker's pool differs from a CPU worker's by rounding only."""
+    pools = {}
+    for device in ("cpu", "cuda"):
+        group = [model.to(device) for model in teachers(3)]
+        student = teachers(1, 5)[0].to(device)
+        torch.manual_seed(0)
+        synth = Synthesizer(SMALL, (3, 8, 8), 4)
+        torch.manual_seed(1)
+        parts = synth.synthesize(TeacherStack(group), torch.full((3, 4), 0.25), student, 5)
+        assert parts["loss"].device.type == device
+        pools[device] = synth.pool()
+    assert torch.equal(pools["cpu"][1], pools["cuda"][1])
+    assert torch.allclose(pools["cpu"][0], pools["cuda"][0], atol=1e-3)
