@@ -170,17 +170,17 @@ def host_syncs(step: Callable[[], None]) -> int:
     return sum("synchroniz" in str(warning.message) for warning in caught)
 
 
-def run(scenario: Scenario, old: tuple[ModuleType, ModuleType], steps: int, gpu: bool) -> list[Any]:
+def run(scenario: Scenario, old: tuple[ModuleType, ModuleType], steps: int, gpu: bool, cpu_too: bool) -> list[Any]:
     cpu = torch.device("cpu")
     device = torch.device("cuda:0") if gpu else cpu
     ways = {
         "baseline (CPU)": (baseline_step(scenario, old, cpu), cpu),
         "today": (current_step(scenario, device), device),
     }
-    if gpu:
+    if gpu and cpu_too:
         ways["today (CPU)"] = (current_step(scenario, cpu), cpu)
     for step, where in ways.values():
-        for _ in range(2):  # warm-up: the pool's first batches, kernels chosen
+        for _ in range(2 if where.type == "cuda" else 1):  # warm-up: the pool's first batch, kernels chosen
             timed(step, where)
     times: dict[str, list[float]] = {name: [] for name in ways}
     for _ in range(steps):  # in turn, so drift in the machine's speed reaches every way alike
@@ -211,6 +211,7 @@ def main() -> None:
     parser.add_argument("--scenarios", default="mlp,cnn", help=f"comma-separated, of {', '.join(SCENARIOS)}")
     parser.add_argument("--steps", type=int, default=5, help="timed server steps per way")
     parser.add_argument("--gpu", action="store_true", help="run today's code on cuda:0")
+    parser.add_argument("--gpu-only", action="store_true", help="with --gpu: skip today's code on the CPU")
     parser.add_argument("--no-wait", action="store_true", help="start without waiting for a quiet machine")
     args = parser.parse_args()
     if args.gpu and not torch.cuda.is_available():
@@ -221,15 +222,14 @@ def main() -> None:
     info = machine()
     print(machine_line(info))
     load = ForeignLoad()
-    rows: list[Any] = []
+    headers = ["scenario", "way", "s per version (median)", "min-max", "vs baseline", "host syncs in a step"]
     for name in args.scenarios.split(","):
         if name not in SCENARIOS:
             parser.error(f"--scenarios: unknown scenario {name!r} (known: {', '.join(SCENARIOS)})")
         scenario = SCENARIOS[name]
         print(f"{scenario.name}: {scenario.note}", flush=True)
-        rows += run(scenario, old, args.steps, args.gpu)
-    headers = ["scenario", "way", "s per version (median)", "min-max", "vs baseline", "host syncs in a step"]
-    print(markdown_table(headers, rows))
+        rows = run(scenario, old, args.steps, args.gpu, not args.gpu_only)
+        print(markdown_table(headers, rows), flush=True)  # each scenario as it ends
     print(load.report())
 
 

@@ -96,14 +96,15 @@ def _reference(config_json: str) -> tuple[Made, dict[str, torch.Tensor]]:
             trained[trip] = outcome.state
         return trained[trip]
 
-    reviver = Reviver(config) if config.mode == "fedrevive" else None
+    # The tests' workers train on the CPU; so does the reference, on a machine with a GPU too.
+    reviver = Reviver(config, torch.device("cpu")) if config.mode == "fedrevive" else None
     server_states: dict[int, bytes | None] = {}
     for event in events:
         if isinstance(event, schedule.NewVersion):
             current = versions[event.version - 1]
             if reviver is not None:
                 if config.data_free:  # each version from the state the last one kept, never from memory
-                    reviver = Reviver(config)
+                    reviver = Reviver(config, torch.device("cpu"))
                 deltas = reviver.deltas(event, versions.__getitem__, local, server_states.__getitem__)
                 versions[event.version] = fold_deltas(current, deltas, config.global_lr)
                 server_states[event.version] = reviver.server_state(event.version)

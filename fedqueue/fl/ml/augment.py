@@ -16,6 +16,7 @@ from torch import Tensor
 
 from fedqueue.errors import ConfigError
 from fedqueue.fl.ml.seeding import task_seed
+from fedqueue.fl.ml.torch_device import host_to_device
 
 AUGMENTS = ("none", "crop_flip", "crop_flip_rotate")
 PAD = 4
@@ -74,12 +75,12 @@ def _fill(aug: Augmentation, channels: int, like: Tensor) -> Tensor:
         return torch.zeros(1, channels, 1, 1, dtype=like.dtype, device=like.device)
     if len(aug.fill) != channels:
         raise ConfigError(f"augment: {len(aug.fill)} fill values for {channels}-channel images")
-    return torch.tensor(aug.fill, dtype=like.dtype, device=like.device).view(1, channels, 1, 1)
+    return host_to_device(torch.tensor(aug.fill, dtype=like.dtype), like.device).view(1, channels, 1, 1)
 
 
 def _rotate(images: Tensor, degrees: Tensor, fill: Tensor) -> Tensor:
     """Rotate about the centre, nearest pixel, the corners filled (torchvision's RandomRotation defaults)."""
-    radians = degrees.to(images.device) * (math.pi / 180)
+    radians = host_to_device(degrees, images.device) * (math.pi / 180)
     cos, sin = torch.cos(radians), torch.sin(radians)
     zero = torch.zeros_like(cos)
     theta = torch.stack([torch.stack([cos, -sin, zero], 1), torch.stack([sin, cos, zero], 1)], 1).to(images.dtype)
@@ -100,11 +101,11 @@ def apply(aug: Augmentation, images: Tensor, draws: Draws) -> Tensor:
     else:
         padded = fill.expand(count, channels, height + 2 * pad, width + 2 * pad).clone()
         padded[..., pad : pad + height, pad : pad + width] = images
-    rows = draws.top.to(images.device)[:, None] + torch.arange(height, device=images.device)
-    cols = draws.left.to(images.device)[:, None] + torch.arange(width, device=images.device)
+    rows = host_to_device(draws.top, images.device)[:, None] + torch.arange(height, device=images.device)
+    cols = host_to_device(draws.left, images.device)[:, None] + torch.arange(width, device=images.device)
     samples = torch.arange(count, device=images.device)[:, None, None]
     cropped = padded[samples, :, rows[:, :, None], cols[:, None, :]].permute(0, 3, 1, 2)  # (N, H, W, C) -> NCHW
-    out = torch.where(draws.flip.to(images.device)[:, None, None, None], cropped.flip(-1), cropped)
+    out = torch.where(host_to_device(draws.flip, images.device)[:, None, None, None], cropped.flip(-1), cropped)
     if draws.angle is not None:
         out = _rotate(out, draws.angle, fill)
     return out.contiguous()

@@ -29,6 +29,7 @@ from torch import Tensor, nn
 from fedqueue.fl.ml.loss_window import LossWindow
 from fedqueue.fl.ml.synthesis import SynthesisSettings
 from fedqueue.fl.ml.teacher_stack import TeacherStack
+from fedqueue.fl.ml.torch_device import host_to_device
 
 KD_AUGMENTATIONS = ("simple_kd", "dfkd")  # distil on held-out samples, or on synthesised ones
 KD_VERSIONS = ("distribution_match_batch", "avg_logits", "avg_loss")
@@ -120,13 +121,6 @@ def has_batch_norm(model: nn.Module) -> bool:
     return any(isinstance(layer, nn.modules.batchnorm._BatchNorm) for layer in model.modules())
 
 
-def to_device(tensor: Tensor, device: torch.device) -> Tensor:
-    """A host tensor on the device, copied without waiting on the device's queue."""
-    if device.type != "cuda":
-        return tensor.to(device)
-    return tensor.pin_memory().to(device, non_blocking=True)
-
-
 def distil(
     student: nn.Module,
     teachers: TeacherStack,
@@ -154,7 +148,7 @@ def distil(
     split = has_batch_norm(student)
 
     def draw(index: Tensor) -> Tensor:
-        inputs = to_device(data.x.index_select(0, index), device)
+        inputs = host_to_device(data.x.index_select(0, index), device)
         if augment is not None:
             with torch.no_grad():
                 inputs = augment(inputs)

@@ -39,6 +39,7 @@ from torch import Tensor, nn
 from fedqueue.fl.ml.augment import Augmentation, apply, draw
 from fedqueue.fl.ml.loss_window import LossWindow
 from fedqueue.fl.ml.teacher_stack import TeacherStack
+from fedqueue.fl.ml.torch_device import host_to_device
 
 ADV_GATES = ("calls", "version")  # what opens the adversarial term: synthesis calls made, or versions made
 LOSS_TERMS = ("bn", "oh", "adv", "kd")  # each with a spike window; kd is the distillation's
@@ -202,12 +203,12 @@ class Synthesizer:
         self.generator.to(device)
         size = settings.synth_batch_size
         # Drawn on the CPU, in the authors' order, so a call draws the same on any device.
-        z = torch.randn(size, settings.nz).to(device).requires_grad_()
+        z = host_to_device(torch.randn(size, settings.nz), device).requires_grad_()
         q = proportions.to(torch.float32).cpu()
-        labels = torch.multinomial(q.mean(dim=0), size, replacement=True).to(device)
-        embeddings = torch.randn(self.num_classes, settings.nz).to(device).requires_grad_()
+        labels = host_to_device(torch.multinomial(q.mean(dim=0), size, replacement=True), device)
+        embeddings = host_to_device(torch.randn(self.num_classes, settings.nz), device).requires_grad_()
         # Each teacher's share of each sample: w_k(y) = q_k(y) / sum_t q_t(y).
-        shares = (q / q.sum(dim=0, keepdim=True).clamp_min(1e-8)).to(device)
+        shares = host_to_device(q / q.sum(dim=0, keepdim=True).clamp_min(1e-8), device)
         weights = shares[:, labels].T  # (samples, teachers)
         fast = copy.deepcopy(self.generator).train()
         groups: list[dict[str, Any]] = [

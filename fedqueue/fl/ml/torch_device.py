@@ -14,6 +14,14 @@ def torch_device() -> torch.device:
     return torch.device("cuda:0" if torch.cuda.is_available() else "cpu")
 
 
+def host_to_device(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """A fresh host tensor on the device, copied without the host waiting for the GPU's queue to drain
+    (a copy from pageable memory would: through pinned memory it is asynchronous)."""
+    if device.type != "cuda":
+        return tensor.to(device)
+    return tensor.pin_memory().to(device, non_blocking=True)
+
+
 def device_label() -> str:
     """Human label naming the physical GPU, e.g. cuda:3 under CUDA_VISIBLE_DEVICES=3."""
     if not torch.cuda.is_available():

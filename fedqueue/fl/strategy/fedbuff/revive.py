@@ -71,9 +71,9 @@ class ServerState:
 class Reviver:
     """Distils and mixes the updates of a FedRevive run's versions (one per fold pass)."""
 
-    def __init__(self, config: RunConfig) -> None:
+    def __init__(self, config: RunConfig, device: torch.device | None = None) -> None:
         self.config = config
-        self.device = torch_device()
+        self.device = torch_device() if device is None else device
         self.data = load_federated(data_spec(config))
         labels = self.data.train.y.numpy()
         self._proportions = [class_proportions(labels[part], self.data.num_classes) for part in self.data.partitions]
