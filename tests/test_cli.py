@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import time
+from importlib import metadata
 from pathlib import Path
 
 import psutil
@@ -205,3 +206,8 @@ def test_flower_without_a_broker_or_basic_auth_is_one_line_and_starts_nothing(tm
     result = fedqueue_cli("flower", cwd=tmp_path, env=cli_env(FEDQUEUE_BROKER_URL="redis://127.0.0.1:6379/0"))
     assert result.returncode == 2 and "FLOWER_BASIC_AUTH: not set" in result.stderr
     assert "Traceback" not in result.stderr + result.stdout
+
+
+def test_version_is_the_installed_packages(tmp_path: Path) -> None:
+    version = fedqueue_cli("--version", cwd=tmp_path, env=cli_env())
+    assert version.returncode == 0 and version.stdout == f"fedqueue {metadata.version('fedqueue')}\n"

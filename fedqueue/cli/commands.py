@@ -8,6 +8,7 @@ import os
 import signal
 import time
 from collections.abc import Callable
+from importlib import metadata
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -51,9 +52,24 @@ app = typer.Typer(
     no_args_is_help=True,
     pretty_exceptions_enable=False,
     add_completion=False,
-    help="Federated-learning rounds and LLM batch jobs on a Redis queue with GPU-pinned Celery workers.",
 )
 RunArg = Annotated[str, typer.Argument(help="Run id.")]
+
+
+def _print_version(asked: bool) -> None:
+    if asked:
+        print(f"fedqueue {metadata.version('fedqueue')}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _options(
+    version: Annotated[
+        bool,
+        typer.Option("--version", callback=_print_version, is_eager=True, help="Print the version and exit."),
+    ] = False,
+) -> None:
+    """Federated-learning rounds and LLM batch jobs on a Redis queue with GPU-pinned Celery workers."""
 
 
 @app.command()
