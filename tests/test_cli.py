@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import time
@@ -199,13 +200,22 @@ def test_unknown_run_id(tmp_path: Path) -> None:
     assert result.returncode == 2 and result.stderr.strip() == "error: run 'nope' does not exist"
 
 
-def test_flower_without_a_broker_or_basic_auth_is_one_line_and_starts_nothing(tmp_path: Path) -> None:
-    result = fedqueue_cli("flower", cwd=tmp_path, env=cli_env(FLOWER_BASIC_AUTH="admin:pw"))
+@pytest.mark.parametrize("command", ["monitor", "flower"])
+def test_monitor_without_a_broker_or_basic_auth_is_one_line_and_starts_nothing(tmp_path: Path, command: str) -> None:
+    """`monitor` starts Celery's Flower UI; `flower`, its first name, still does."""
+    result = fedqueue_cli(command, cwd=tmp_path, env=cli_env(FLOWER_BASIC_AUTH="admin:pw"))
     assert result.returncode == 2 and "FEDQUEUE_BROKER_URL: not set" in result.stderr
     assert "Traceback" not in result.stderr + result.stdout
-    result = fedqueue_cli("flower", cwd=tmp_path, env=cli_env(FEDQUEUE_BROKER_URL="redis://127.0.0.1:6379/0"))
+    result = fedqueue_cli(command, cwd=tmp_path, env=cli_env(FEDQUEUE_BROKER_URL="redis://127.0.0.1:6379/0"))
     assert result.returncode == 2 and "FLOWER_BASIC_AUTH: not set" in result.stderr
     assert "Traceback" not in result.stderr + result.stdout
+
+
+def test_help_names_monitor_as_celerys(tmp_path: Path) -> None:
+    listed = fedqueue_cli("--help", cwd=tmp_path, env=cli_env(COLUMNS="200"))
+    assert listed.returncode == 0
+    (line,) = [line for line in listed.stdout.splitlines() if re.search(r"\bmonitor\b", line)]
+    assert "Celery's monitor" in line and "not the Flower FL framework" in line
 
 
 def test_version_is_the_installed_packages(tmp_path: Path) -> None:

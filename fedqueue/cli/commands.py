@@ -307,7 +307,7 @@ def down(plugin_path: PluginPathOpt = None) -> None:
 
 @app.command()
 @friendly_errors
-def flower(
+def monitor(
     address: Annotated[
         str, typer.Option(help="Address to listen on. Basic auth travels in clear over HTTP: keep it local.")
     ] = "127.0.0.1",
@@ -319,9 +319,10 @@ def flower(
         ),
     ] = False,
 ) -> None:
-    """Start the Flower UI on the configured broker, behind basic auth from FLOWER_BASIC_AUTH.
+    """Start Celery's monitor, the Flower web UI (not the Flower FL framework), on the configured broker.
 
-    Read-only unless --allow-actions; /metrics and /healthcheck answer without a login.
+    Behind basic auth from FLOWER_BASIC_AUTH; read-only unless --allow-actions; /metrics and /healthcheck
+    answer without a login.
     """
 
     settings = Settings.from_env()
@@ -330,6 +331,12 @@ def flower(
     warn_if_insecure(settings)
     console.print(f"Flower on http://{address}:{port} watching {mask_url(settings.broker_url)}")
     os.execv(command[0], command)  # Flower becomes this process: signals reach it directly
+
+
+# The name it had first: Celery's Flower, kept for scripts and compose files that start it so.
+app.command("flower", help="Same as `monitor`: Celery's web UI (Flower), not the Flower FL framework.", hidden=True)(
+    monitor
+)
 
 
 def _supervise(group: Any, what: str, services: Any, restart_broker: Callable[[], bool] | None = None) -> None:
