@@ -8,6 +8,7 @@ import re
 import signal
 import subprocess
 import time
+from concurrent.futures import ThreadPoolExecutor
 from importlib import metadata
 from pathlib import Path
 
@@ -221,3 +222,32 @@ def test_help_names_monitor_as_celerys(tmp_path: Path) -> None:
 def test_version_is_the_installed_packages(tmp_path: Path) -> None:
     version = fedqueue_cli("--version", cwd=tmp_path, env=cli_env())
     assert version.returncode == 0 and version.stdout == f"fedqueue {metadata.version('fedqueue')}\n"
+
+
+def test_a_url_whose_port_is_no_number_is_one_line_exit_2_for_every_command(tmp_path: Path) -> None:
+    config = str(write_config(tmp_path, SMALL))
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text('{"prompt": "a"}\n')
+    commands = [
+        ("run", config),
+        ("submit", config),
+        ("status", "x"),
+        ("worker", "--procs", "1"),
+        ("up", "--detach", "--procs", "1"),
+        ("monitor",),
+        ("llm", "submit", str(prompts), "--model", str(tmp_path)),
+    ]
+    cases = [("FEDQUEUE_BROKER_URL", "redis://127.0.0.1:abc/0", args) for args in commands]
+    cases += [("FEDQUEUE_DATABASE_URL", "postgresql+psycopg://u@h:abc/db", args) for args in commands[:4]]
+
+    def attempt(case: tuple[str, str, tuple[str, ...]]) -> subprocess.CompletedProcess[str]:
+        variable, url, args = case
+        return fedqueue_cli(*args, cwd=tmp_path, env=cli_env(**{variable: url, "FLOWER_BASIC_AUTH": "admin:pw"}))
+
+    with ThreadPoolExecutor(3) as pool:
+        results = list(pool.map(attempt, cases))
+    for (variable, _, args), result in zip(cases, results, strict=True):
+        assert result.returncode == 2, (args, result.stdout + result.stderr)
+        assert (
+            result.stderr == f"error: {variable}: not a valid URL (port could not be cast to integer value as 'abc')\n"
+        )
