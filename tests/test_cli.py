@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import re
@@ -251,3 +252,22 @@ def test_a_url_whose_port_is_no_number_is_one_line_exit_2_for_every_command(tmp_
         assert (
             result.stderr == f"error: {variable}: not a valid URL (port could not be cast to integer value as 'abc')\n"
         )
+
+
+def test_brackets_in_what_is_echoed_are_printed_as_written(tmp_path: Path) -> None:
+    """Rich markup takes `[...]` for a style: a path, a name or a hint with brackets must reach the terminal whole."""
+    missing = fedqueue_cli("run", "missing[v2].toml", cwd=tmp_path, env=cli_env())
+    assert missing.returncode == 2 and missing.stderr == "error: config: file 'missing[v2].toml' does not exist\n"
+    open_store(f"sqlite:///{tmp_path / 'fedqueue.db'}", migrate=True).close()
+    unknown = fedqueue_cli("status", "[bold]x[/bold]", cwd=tmp_path, env=cli_env())
+    assert unknown.returncode == 2 and unknown.stderr == "error: run '[bold]x[/bold]' does not exist\n"
+    if importlib.util.find_spec("vllm") is not None:
+        return  # the hint below is for a machine without vLLM
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text('{"prompt": "a"}\n')
+    model = tmp_path / "model"
+    model.mkdir()
+    vllm = fedqueue_cli(
+        "llm", "submit", str(prompts), "--model", str(model), "--backend", "vllm", cwd=tmp_path, env=cli_env()
+    )
+    assert vllm.returncode == 2 and "(pip install 'fedqueue[vllm]', or make vllm)" in vllm.stderr, vllm.stderr

@@ -30,7 +30,7 @@ from fedqueue.cli.common import (
     friendly_errors,
     warn_if_insecure,
 )
-from fedqueue.cli.launch import exit_unless_finished, follow_to_end, show_run
+from fedqueue.cli.launch import exit_unless_finished, follow_to_end, say_plain, show_run
 from fedqueue.cli.local import say_ready, start_detached, stop_standing
 from fedqueue.config import DEFAULT_GPUS_PER_WORKER, DEFAULT_PROCS_PER_GPU, DEFAULT_WORKER_SLOTS, Settings, mask_url
 from fedqueue.core import cluster_file
@@ -99,7 +99,7 @@ def resume(
         console.print(escape(f"run {run_id} is already {state}{hint}"))
         show_run(handle.store, run_id, as_json=False)
     else:
-        with api.placement(settings, procs, slots, wait=True, say=console.print) as place:
+        with api.placement(settings, procs, slots, wait=True, say=say_plain) as place:
             if state == "failed":
                 _retry_failed(place.settings, run_id)
             handle = api.RunHandle(run_id, place.settings)
@@ -174,12 +174,12 @@ def report(
         return
     efficiency = numbers["parallel_efficiency"]
     console.print(
-        f"run {numbers['id']} ({numbers['state']}): wall {numbers['wall_s']:.2f} s · {numbers['slots']} slots"
+        f"run {escape(numbers['id'])} ({numbers['state']}): wall {numbers['wall_s']:.2f} s · {numbers['slots']} slots"
         f" · parallel efficiency {'–' if efficiency is None else f'{100 * efficiency:.1f} %'}"
         f" · {numbers['tasks_done']} tasks ({numbers['tasks_failed']} failed)",
         highlight=False,
     )
-    console.print(f"report written to {folder / 'report.html'}", highlight=False)
+    console.print(f"report written to {escape(str(folder / 'report.html'))}", highlight=False)
 
 
 @app.command()
@@ -329,7 +329,9 @@ def monitor(
     command = flower_command(settings, address, port, allow_actions)
     check_basic_auth(os.environ)
     warn_if_insecure(settings)
-    console.print(f"Flower on http://{address}:{port} watching {mask_url(settings.broker_url)}")
+    console.print(
+        escape(f"Flower on http://{address}:{port} watching {mask_url(settings.broker_url)}"), highlight=False
+    )
     os.execv(command[0], command)  # Flower becomes this process: signals reach it directly
 
 
@@ -358,18 +360,18 @@ def _supervise(group: Any, what: str, services: Any, restart_broker: Callable[[]
 
     signal.signal(signal.SIGINT, on_signal)
     signal.signal(signal.SIGTERM, on_signal)
-    console.print(f"{what}; Ctrl-C to stop")
+    console.print(f"{escape(what)}; Ctrl-C to stop", highlight=False)
     try:
         while stops == 0 or group.alive():
             if stops == 0:
                 # A worker that crashed or was killed is started again; its lost task is
                 # enqueued again by the run's scheduler.
                 for name in group.restart_exited():
-                    error_console.print(f"worker {name} exited; started again")
+                    error_console.print(f"worker {escape(name)} exited; started again", highlight=False)
                 if restart_broker is not None and restart_broker():
                     error_console.print("embedded Redis exited; started again (empty) on its port")
                 for action in adopter.tick():
-                    error_console.print(f"repair: {action}", highlight=False)
+                    error_console.print(f"repair: {escape(action)}", highlight=False)
             time.sleep(0.2)
     finally:
         adopter.release_all()

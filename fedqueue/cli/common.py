@@ -38,8 +38,9 @@ log = logging.getLogger(__name__)
 def warn_if_insecure(settings: Settings) -> None:
     if insecure_broker(settings.broker_url):
         error_console.print(
-            f"warning: broker {mask_url(settings.broker_url)} is reached beyond loopback without a password; "
-            "set one (requirepass) and FEDQUEUE_REDIS_PASSWORD"
+            f"warning: broker {escape(mask_url(settings.broker_url))} is reached beyond loopback without a password; "
+            "set one (requirepass) and FEDQUEUE_REDIS_PASSWORD",
+            highlight=False,
         )
 
 
@@ -51,7 +52,7 @@ def friendly_errors(command: F) -> F:
         try:
             return command(*args, **kwargs)
         except FedqueueError as err:
-            error_console.print(f"[red]error:[/red] {err}", highlight=False)
+            error_console.print(f"[red]error:[/red] {escape(str(err))}", highlight=False)
             raise typer.Exit(err.exit_code) from None
         except Exception as err:
             # The broker failed under a command that does not wait for it (a submit caught mid-way): one line.
