@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shlex
 import signal
 import time
 from collections.abc import Callable
@@ -270,8 +271,12 @@ def up(
         args = [f"--procs={procs}"] if procs is not None else []
         args += [f"--slots={slots}", f"--gpus-per-worker={gpus_per_worker}", f"--procs-per-gpu={procs_per_gpu}"]
         args += [f"--plugin-path={folder}" for folder in settings.plugin_path]
-        pid, logs = start_detached(args)
-        console.print(f"local cluster up (pid {pid}, logs in {logs}); fedqueue run uses it, fedqueue down stops it")
+        pid, logs, broker_url = start_detached(args)
+        console.print(
+            escape(f"local cluster up (pid {pid}, logs in {logs}); fedqueue run uses it, fedqueue down stops it"),
+            highlight=False,
+        )
+        _say_where(settings, broker_url)
         return
     specs = plan_workers(detect_gpus(), procs, slots, gpus_per_worker, procs_per_gpu)
     cluster = LocalCluster.start(settings, specs, log_dir=log_dir)
@@ -281,11 +286,11 @@ def up(
         slots=cluster.workers.slots(),
         log_dir=str(cluster.log_dir),
     )
-    console.print(f"broker ready: export FEDQUEUE_BROKER_URL={cluster.settings.broker_url}")
+    _say_where(settings, info.broker_url)
     services = open_client_services(cluster.settings)
     try:
         with cluster_file.announced(settings, info) if announce else contextlib.nullcontext():
-            say_ready(ready_fd)
+            say_ready(ready_fd, info.broker_url)
             _supervise(
                 cluster.workers,
                 f"{len(specs)} workers, logs in {cluster.log_dir}",
@@ -295,6 +300,22 @@ def up(
     finally:
         services.close()
         cluster.stop(timeout_s=0)  # the workers stopped in _supervise already, unless it never ran
+
+
+def _say_where(settings: Settings, broker_url: str) -> None:
+    """The broker and store of `fedqueue up`'s cluster, as lines another shell pastes to use them (`submit`)."""
+    exports = {}
+    if settings.broker_url:  # the configured broker: that shell has it already (and its password stays unsaid)
+        console.print(escape(f"broker: {mask_url(broker_url)}"), highlight=False)
+    else:
+        exports["FEDQUEUE_BROKER_URL"] = broker_url
+    database = cluster_file.worker_settings(settings).database_url
+    if database.startswith("sqlite:"):  # made absolute: the same file from any folder
+        exports["FEDQUEUE_DATABASE_URL"] = database
+    if exports:
+        console.print("in another shell, for submit, monitor and status:", highlight=False)
+    for name, value in exports.items():
+        console.print(escape(f"export {name}={shlex.quote(value)}"), highlight=False, soft_wrap=True)
 
 
 @app.command()
