@@ -9,6 +9,7 @@ import re
 import signal
 import subprocess
 import time
+import uuid
 from concurrent.futures import ThreadPoolExecutor
 from importlib import metadata
 from pathlib import Path
@@ -271,3 +272,33 @@ def test_brackets_in_what_is_echoed_are_printed_as_written(tmp_path: Path) -> No
         "llm", "submit", str(prompts), "--model", str(model), "--backend", "vllm", cwd=tmp_path, env=cli_env()
     )
     assert vllm.returncode == 2 and "(pip install 'fedqueue[vllm]', or make vllm)" in vllm.stderr, vllm.stderr
+
+
+def test_runs_at_80_columns_shows_whole_ids_states_and_dates_of_fl_runs_and_llm_jobs(tmp_path: Path) -> None:
+    database = tmp_path / "store.db"
+    store = open_store(f"sqlite:///{database}", migrate=True)
+    fl_run = uuid.uuid4().hex[:12]  # the ids as fedqueue makes them, and the longest `--job` id
+    llm_job = f"llm-{uuid.uuid4().hex[:12]}"
+    named_job = "j" * 32
+    try:
+        store.create_run(
+            fl_run, "digits fedavg, 100 devices, 20 a round", {"dataset": "digits", "model": "mlp"}, 10, kind="fl"
+        )
+        store.finish_run(fl_run, "finished")
+        for job in (llm_job, named_job):
+            config = {"input": "prompts-of-the-evaluation-set.jsonl", "model": "HuggingFaceTB/SmolLM2-135M-Instruct"}
+            store.create_run(job, config["input"], config, 0, kind="llm")
+        store.finish_run(llm_job, "failed")
+    finally:
+        store.close()
+    expected = {fl_run: "finished", llm_job: "failed", named_job: "running"}
+    env = cli_env(FEDQUEUE_DATABASE_URL=f"sqlite:///{database}")
+    for columns in ("80", "100", "120", None):  # None: piped with no COLUMNS
+        result = fedqueue_cli("runs", cwd=tmp_path, env=env if columns is None else {**env, "COLUMNS": columns})
+        assert result.returncode == 0, result.stderr
+        lines = result.stdout.splitlines()
+        assert all(len(line) <= int(columns or 160) for line in lines), result.stdout
+        assert lines[0].split()[:3] == ["id", "name", "state"] and lines[0].split()[-1] == "created", result.stdout
+        for run_id, state in expected.items():
+            (row,) = [line for line in lines if line.startswith(f"{run_id} ")]
+            assert re.search(rf" {state} .* \d\d-\d\d \d\d:\d\d$", row), result.stdout

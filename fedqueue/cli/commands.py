@@ -14,9 +14,7 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from rich import box
 from rich.markup import escape
-from rich.table import Table
 
 from fedqueue import api
 from fedqueue.cli.common import (
@@ -33,6 +31,7 @@ from fedqueue.cli.common import (
 )
 from fedqueue.cli.launch import exit_unless_finished, follow_to_end, say_plain, show_run
 from fedqueue.cli.local import say_ready, start_detached, stop_standing
+from fedqueue.cli.runs_table import runs_table
 from fedqueue.config import DEFAULT_GPUS_PER_WORKER, DEFAULT_PROCS_PER_GPU, DEFAULT_WORKER_SLOTS, Settings, mask_url
 from fedqueue.core import cluster_file
 from fedqueue.core import jobs as job_kinds
@@ -191,13 +190,7 @@ def runs(json_: JsonOpt = False) -> None:
     if json_:
         print(json.dumps(lines, indent=2))
         return
-    table = Table(box=box.SIMPLE)
-    for column in ("id", "name", "state", "rounds", "data", "model", "created"):
-        table.add_column(column, no_wrap=True)
-    for line in lines:
-        created = time.strftime("%m-%d %H:%M", time.localtime(line["created_at"]))
-        table.add_row(line["id"], line["name"], line["state"], line["rounds"], line["dataset"], line["model"], created)
-    console.print(table)
+    console.print(runs_table(lines, console.width))
 
 
 JobsOpt = Annotated[

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import os
 import sys
 from collections.abc import Callable
 from typing import Annotated, Any, TypeVar
@@ -16,8 +17,8 @@ from fedqueue.config import Settings, insecure_broker, mask_url
 from fedqueue.core.infra_errors import infrastructure_fault
 from fedqueue.errors import FedqueueError
 
-# Piped output is not cut at 80 columns: tables and summaries stay one line per row.
-console = Console(width=None if sys.stdout.isatty() else 160)
+# Piped output is not cut at 80 columns (tables and summaries stay one line per row) unless COLUMNS says so.
+console = Console(width=None if sys.stdout.isatty() or os.environ.get("COLUMNS") else 160)
 error_console = Console(stderr=True, soft_wrap=True)
 F = TypeVar("F", bound=Callable[..., Any])
 
