@@ -48,6 +48,20 @@ def _int(env: Mapping[str, str], name: str, default: int, minimum: int = 1) -> i
     return value
 
 
+def _url(env: Mapping[str, str], name: str) -> str | None:
+    """The URL in `name`, refused in one line when its host or port cannot be read (the URL itself is not
+    repeated: it may hold a password)."""
+    raw = env.get(name) or None
+    if raw is None:
+        return None
+    try:
+        _ = urlsplit(raw).port  # its port is parsed only when asked for
+    except ValueError as err:
+        reason = str(err)
+        raise ConfigError(f"{name}: not a valid URL ({reason[:1].lower()}{reason[1:]})") from None
+    return raw
+
+
 @dataclass(frozen=True)
 class Settings:
     """Where the services are and how workers behave.
@@ -83,9 +97,10 @@ class Settings:
         prefix = env.get("FEDQUEUE_KEY_PREFIX") or DEFAULT_KEY_PREFIX
         if not prefix.replace("-", "").replace("_", "").replace(".", "").isalnum():
             raise ConfigError(f"FEDQUEUE_KEY_PREFIX: only letters, digits, '-', '_' and '.' allowed, got {prefix!r}")
+        broker_url = _url(env, "FEDQUEUE_BROKER_URL")
         return cls(
-            broker_url=with_password(env.get("FEDQUEUE_BROKER_URL") or None, env.get("FEDQUEUE_REDIS_PASSWORD")),
-            database_url=env.get("FEDQUEUE_DATABASE_URL") or DEFAULT_DATABASE_URL,
+            broker_url=with_password(broker_url, env.get("FEDQUEUE_REDIS_PASSWORD")),
+            database_url=_url(env, "FEDQUEUE_DATABASE_URL") or DEFAULT_DATABASE_URL,
             key_prefix=prefix,
             blob_dir=env.get("FEDQUEUE_BLOB_DIR") or None,
             blob_ttl_s=_int(env, "FEDQUEUE_BLOB_TTL_S", cls.blob_ttl_s),

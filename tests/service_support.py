@@ -60,9 +60,9 @@ def redis_answers(client: redis.Redis) -> bool:
 
 @contextlib.contextmanager
 def running_flower(env: dict[str, str], port: int, log: Path) -> Iterator[str]:
-    """`fedqueue flower` as the README starts it (the password only in `env`); yields its base URL."""
+    """`fedqueue monitor` as the README starts it (the password only in `env`); yields its base URL."""
     with log.open("wb") as out:
-        process = start_fedqueue_cli("flower", "--port", str(port), env=env, stdout=out, stderr=out)
+        process = start_fedqueue_cli("monitor", "--port", str(port), env=env, stdout=out, stderr=out)
     base = f"http://127.0.0.1:{port}"
     try:
         wait_until(lambda: http_get(f"{base}/healthcheck")[0] == 200 or process.poll() is not None, 60)

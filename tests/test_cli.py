@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
+import re
 import signal
 import subprocess
 import time
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from importlib import metadata
 from pathlib import Path
 
 import psutil
@@ -198,10 +203,102 @@ def test_unknown_run_id(tmp_path: Path) -> None:
     assert result.returncode == 2 and result.stderr.strip() == "error: run 'nope' does not exist"
 
 
-def test_flower_without_a_broker_or_basic_auth_is_one_line_and_starts_nothing(tmp_path: Path) -> None:
-    result = fedqueue_cli("flower", cwd=tmp_path, env=cli_env(FLOWER_BASIC_AUTH="admin:pw"))
+@pytest.mark.parametrize("command", ["monitor", "flower"])
+def test_monitor_without_a_broker_or_basic_auth_is_one_line_and_starts_nothing(tmp_path: Path, command: str) -> None:
+    """`monitor` starts Celery's Flower UI; `flower`, its first name, still does."""
+    result = fedqueue_cli(command, cwd=tmp_path, env=cli_env(FLOWER_BASIC_AUTH="admin:pw"))
     assert result.returncode == 2 and "FEDQUEUE_BROKER_URL: not set" in result.stderr
     assert "Traceback" not in result.stderr + result.stdout
-    result = fedqueue_cli("flower", cwd=tmp_path, env=cli_env(FEDQUEUE_BROKER_URL="redis://127.0.0.1:6379/0"))
+    result = fedqueue_cli(command, cwd=tmp_path, env=cli_env(FEDQUEUE_BROKER_URL="redis://127.0.0.1:6379/0"))
     assert result.returncode == 2 and "FLOWER_BASIC_AUTH: not set" in result.stderr
     assert "Traceback" not in result.stderr + result.stdout
+
+
+def test_help_names_monitor_as_celerys(tmp_path: Path) -> None:
+    listed = fedqueue_cli("--help", cwd=tmp_path, env=cli_env(COLUMNS="200"))
+    assert listed.returncode == 0
+    (line,) = [line for line in listed.stdout.splitlines() if re.search(r"\bmonitor\b", line)]
+    assert "Celery's monitor" in line and "not the Flower FL framework" in line
+
+
+def test_version_is_the_installed_packages(tmp_path: Path) -> None:
+    version = fedqueue_cli("--version", cwd=tmp_path, env=cli_env())
+    assert version.returncode == 0 and version.stdout == f"fedqueue {metadata.version('fedqueue')}\n"
+
+
+def test_a_url_whose_port_is_no_number_is_one_line_exit_2_for_every_command(tmp_path: Path) -> None:
+    config = str(write_config(tmp_path, SMALL))
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text('{"prompt": "a"}\n')
+    commands = [
+        ("run", config),
+        ("submit", config),
+        ("status", "x"),
+        ("worker", "--procs", "1"),
+        ("up", "--detach", "--procs", "1"),
+        ("monitor",),
+        ("llm", "submit", str(prompts), "--model", str(tmp_path)),
+    ]
+    cases = [("FEDQUEUE_BROKER_URL", "redis://127.0.0.1:abc/0", args) for args in commands]
+    cases += [("FEDQUEUE_DATABASE_URL", "postgresql+psycopg://u@h:abc/db", args) for args in commands[:4]]
+
+    def attempt(case: tuple[str, str, tuple[str, ...]]) -> subprocess.CompletedProcess[str]:
+        variable, url, args = case
+        return fedqueue_cli(*args, cwd=tmp_path, env=cli_env(**{variable: url, "FLOWER_BASIC_AUTH": "admin:pw"}))
+
+    with ThreadPoolExecutor(3) as pool:
+        results = list(pool.map(attempt, cases))
+    for (variable, _, args), result in zip(cases, results, strict=True):
+        assert result.returncode == 2, (args, result.stdout + result.stderr)
+        assert (
+            result.stderr == f"error: {variable}: not a valid URL (port could not be cast to integer value as 'abc')\n"
+        )
+
+
+def test_brackets_in_what_is_echoed_are_printed_as_written(tmp_path: Path) -> None:
+    """Rich markup takes `[...]` for a style: a path, a name or a hint with brackets must reach the terminal whole."""
+    missing = fedqueue_cli("run", "missing[v2].toml", cwd=tmp_path, env=cli_env())
+    assert missing.returncode == 2 and missing.stderr == "error: config: file 'missing[v2].toml' does not exist\n"
+    open_store(f"sqlite:///{tmp_path / 'fedqueue.db'}", migrate=True).close()
+    unknown = fedqueue_cli("status", "[bold]x[/bold]", cwd=tmp_path, env=cli_env())
+    assert unknown.returncode == 2 and unknown.stderr == "error: run '[bold]x[/bold]' does not exist\n"
+    if importlib.util.find_spec("vllm") is not None:
+        return  # the hint below is for a machine without vLLM
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text('{"prompt": "a"}\n')
+    model = tmp_path / "model"
+    model.mkdir()
+    vllm = fedqueue_cli(
+        "llm", "submit", str(prompts), "--model", str(model), "--backend", "vllm", cwd=tmp_path, env=cli_env()
+    )
+    assert vllm.returncode == 2 and "(pip install 'fedqueue[vllm]', or make vllm)" in vllm.stderr, vllm.stderr
+
+
+def test_runs_at_80_columns_shows_whole_ids_states_and_dates_of_fl_runs_and_llm_jobs(tmp_path: Path) -> None:
+    database = tmp_path / "store.db"
+    store = open_store(f"sqlite:///{database}", migrate=True)
+    fl_run = uuid.uuid4().hex[:12]  # the ids as fedqueue makes them, and the longest `--job` id
+    llm_job = f"llm-{uuid.uuid4().hex[:12]}"
+    named_job = "j" * 32
+    try:
+        store.create_run(
+            fl_run, "digits fedavg, 100 devices, 20 a round", {"dataset": "digits", "model": "mlp"}, 10, kind="fl"
+        )
+        store.finish_run(fl_run, "finished")
+        for job in (llm_job, named_job):
+            config = {"input": "prompts-of-the-evaluation-set.jsonl", "model": "HuggingFaceTB/SmolLM2-135M-Instruct"}
+            store.create_run(job, config["input"], config, 0, kind="llm")
+        store.finish_run(llm_job, "failed")
+    finally:
+        store.close()
+    expected = {fl_run: "finished", llm_job: "failed", named_job: "running"}
+    env = cli_env(FEDQUEUE_DATABASE_URL=f"sqlite:///{database}")
+    for columns in ("80", "100", "120", None):  # None: piped with no COLUMNS
+        result = fedqueue_cli("runs", cwd=tmp_path, env=env if columns is None else {**env, "COLUMNS": columns})
+        assert result.returncode == 0, result.stderr
+        lines = result.stdout.splitlines()
+        assert all(len(line) <= int(columns or 160) for line in lines), result.stdout
+        assert lines[0].split()[:3] == ["id", "name", "state"] and lines[0].split()[-1] == "created", result.stdout
+        for run_id, state in expected.items():
+            (row,) = [line for line in lines if line.startswith(f"{run_id} ")]
+            assert re.search(rf" {state} .* \d\d-\d\d \d\d:\d\d$", row), result.stdout

@@ -23,7 +23,7 @@ from fedqueue.queue.workers import WorkerGroup, plan_workers
 from tests.cli_runner import fedqueue_cli
 from tests.conftest import running_workers
 from tests.helpers import assert_same_weights, reference_final_state, small_config
-from tests.reliability_support import ping_count
+from tests.reliability_support import ping_count, wait_until
 from tests.test_cli import SMALL, cli_env, our_processes, write_config
 
 
@@ -110,11 +110,23 @@ def test_local_cluster_without_waiting_runs_what_was_submitted_at_once(settings:
 
 
 def _up(tmp_path: Path, env: dict[str, str]) -> int:
+    return _up_with_exports(tmp_path, env)[0]
+
+
+def _up_with_exports(tmp_path: Path, env: dict[str, str]) -> tuple[int, dict[str, str]]:
+    """`fedqueue up --detach`: its pid, and the variables it says to export in another shell."""
     result = fedqueue_cli("up", "--detach", "--procs", "1", cwd=tmp_path, env=env, timeout=180)
     assert result.returncode == 0, result.stdout + result.stderr
     found = re.search(r"local cluster up \(pid (\d+)", result.stdout)
     assert found, result.stdout
-    return int(found.group(1))
+    exports = dict(re.findall(r"^export (FEDQUEUE_\w+)=(\S+)$", result.stdout, re.MULTILINE))
+    return int(found.group(1)), exports
+
+
+def _state(run_id: str, cwd: Path, exports: dict[str, str]) -> str:
+    status = fedqueue_cli("status", run_id, "--json", cwd=cwd, env={**cli_env(), **exports})
+    assert status.returncode == 0, status.stderr
+    return str(json.loads(status.stdout)["state"])
 
 
 def _children(pid: int) -> set[int]:
@@ -123,7 +135,7 @@ def _children(pid: int) -> set[int]:
 
 def test_run_reuses_the_cluster_up_left_running_and_down_stops_it(tmp_path: Path) -> None:
     env = cli_env(FEDQUEUE_DATABASE_URL=f"sqlite:///{tmp_path / 'store.db'}")
-    pid = _up(tmp_path, env)
+    pid, exports = _up_with_exports(tmp_path, env)
     try:
         cluster = _children(pid)
         assert len(cluster) == 2 and cluster <= our_processes()  # one embedded Redis, one worker
@@ -136,6 +148,16 @@ def test_run_reuses_the_cluster_up_left_running_and_down_stops_it(tmp_path: Path
             assert _children(pid) == cluster
         runs = json.loads(fedqueue_cli("runs", "--json", cwd=tmp_path, env=env).stdout)
         assert [run["state"] for run in runs] == ["finished", "finished"]
+        # What it printed to export is what `submit` from another shell and folder needs to reach it.
+        assert exports.keys() == {"FEDQUEUE_BROKER_URL", "FEDQUEUE_DATABASE_URL"}, exports
+        assert exports["FEDQUEUE_BROKER_URL"].startswith("redis://127.0.0.1:")
+        assert exports["FEDQUEUE_DATABASE_URL"] == env["FEDQUEUE_DATABASE_URL"]
+        elsewhere = tmp_path / "elsewhere"
+        elsewhere.mkdir()
+        submitted = fedqueue_cli("submit", str(config), cwd=elsewhere, env={**cli_env(), **exports})
+        assert submitted.returncode == 0, submitted.stdout + submitted.stderr
+        wait_until(lambda: _state(submitted.stdout.strip(), elsewhere, exports) != "running", 120)
+        assert _state(submitted.stdout.strip(), elsewhere, exports) == "finished"
         again = fedqueue_cli("up", "--detach", cwd=tmp_path, env=env)
         assert again.returncode == 1 and f"already up (pid {pid}" in again.stderr
     finally:

@@ -5,16 +5,16 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shlex
 import signal
 import time
 from collections.abc import Callable
+from importlib import metadata
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from rich import box
 from rich.markup import escape
-from rich.table import Table
 
 from fedqueue import api
 from fedqueue.cli.common import (
@@ -29,8 +29,9 @@ from fedqueue.cli.common import (
     friendly_errors,
     warn_if_insecure,
 )
-from fedqueue.cli.launch import exit_unless_finished, follow_to_end, show_run
+from fedqueue.cli.launch import exit_unless_finished, follow_to_end, say_plain, show_run
 from fedqueue.cli.local import say_ready, start_detached, stop_standing
+from fedqueue.cli.runs_table import runs_table
 from fedqueue.config import DEFAULT_GPUS_PER_WORKER, DEFAULT_PROCS_PER_GPU, DEFAULT_WORKER_SLOTS, Settings, mask_url
 from fedqueue.core import cluster_file
 from fedqueue.core import jobs as job_kinds
@@ -51,9 +52,24 @@ app = typer.Typer(
     no_args_is_help=True,
     pretty_exceptions_enable=False,
     add_completion=False,
-    help="Federated-learning rounds and LLM batch jobs on a Redis queue with GPU-pinned Celery workers.",
 )
 RunArg = Annotated[str, typer.Argument(help="Run id.")]
+
+
+def _print_version(asked: bool) -> None:
+    if asked:
+        print(f"fedqueue {metadata.version('fedqueue')}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _options(
+    version: Annotated[
+        bool,
+        typer.Option("--version", callback=_print_version, is_eager=True, help="Print the version and exit."),
+    ] = False,
+) -> None:
+    """Federated-learning rounds and LLM batch jobs on a Redis queue with GPU-pinned Celery workers."""
 
 
 @app.command()
@@ -83,7 +99,7 @@ def resume(
         console.print(escape(f"run {run_id} is already {state}{hint}"))
         show_run(handle.store, run_id, as_json=False)
     else:
-        with api.placement(settings, procs, slots, wait=True, say=console.print) as place:
+        with api.placement(settings, procs, slots, wait=True, say=say_plain) as place:
             if state == "failed":
                 _retry_failed(place.settings, run_id)
             handle = api.RunHandle(run_id, place.settings)
@@ -158,12 +174,12 @@ def report(
         return
     efficiency = numbers["parallel_efficiency"]
     console.print(
-        f"run {numbers['id']} ({numbers['state']}): wall {numbers['wall_s']:.2f} s · {numbers['slots']} slots"
+        f"run {escape(numbers['id'])} ({numbers['state']}): wall {numbers['wall_s']:.2f} s · {numbers['slots']} slots"
         f" · parallel efficiency {'–' if efficiency is None else f'{100 * efficiency:.1f} %'}"
         f" · {numbers['tasks_done']} tasks ({numbers['tasks_failed']} failed)",
         highlight=False,
     )
-    console.print(f"report written to {folder / 'report.html'}", highlight=False)
+    console.print(f"report written to {escape(str(folder / 'report.html'))}", highlight=False)
 
 
 @app.command()
@@ -174,13 +190,7 @@ def runs(json_: JsonOpt = False) -> None:
     if json_:
         print(json.dumps(lines, indent=2))
         return
-    table = Table(box=box.SIMPLE)
-    for column in ("id", "name", "state", "rounds", "data", "model", "created"):
-        table.add_column(column, no_wrap=True)
-    for line in lines:
-        created = time.strftime("%m-%d %H:%M", time.localtime(line["created_at"]))
-        table.add_row(line["id"], line["name"], line["state"], line["rounds"], line["dataset"], line["model"], created)
-    console.print(table)
+    console.print(runs_table(lines, console.width))
 
 
 JobsOpt = Annotated[
@@ -254,8 +264,12 @@ def up(
         args = [f"--procs={procs}"] if procs is not None else []
         args += [f"--slots={slots}", f"--gpus-per-worker={gpus_per_worker}", f"--procs-per-gpu={procs_per_gpu}"]
         args += [f"--plugin-path={folder}" for folder in settings.plugin_path]
-        pid, logs = start_detached(args)
-        console.print(f"local cluster up (pid {pid}, logs in {logs}); fedqueue run uses it, fedqueue down stops it")
+        pid, logs, broker_url = start_detached(args)
+        console.print(
+            escape(f"local cluster up (pid {pid}, logs in {logs}); fedqueue run uses it, fedqueue down stops it"),
+            highlight=False,
+        )
+        _say_where(settings, broker_url)
         return
     specs = plan_workers(detect_gpus(), procs, slots, gpus_per_worker, procs_per_gpu)
     cluster = LocalCluster.start(settings, specs, log_dir=log_dir)
@@ -265,11 +279,11 @@ def up(
         slots=cluster.workers.slots(),
         log_dir=str(cluster.log_dir),
     )
-    console.print(f"broker ready: export FEDQUEUE_BROKER_URL={cluster.settings.broker_url}")
+    _say_where(settings, info.broker_url)
     services = open_client_services(cluster.settings)
     try:
         with cluster_file.announced(settings, info) if announce else contextlib.nullcontext():
-            say_ready(ready_fd)
+            say_ready(ready_fd, info.broker_url)
             _supervise(
                 cluster.workers,
                 f"{len(specs)} workers, logs in {cluster.log_dir}",
@@ -279,6 +293,22 @@ def up(
     finally:
         services.close()
         cluster.stop(timeout_s=0)  # the workers stopped in _supervise already, unless it never ran
+
+
+def _say_where(settings: Settings, broker_url: str) -> None:
+    """The broker and store of `fedqueue up`'s cluster, as lines another shell pastes to use them (`submit`)."""
+    exports = {}
+    if settings.broker_url:  # the configured broker: that shell has it already (and its password stays unsaid)
+        console.print(escape(f"broker: {mask_url(broker_url)}"), highlight=False)
+    else:
+        exports["FEDQUEUE_BROKER_URL"] = broker_url
+    database = cluster_file.worker_settings(settings).database_url
+    if database.startswith("sqlite:"):  # made absolute: the same file from any folder
+        exports["FEDQUEUE_DATABASE_URL"] = database
+    if exports:
+        console.print("in another shell, for submit, monitor and status:", highlight=False)
+    for name, value in exports.items():
+        console.print(escape(f"export {name}={shlex.quote(value)}"), highlight=False, soft_wrap=True)
 
 
 @app.command()
@@ -291,7 +321,7 @@ def down(plugin_path: PluginPathOpt = None) -> None:
 
 @app.command()
 @friendly_errors
-def flower(
+def monitor(
     address: Annotated[
         str, typer.Option(help="Address to listen on. Basic auth travels in clear over HTTP: keep it local.")
     ] = "127.0.0.1",
@@ -303,17 +333,26 @@ def flower(
         ),
     ] = False,
 ) -> None:
-    """Start the Flower UI on the configured broker, behind basic auth from FLOWER_BASIC_AUTH.
+    """Start Celery's monitor, the Flower web UI (not the Flower FL framework), on the configured broker.
 
-    Read-only unless --allow-actions; /metrics and /healthcheck answer without a login.
+    Behind basic auth from FLOWER_BASIC_AUTH; read-only unless --allow-actions; /metrics and /healthcheck
+    answer without a login.
     """
 
     settings = Settings.from_env()
     command = flower_command(settings, address, port, allow_actions)
     check_basic_auth(os.environ)
     warn_if_insecure(settings)
-    console.print(f"Flower on http://{address}:{port} watching {mask_url(settings.broker_url)}")
+    console.print(
+        escape(f"Flower on http://{address}:{port} watching {mask_url(settings.broker_url)}"), highlight=False
+    )
     os.execv(command[0], command)  # Flower becomes this process: signals reach it directly
+
+
+# The name it had first: Celery's Flower, kept for scripts and compose files that start it so.
+app.command("flower", help="Same as `monitor`: Celery's web UI (Flower), not the Flower FL framework.", hidden=True)(
+    monitor
+)
 
 
 def _supervise(group: Any, what: str, services: Any, restart_broker: Callable[[], bool] | None = None) -> None:
@@ -335,18 +374,18 @@ def _supervise(group: Any, what: str, services: Any, restart_broker: Callable[[]
 
     signal.signal(signal.SIGINT, on_signal)
     signal.signal(signal.SIGTERM, on_signal)
-    console.print(f"{what}; Ctrl-C to stop")
+    console.print(f"{escape(what)}; Ctrl-C to stop", highlight=False)
     try:
         while stops == 0 or group.alive():
             if stops == 0:
                 # A worker that crashed or was killed is started again; its lost task is
                 # enqueued again by the run's scheduler.
                 for name in group.restart_exited():
-                    error_console.print(f"worker {name} exited; started again")
+                    error_console.print(f"worker {escape(name)} exited; started again", highlight=False)
                 if restart_broker is not None and restart_broker():
                     error_console.print("embedded Redis exited; started again (empty) on its port")
                 for action in adopter.tick():
-                    error_console.print(f"repair: {action}", highlight=False)
+                    error_console.print(f"repair: {escape(action)}", highlight=False)
             time.sleep(0.2)
     finally:
         adopter.release_all()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import os
 import sys
 from collections.abc import Callable
 from typing import Annotated, Any, TypeVar
@@ -16,8 +17,8 @@ from fedqueue.config import Settings, insecure_broker, mask_url
 from fedqueue.core.infra_errors import infrastructure_fault
 from fedqueue.errors import FedqueueError
 
-# Piped output is not cut at 80 columns: tables and summaries stay one line per row.
-console = Console(width=None if sys.stdout.isatty() else 160)
+# Piped output is not cut at 80 columns (tables and summaries stay one line per row) unless COLUMNS says so.
+console = Console(width=None if sys.stdout.isatty() or os.environ.get("COLUMNS") else 160)
 error_console = Console(stderr=True, soft_wrap=True)
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -38,8 +39,9 @@ log = logging.getLogger(__name__)
 def warn_if_insecure(settings: Settings) -> None:
     if insecure_broker(settings.broker_url):
         error_console.print(
-            f"warning: broker {mask_url(settings.broker_url)} is reached beyond loopback without a password; "
-            "set one (requirepass) and FEDQUEUE_REDIS_PASSWORD"
+            f"warning: broker {escape(mask_url(settings.broker_url))} is reached beyond loopback without a password; "
+            "set one (requirepass) and FEDQUEUE_REDIS_PASSWORD",
+            highlight=False,
         )
 
 
@@ -51,7 +53,7 @@ def friendly_errors(command: F) -> F:
         try:
             return command(*args, **kwargs)
         except FedqueueError as err:
-            error_console.print(f"[red]error:[/red] {err}", highlight=False)
+            error_console.print(f"[red]error:[/red] {escape(str(err))}", highlight=False)
             raise typer.Exit(err.exit_code) from None
         except Exception as err:
             # The broker failed under a command that does not wait for it (a submit caught mid-way): one line.

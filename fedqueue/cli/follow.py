@@ -6,6 +6,7 @@ import time
 from collections.abc import Callable, Iterable
 
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 
 from fedqueue.core import jobs
@@ -64,12 +65,13 @@ def follow(
     wait = progress.wait if watch is None else watch.guard(progress.wait, _sleep)
     shown: dict[str, TaskID] = {}
     display = Progress(
-        TextColumn("[bold]{task.fields[label]}"),
+        # A kind's labels and notes are shown as they are: no markup in them.
+        TextColumn("{task.fields[label]}", style="bold", markup=False),
         BarColumn(),
         MofNCompleteColumn(),
-        TextColumn("{task.fields[unit]}"),
+        TextColumn("{task.fields[unit]}", markup=False),
         TimeElapsedColumn(),
-        TextColumn("{task.fields[note]}"),
+        TextColumn("{task.fields[note]}", markup=False),
         console=console,
     )
     ticked = [0.0]
@@ -90,7 +92,7 @@ def follow(
         if tick is not None and due:
             ticked[0] = time.monotonic()
             for action in tick():
-                display.console.print(f"[yellow]repair:[/yellow] {action}", highlight=False)
+                display.console.print(f"[yellow]repair:[/yellow] {escape(action)}", highlight=False)
         return None
 
     with display:

@@ -7,6 +7,7 @@ from collections.abc import Callable
 from typing import Any
 
 import typer
+from rich.markup import escape
 from rich.text import Text
 
 from fedqueue import api
@@ -36,7 +37,7 @@ def submit_and_follow(
     # Local workers are started first, not waited for (unless asked): they boot (imports, warm-up)
     # while this process checks plugins, migrates the store and plans the job; its tasks wait on the queue.
     with api.placement(
-        settings, procs, slots, gpus_per_worker=gpus_per_worker, wait=wait_for_workers, say=console.print
+        settings, procs, slots, gpus_per_worker=gpus_per_worker, wait=wait_for_workers, say=say_plain
     ) as place:
         api.check(submission, place.settings)
         open_store(place.settings.database_url, migrate=True).close()  # a bad database before a bad broker
@@ -85,9 +86,16 @@ def follow_to_end(handle: api.RunHandle, place: api.Placement, services: Any = N
             )
         except KeyboardInterrupt:
             if place.cluster is None:
-                error_console.print(f"stopped following; run {handle.id} goes on (fedqueue resume {handle.id})")
+                error_console.print(
+                    escape(f"stopped following; run {handle.id} goes on (fedqueue resume {handle.id})"), highlight=False
+                )
             raise typer.Exit(130) from None
     show_run(handle.store, handle.id, as_json=False)
+
+
+def say_plain(line: str) -> None:
+    """A line as it is: no markup in it (paths, names and URLs keep their brackets)."""
+    console.print(Text(line), highlight=False)
 
 
 def _say(line: str) -> None:
@@ -117,13 +125,13 @@ def show_run(store: Any, run_id: str, as_json: bool) -> None:
         print(json.dumps(summary, indent=2))
         return
     console.print(
-        f"run {summary['id']} ({summary['state']}): wall {summary['wall_s']:.2f} s · {summary['tasks_done']} tasks"
+        f"run {escape(summary['id'])} ({summary['state']}): wall {summary['wall_s']:.2f} s · {summary['tasks_done']} tasks"
         f" ({summary['tasks_failed']} failed) · max_concurrency {summary['max_concurrency']}"
         f" · {len(summary['workers'])} workers",
         highlight=False,
     )
     if summary["error"]:
-        console.print(f"[red]run {summary['state']}:[/red] {summary['error']}", highlight=False)
+        console.print(f"[red]run {summary['state']}:[/red] {escape(summary['error'])}", highlight=False)
 
 
 def exit_unless_finished(handle: api.RunHandle) -> None:

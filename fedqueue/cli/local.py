@@ -15,14 +15,14 @@ from fedqueue.config import Settings
 from fedqueue.core import cluster_file
 from fedqueue.errors import FedqueueError, ServiceUnavailable
 
-READY_LINE = b"ready\n"
+READY_WORD = b"ready"
 DOWN_TIMEOUT_S = 90.0
 
 
-def start_detached(up_args: list[str]) -> tuple[int, Path]:
-    """Start `fedqueue up` in a session of its own; return its pid and log folder once its workers are ready.
+def start_detached(up_args: list[str]) -> tuple[int, Path, str]:
+    """Start `fedqueue up` in a session of its own; its pid, log folder and broker URL once its workers are ready.
 
-    The child says "ready" on a pipe; the pipe closing without it means the child failed.
+    The child says "ready URL" on a pipe; the pipe closing without it means the child failed.
     """
     log_dir = Path(tempfile.mkdtemp(prefix="fedqueue-workers-"))
     read_end, write_end = os.pipe()
@@ -47,20 +47,21 @@ def start_detached(up_args: list[str]) -> tuple[int, Path]:
         )
     os.close(write_end)
     with os.fdopen(read_end, "rb") as ready:
-        said = ready.read(len(READY_LINE))  # blocks until the child is ready, or gone
-    if said != READY_LINE:
+        said = ready.readline(64 * 1024)  # blocks until the child is ready, or gone
+    word, _, broker_url = said.rstrip(b"\n").partition(b" ")
+    if word != READY_WORD or not said.endswith(b"\n"):
         child.wait()
         tail = (log_dir / "up.log").read_text(errors="replace").strip().splitlines()[-1:] or ["no output"]
         raise ServiceUnavailable(f"fedqueue up did not start: {tail[0]} (log in {log_dir / 'up.log'})")
-    return child.pid, log_dir
+    return child.pid, log_dir, broker_url.decode()
 
 
-def say_ready(fd: int | None) -> None:
-    """Tell a detaching parent that the cluster is ready (and let it go)."""
+def say_ready(fd: int | None, broker_url: str) -> None:
+    """Tell a detaching parent that the cluster is ready, and its broker (and let it go)."""
     if fd is None:
         return
     try:
-        os.write(fd, READY_LINE)
+        os.write(fd, READY_WORD + b" " + broker_url.encode() + b"\n")
     finally:
         os.close(fd)
     # Nobody reads the terminal any more: later output goes to the log the parent chose.

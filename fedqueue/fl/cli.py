@@ -52,13 +52,13 @@ def _announce(run_id: str, run_config: RunConfig) -> None:
         )
     if run_config.max_sim_time is not None:
         shape += f", until simulated time {run_config.max_sim_time:g}"
-    console.print(f"run [bold]{run_id}[/bold] submitted ({shape})")
+    console.print(f"run [bold]{escape(run_id)}[/bold] submitted ({shape})", highlight=False)
 
 
 def _print_stop(out: Console, summary: dict[str, Any]) -> None:
     """The rule that ended the run; while it runs, the simulated time it has left under max_sim_time."""
     if summary.get("stop"):
-        out.print(summary["stop"], highlight=False)
+        out.print(escape(summary["stop"]), highlight=False)
         return
     budget = summary.get("sim_budget")
     if budget is not None and summary["state"] == "running":
@@ -120,7 +120,7 @@ def print_summary(out: Console, summary: dict[str, Any]) -> None:
     buffered = summary.get("buffered")
     # Simulated time is shown where the run models it: async runs, and sync runs given device speeds.
     simulated = buffered is not None or summary.get("simulated_speeds", False)
-    table = Table(title=f"run {summary['id']} ({summary['state']})")
+    table = Table(title=escape(f"run {summary['id']} ({summary['state']})"))
     table.add_column("version" if buffered else "round", justify="right")
     table.add_column("seconds", justify="right")
     if simulated:
@@ -153,12 +153,12 @@ def print_summary(out: Console, summary: dict[str, Any]) -> None:
     )
     _print_stop(out, summary)
     if summary["error"]:
-        out.print(f"[red]run {summary['state']}:[/red] {summary['error']}", highlight=False)
+        out.print(f"[red]run {summary['state']}:[/red] {escape(summary['error'])}", highlight=False)
     for failure in summary["failures"][:5]:
         last_line = (failure["error"] or "").strip().splitlines()[-1:] or ["?"]
         out.print(
-            f"[yellow]device {failure['device']} failed[/yellow] in round {failure['round']} on {failure['worker']}"
-            f" after {failure['attempts']} attempts: {last_line[0]}",
+            f"[yellow]device {failure['device']} failed[/yellow] in round {failure['round']}"
+            f" on {escape(str(failure['worker']))} after {failure['attempts']} attempts: {escape(last_line[0])}",
             highlight=False,
         )
     if len(summary["failures"]) > 5:
