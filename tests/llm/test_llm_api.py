@@ -81,7 +81,7 @@ def test_a_list_of_prompts_submitted_from_python_is_followed_read_and_exported(
 
     rows = handle.rows()
     assert [row["line"] for row in rows] == list(range(1, 10))  # item N is line N, in the order given
-    assert [row["id"] for row in rows] == [None] * 6 + ["chat", "bad", 7]
+    assert [row["id"] for row in rows] == [1, 2, 3, 4, 5, 6, "chat", "bad", 7]  # no id: its line number
     assert [row["state"] for row in rows] == ["done"] * 7 + ["failed", "done"]
     generated = [row for row in stored_rows(handle) if row.state == "done"]
     assert generated[-1].prompt == "Line\nbreaks stay inside one prompt"
