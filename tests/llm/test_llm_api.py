@@ -163,7 +163,7 @@ def test_bad_arguments_name_the_field_at_fault(
     ("prompts", "options", "field"),
     [
         ("no-such-file.jsonl", {}, "input no-such-file.jsonl: no such file"),
-        (["fine", {"prompt": "x", "extra": 1}], {"strict": True}, "input <prompts>: 1 bad lines: line 2: unknown"),
+        (["fine", {"prompt": "x", "extra": 1}], {"strict": True}, "input <prompts>: a bad line: line 2: unknown"),
         (["a"], {"model": "./no-such-model"}, "model ./no-such-model: no such file or directory"),
         (["a"], {"model": ""}, "model: expected"),
         (["a"], {"out": "no-such-folder/out.jsonl"}, "out no-such-folder/out.jsonl: folder no-such-folder"),
