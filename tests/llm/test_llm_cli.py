@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -98,6 +99,46 @@ def test_a_missing_model_is_refused_before_workers_start(tmp_path: Path) -> None
         result = fedqueue_cli("llm", "submit", str(input_path), "--model", model, cwd=tmp_path, env=cli_env())
         assert result.returncode == 2 and result.stderr.startswith(f"error: --model {model}: "), result.stderr
         assert "embedded Redis" not in result.stdout
+
+
+def unloadable_model(kind: str, folder: Path, tiny_model_path: Path) -> Path:
+    """A model path that is there but holds no model that can be loaded."""
+    if kind == "empty-folder":
+        folder.mkdir()
+    elif kind == "text-file":
+        folder.write_text("not a model\n")
+    elif kind == "not-gguf":
+        folder = folder.with_suffix(".gguf")
+        folder.write_bytes(b"PK\x03\x04 a zip file")
+    else:  # a model folder without its weights
+        shutil.copytree(
+            tiny_model_path, folder, ignore=lambda _, names: [n for n in names if n.endswith(".safetensors")]
+        )
+    return folder
+
+
+@pytest.mark.parametrize(
+    ("kind", "missing"),
+    [
+        ("empty-folder", "an empty folder: no config.json, no weights"),
+        ("text-file", "a file, not a model"),
+        ("not-gguf", "not a GGUF file"),
+        ("no-weights", "not a model folder: no weights (*.safetensors or pytorch_model.bin) in it"),
+    ],
+)
+def test_an_unloadable_model_is_refused_at_submit(
+    tmp_path: Path, tiny_model_path: Path, kind: str, missing: str
+) -> None:
+    """Not a job stored "finished" with 0 done once every batch failed on the workers: one line, exit 2."""
+    model = unloadable_model(kind, tmp_path / "model", tiny_model_path)
+    input_path = write_prompts(tmp_path / "in.jsonl", ['{"prompt": "a"}'])
+    database = tmp_path / "store.db"
+    env = cli_env(FEDQUEUE_DATABASE_URL=f"sqlite:///{database}")
+    result = fedqueue_cli("llm", "submit", str(input_path), "--model", str(model), cwd=tmp_path, env=env)
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert result.stderr.startswith(f"error: --model {model}: {missing}"), result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1 and "Traceback" not in result.stderr
+    assert "embedded Redis" not in result.stdout and not database.exists()  # no worker started, no job row
 
 
 def test_export_of_an_fl_run_or_unknown_job_is_one_line(tmp_path: Path) -> None:
