@@ -75,7 +75,7 @@ def prepare(
     With a broker configured the workers may be elsewhere: a model or backend missing here is only a
     warning. `ask_slots`: ask the workers on the broker for their slots while the caller goes on.
     """
-    check_request(request)  # a bad input line (strict), limit or job name
+    check_request(request)  # a bad input line or a prompt too long (strict), a limit or job name
     workers_here = not settings.broker_url
     check_backend(request.generation.backend, workers_here, warn, option)
     submission = JobSubmission(request, warn=warn)
