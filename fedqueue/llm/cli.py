@@ -68,6 +68,9 @@ def submit(
     strict: Annotated[
         bool, typer.Option(help="Refuse the whole input if any line is bad or too long for the model.")
     ] = False,
+    chat: Annotated[
+        bool, typer.Option(help="Send each plain prompt as a chat of one user message (for chat models).")
+    ] = False,
     detach: Annotated[bool, typer.Option(help="Print the job id and return (needs FEDQUEUE_BROKER_URL).")] = False,
     out: Annotated[
         Path | None, typer.Option("--out", "-o", help="Export the outputs to this JSONL file when the job ends.")
@@ -97,6 +100,7 @@ def submit(
         max_batch_tokens=max_batch_tokens,
         job=job,
         strict=strict,
+        chat=chat,
     )
     if out is not None:
         check_out_folder(out, "--out")

@@ -58,6 +58,7 @@ class JobRequest:
     max_batch_tokens: int | None = None
     job: str | None = None  # a name of the user's choosing; derived from the input and model when None
     strict: bool = False
+    chat: bool = False  # plain prompts are sent as a chat of one user message
     # Worker slots the batches are sized for (DEFAULT_SLOTS when None). Not part of the job's identity:
     # the same job continued on more or fewer workers is planned for those.
     slots: int | None = None
@@ -72,7 +73,7 @@ class JobRequest:
         return read_input(self.input_path) if self.input_data is None else self.input_data
 
     def read_prompts(self, raw: bytes) -> tuple[list[PromptLine], list[InputError]]:
-        return read_prompt_bytes(raw, self.input_path, strict=self.strict)
+        return read_prompt_bytes(raw, self.input_path, strict=self.strict, chat=self.chat)
 
     def too_long(self, prompts: Sequence[PromptLine]) -> list[TooLong]:
         """Prompts the model's own tokenizer, read here, finds too long for its context."""
@@ -81,7 +82,7 @@ class JobRequest:
 
     def config(self, input_sha256: str) -> dict[str, Any]:
         """The run row's config: what decides the outputs, and the input it came from."""
-        return {
+        config: dict[str, Any] = {
             "model": self.model,
             "generation": self.generation.to_dict(),
             "batch_size": self.batch_size,
@@ -89,6 +90,9 @@ class JobRequest:
             "input": self.input_path.name,
             "input_sha256": input_sha256,
         }
+        if self.chat:  # only then: the ids of jobs submitted without it stay as they were
+            config["chat"] = True
+        return config
 
 
 @dataclass(frozen=True)
@@ -205,8 +209,8 @@ def _open_job(services: Services, job_id: str, config: dict[str, Any]) -> bool:
         return False
     if run.kind != KIND_NAME:
         raise ConfigError(f"--job {job_id}: that id belongs to a run of kind {run.kind!r}; choose another")
-    for setting in ("model", "generation"):
-        if run.config.get(setting) != config[setting]:
+    for setting in ("model", "generation", "chat"):
+        if run.config.get(setting) != config.get(setting):
             raise ConfigError(
                 f"job {job_id}: submitted before with another {setting} ({json.dumps(run.config.get(setting))}); "
                 "use another --job to run these settings"

@@ -18,7 +18,8 @@ from fedqueue.core.database import open_store
 from fedqueue.core.services import Services
 from fedqueue.errors import ConfigError
 from fedqueue.llm.job import JobRequest, Submitted, check_request, submit_job
-from fedqueue.llm.model_files import model_folder, model_problem
+from fedqueue.llm.model_files import model_facts, model_folder, model_problem
+from fedqueue.llm.prompts import PromptLine
 from fedqueue.llm.slots import answering_slots_later
 
 Warn = Callable[[str], object]
@@ -75,7 +76,7 @@ def prepare(
     With a broker configured the workers may be elsewhere: a model or backend missing here is only a
     warning. `ask_slots`: ask the workers on the broker for their slots while the caller goes on.
     """
-    check_request(request)  # a bad input line or a prompt too long (strict), a limit or job name
+    prompts = check_request(request)  # a bad input line or a prompt too long (strict), a limit or job name
     workers_here = not settings.broker_url
     check_backend(request.generation.backend, workers_here, warn, option)
     submission = JobSubmission(request, warn=warn)
@@ -84,7 +85,25 @@ def prepare(
     check_model_here(request.model, workers_here, warn, option)
     if workers_here:
         open_store(settings.database_url, migrate=True).close()  # a bad database before any worker starts
+    hint = chat_hint(request, prompts, option)
+    if hint is not None:
+        warn(hint)
     return submission
+
+
+def chat_hint(request: JobRequest, prompts: list[PromptLine], option: Option = same_name) -> str | None:
+    """What to say where a model with a chat template gets plain prompts: an instruction-tuned model may
+    answer a bare prompt with nothing (SmolLM2-Instruct does), and nothing else would tell."""
+    plain = sum(1 for prompt in prompts if prompt.messages is None)
+    if request.chat or plain == 0 or not model_facts(request.model).chat_template:
+        return None
+    flag = option("chat")
+    flag = flag if flag.startswith("-") else f"{flag}=True"
+    return (
+        f"{option('model')} {request.model} is a chat model (its tokenizer has a chat template) and {plain} of "
+        f"{len(prompts)} prompts are plain text, which a chat model may answer with nothing: give them as "
+        f'{{"messages": [{{"role": "user", "content": ...}}]}}, or submit with {flag} to send each as a user message'
+    )
 
 
 def model_name(model: str) -> str:

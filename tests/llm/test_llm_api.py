@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import uuid
+import warnings
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
@@ -95,6 +96,33 @@ def test_a_list_of_prompts_submitted_from_python_is_followed_read_and_exported(
     assert fedqueue.llm.get_job("api-list", api_settings).rows() == rows
 
 
+def test_chat_sends_plain_prompts_as_a_user_message_and_plain_prompts_to_a_chat_model_get_a_hint(
+    api_settings: Settings, workers: None, tiny_model_path: Path
+) -> None:
+    """A chat model (SmolLM2-Instruct) may answer a bare prompt with "": say so, and offer chat=True."""
+    question = "What is the capital of France?"
+    hint = r"is a chat model \(its tokenizer has a chat template\) and 1 of 1 prompts are plain text.* chat=True"
+    with pytest.warns(UserWarning, match=hint):
+        plain = fedqueue.llm.submit([question], tiny_model_path, settings=api_settings, max_new_tokens=6)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        chat = fedqueue.llm.submit([question], tiny_model_path, settings=api_settings, max_new_tokens=6, chat=True)
+        as_messages = fedqueue.llm.submit(
+            [{"messages": [{"role": "user", "content": question}]}],
+            tiny_model_path,
+            settings=api_settings,
+            max_new_tokens=6,
+        )
+    assert not [warning for warning in caught if "chat template" in str(warning.message)]
+    assert chat.id != plain.id  # the same prompts sent as chats are another job
+    for handle in (plain, chat, as_messages):
+        assert handle.wait(timeout_s=60)["state"] == "finished"
+    [chat_row] = stored_rows(chat)
+    assert (chat_row.prompt, chat_row.messages) == (None, [["user", question]])
+    assert chat.rows()[0]["output"] == as_messages.rows()[0]["output"]  # the chat template applied, as for messages
+    assert chat.rows()[0]["output"] != plain.rows()[0]["output"]
+
+
 def test_run_waits_exports_and_the_same_prompts_again_continue_the_job(
     api_settings: Settings, workers: None, tiny_model_path: Path, tmp_path: Path
 ) -> None:
@@ -148,6 +176,7 @@ def test_run_with_nothing_configured_starts_and_stops_its_own_workers(
         (["a"], {"dtype": "int3"}, "dtype"),
         (["a"], {"job": "bad name!"}, "job: 1 to 32"),
         (["a"], {"strict": "yes"}, "strict: must be True or False"),
+        (["a"], {"chat": 1}, "chat: must be True or False"),
         (["a"], {"colour": "red"}, "colour: unknown option"),
     ],
 )

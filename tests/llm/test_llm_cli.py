@@ -43,6 +43,10 @@ def test_submit_with_nothing_configured_then_status_and_export(tmp_path: Path, t
         result.stderr  # counted at submit: no batch spent on it
     )
     assert "line 16: not UTF-8 text (byte 0xe9 at column 16)" in result.stderr
+    # The tiny model has a chat template: plain prompts get a hint (see test_llm_api for --chat itself).
+    assert "is a chat model (its tokenizer has a chat template) and 14 of 14 prompts are plain text" in (
+        result.stderr.replace("\n", " ")
+    )
     assert "Traceback" not in result.stdout + result.stderr
     assert our_processes() - before == set()
     status = json.loads(fedqueue_cli("status", job, "--json", cwd=tmp_path, env=cli_env()).stdout)
