@@ -81,7 +81,10 @@ def model_folder(model: str) -> Path | None:
         return None
     from huggingface_hub import try_to_load_from_cache
 
-    found = try_to_load_from_cache(model, "config.json")
+    try:
+        found = try_to_load_from_cache(model, "config.json")
+    except Exception:  # noqa: BLE001 - not a name the hub's cache can hold ("a b"): no model here
+        return None
     return Path(found).parent if isinstance(found, str) else None
 
 

@@ -135,7 +135,7 @@ def test_bad_input_is_one_line_exit_2_and_writes_nothing(
 
 def test_a_missing_model_is_refused_before_workers_start(tmp_path: Path) -> None:
     input_path = write_prompts(tmp_path / "in.jsonl", ['{"prompt": "a"}'])
-    for model in ("./no-such-model", "nobody/no-such-model"):
+    for model in ("./no-such-model", "nobody/no-such-model", "not a hub id"):  # the last was a traceback
         result = fedqueue_cli("llm", "submit", str(input_path), "--model", model, cwd=tmp_path, env=cli_env())
         assert result.returncode == 2 and result.stderr.startswith(f"error: --model {model}: "), result.stderr
         assert "embedded Redis" not in result.stdout
