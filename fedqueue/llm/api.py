@@ -47,7 +47,7 @@ __all__ = [
 # A path to a JSONL or .txt file, or the prompts themselves: strings, or dicts of a JSONL line's fields.
 PromptsLike = str | os.PathLike[str] | Iterable[str | Mapping[str, Any]]
 # Options besides the generation settings (GenerationSettings' fields), as `fedqueue llm submit` takes them.
-JOB_OPTIONS = ("batch_size", "max_batch_tokens", "job", "strict")
+JOB_OPTIONS = ("batch_size", "max_batch_tokens", "job", "strict", "chat")
 PYTHON_INPUT = Path("<prompts>")  # how prompts given in Python are named: in errors, and as the job's input
 PROGRESS_KEYS = ("done", "failed", "pending", "total", "prompt_tokens", "generated_tokens")
 
@@ -98,7 +98,8 @@ class JobHandle(AnyRunHandle):
 
 def job_request(prompts: PromptsLike, model: str | os.PathLike[str], **options: Any) -> JobRequest:
     """A checked request: `options` are GenerationSettings' fields (max_new_tokens, temperature, top_p,
-    seed, dtype, backend) and batch_size, max_batch_tokens, job (a name) and strict."""
+    seed, dtype, backend) and batch_size, max_batch_tokens, job (a name), strict and chat (plain prompts sent
+    as a chat of one user message)."""
     if not isinstance(model, str | os.PathLike) or not os.fspath(model).strip():
         raise ConfigError("model: expected a model folder, cached hub id or .gguf file, as a non-empty string")
     known = {field.name for field in fields(GenerationSettings)} | set(JOB_OPTIONS)
@@ -116,9 +117,10 @@ def job_request(prompts: PromptsLike, model: str | os.PathLike[str], **options: 
     job_name = options.get("job")
     if job_name is not None and (not isinstance(job_name, str) or not JOB_ID.fullmatch(job_name)):
         raise ConfigError("job: 1 to 32 letters, digits, '_', '.' or '-', starting with a letter or digit")
-    strict = options.get("strict", False)
-    if not isinstance(strict, bool):
-        raise ConfigError("strict: must be True or False")
+    strict, chat = options.get("strict", False), options.get("chat", False)
+    for name, flag in (("strict", strict), ("chat", chat)):
+        if not isinstance(flag, bool):
+            raise ConfigError(f"{name}: must be True or False")
     if isinstance(prompts, str | os.PathLike):
         input_path, data = Path(prompts), None
     else:
@@ -131,6 +133,7 @@ def job_request(prompts: PromptsLike, model: str | os.PathLike[str], **options: 
         max_batch_tokens=max_batch_tokens,
         job=job_name,
         strict=strict,
+        chat=chat,
         input_data=data,
     )
 

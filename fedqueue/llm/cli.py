@@ -28,6 +28,7 @@ from fedqueue.core.database import open_store
 from fedqueue.errors import ConfigError
 from fedqueue.llm.export import check_out_folder, write_export
 from fedqueue.llm.job import DEFAULT_BATCH_SIZE, JobRequest, Submitted, require_job
+from fedqueue.llm.results import job_counts
 from fedqueue.llm.settings import GenerationSettings
 from fedqueue.llm.submission import model_name, prepare
 from fedqueue.llm.summary import job_summary
@@ -39,6 +40,7 @@ app = typer.Typer(
     help="LLM batch jobs: a file of prompts generated in batches by the workers, outputs kept in the store.",
 )
 
+SOME_FAILED = 3  # `llm submit`'s exit code for a job that finished with failed prompts
 JobArg = Annotated[str, typer.Argument(help="Job id (printed by `fedqueue llm submit`).")]
 _DEFAULT = GenerationSettings()  # the generation options' defaults
 
@@ -63,7 +65,12 @@ def submit(
     job: Annotated[
         str | None, typer.Option(help="Name the job (default: derived from input, model, settings).")
     ] = None,
-    strict: Annotated[bool, typer.Option(help="Refuse the whole input if any line is bad.")] = False,
+    strict: Annotated[
+        bool, typer.Option(help="Refuse the whole input if any line is bad or too long for the model.")
+    ] = False,
+    chat: Annotated[
+        bool, typer.Option(help="Send each plain prompt as a chat of one user message (for chat models).")
+    ] = False,
     detach: Annotated[bool, typer.Option(help="Print the job id and return (needs FEDQUEUE_BROKER_URL).")] = False,
     out: Annotated[
         Path | None, typer.Option("--out", "-o", help="Export the outputs to this JSONL file when the job ends.")
@@ -78,6 +85,9 @@ def submit(
     With no broker configured, the cluster `fedqueue up` left, else an embedded Redis and local workers
     run it here. Batches are sized for the worker slots that will run them: those workers', or those
     answering on the broker.
+
+    Exit codes: 0 every prompt done; 3 the job finished and some prompts (or input lines) failed; 2 the
+    input, model or options are at fault, nothing stored; 1 the job could not run to its end.
     """
     generation = GenerationSettings(
         max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, seed=seed, dtype=dtype, backend=backend
@@ -90,6 +100,7 @@ def submit(
         max_batch_tokens=max_batch_tokens,
         job=job,
         strict=strict,
+        chat=chat,
     )
     if out is not None:
         check_out_folder(out, "--out")
@@ -110,6 +121,20 @@ def submit(
     if out is not None:
         export_job(handle.store, handle.id, out)
     exit_unless_finished(handle)
+    exit_if_prompts_failed(handle.store, handle.id)
+
+
+def exit_if_prompts_failed(store: Store, job_id: str) -> None:
+    """A finished job with failed rows exits SOME_FAILED, saying how many: a script sees that outputs are missing."""
+    counts = job_counts(store, job_id)
+    failed = counts.get("failed", 0)
+    if failed:
+        error_console.print(
+            f"{failed} of {counts.get('total', 0)} prompts failed (exit {SOME_FAILED}); "
+            f"each with its error: fedqueue llm export {job_id} -o FILE",
+            highlight=False,
+        )
+        raise typer.Exit(SOME_FAILED)
 
 
 def _warn(message: str) -> None:

@@ -17,7 +17,9 @@ from typing import Any
 
 from fedqueue.core.services import Services
 from fedqueue.errors import ConfigError, NotFound
+from fedqueue.llm.context import TooLong, too_long
 from fedqueue.llm.messages import KEY_MAX, KIND_NAME, GenerateBatch
+from fedqueue.llm.model_files import model_facts
 from fedqueue.llm.planner import (
     DEFAULT_SLOTS,
     MAX_PAD_FRACTION,
@@ -28,7 +30,7 @@ from fedqueue.llm.planner import (
     plan_batches,
     token_counter,
 )
-from fedqueue.llm.prompts import InputError, PromptLine, read_input, read_prompt_bytes
+from fedqueue.llm.prompts import ERRORS_SHOWN, InputError, PromptLine, read_input, read_prompt_bytes
 from fedqueue.llm.results import (
     assign_batches,
     insert_prompts,
@@ -56,6 +58,7 @@ class JobRequest:
     max_batch_tokens: int | None = None
     job: str | None = None  # a name of the user's choosing; derived from the input and model when None
     strict: bool = False
+    chat: bool = False  # plain prompts are sent as a chat of one user message
     # Worker slots the batches are sized for (DEFAULT_SLOTS when None). Not part of the job's identity:
     # the same job continued on more or fewer workers is planned for those.
     slots: int | None = None
@@ -70,11 +73,16 @@ class JobRequest:
         return read_input(self.input_path) if self.input_data is None else self.input_data
 
     def read_prompts(self, raw: bytes) -> tuple[list[PromptLine], list[InputError]]:
-        return read_prompt_bytes(raw, self.input_path, strict=self.strict)
+        return read_prompt_bytes(raw, self.input_path, strict=self.strict, chat=self.chat)
+
+    def too_long(self, prompts: Sequence[PromptLine]) -> list[TooLong]:
+        """Prompts the model's own tokenizer, read here, finds too long for its context."""
+        generation = self.generation
+        return too_long(prompts, model_facts(self.model), generation.max_new_tokens, generation.backend)
 
     def config(self, input_sha256: str) -> dict[str, Any]:
         """The run row's config: what decides the outputs, and the input it came from."""
-        return {
+        config: dict[str, Any] = {
             "model": self.model,
             "generation": self.generation.to_dict(),
             "batch_size": self.batch_size,
@@ -82,6 +90,9 @@ class JobRequest:
             "input": self.input_path.name,
             "input_sha256": input_sha256,
         }
+        if self.chat:  # only then: the ids of jobs submitted without it stay as they were
+            config["chat"] = True
+        return config
 
 
 @dataclass(frozen=True)
@@ -107,11 +118,20 @@ def job_id_for(request: JobRequest, input_sha256: str) -> str:
     return "llm-" + hashlib.sha256(json.dumps(decided_by, sort_keys=True).encode()).hexdigest()[:12]
 
 
-def check_request(request: JobRequest) -> None:
-    """Everything about a request that can be wrong, checked before anything is started or written."""
+def check_request(request: JobRequest) -> list[PromptLine]:
+    """Everything about a request that can be wrong, checked before anything is started or written; the
+    valid prompts. With `strict`, a prompt too long for the model refuses the whole input, naming its line."""
     check_limits(request.batch_size, request.max_batch_tokens, request.planned_slots)
     job_id_for(request, "")
-    request.read_prompts(request.read_input())
+    prompts, _ = request.read_prompts(request.read_input())
+    if request.strict:
+        found = request.too_long(prompts)
+        if found:
+            shown = "; ".join(f"line {item.prompt.line}: {item.message}" for item in found[:ERRORS_SHOWN])
+            more = f" (and {len(found) - ERRORS_SHOWN} more)" if len(found) > ERRORS_SHOWN else ""
+            what = "a prompt" if len(found) == 1 else f"{len(found)} prompts"
+            raise ConfigError(f"input {request.input_path}: {what} too long for the model: {shown}{more}")
+    return prompts
 
 
 def submit_job(services: Services, request: JobRequest) -> Submitted:
@@ -119,12 +139,26 @@ def submit_job(services: Services, request: JobRequest) -> Submitted:
     check_limits(request.batch_size, request.max_batch_tokens, request.planned_slots)
     raw = request.read_input()
     prompts, input_errors = request.read_prompts(raw)
+    # Too long for the model: a failed row each, in its place, instead of a batch that fails on a worker.
+    refused = request.too_long(prompts)
+    if refused:
+        lines = {item.prompt.line for item in refused}
+        prompts = [prompt for prompt in prompts if prompt.line not in lines]
     input_sha256 = hashlib.sha256(raw).hexdigest()
     job_id = job_id_for(request, input_sha256)
     config = request.config(input_sha256)
     resumed = _open_job(services, job_id, config)
     _, copies = deduplicate(prompts)
-    insert_prompts(services.store, [*_prompt_rows(job_id, prompts, copies), *_error_rows(job_id, input_errors)])
+    rows = [
+        *_prompt_rows(job_id, prompts, copies),
+        *_error_rows(job_id, input_errors),
+        *_too_long_rows(job_id, refused),
+    ]
+    insert_prompts(services.store, rows)
+    input_errors = sorted(
+        [*input_errors, *(InputError(item.prompt.line, item.prompt.input_id, item.message) for item in refused)],
+        key=lambda error: error.line,
+    )
     settle_copies(services.store, job_id)
     if job_counts(services.store, job_id).get("pending", 0) == 0:
         services.store.finish_run(job_id, "finished")  # nothing left to generate (a finished job is left as it is)
@@ -175,8 +209,8 @@ def _open_job(services: Services, job_id: str, config: dict[str, Any]) -> bool:
         return False
     if run.kind != KIND_NAME:
         raise ConfigError(f"--job {job_id}: that id belongs to a run of kind {run.kind!r}; choose another")
-    for setting in ("model", "generation"):
-        if run.config.get(setting) != config[setting]:
+    for setting in ("model", "generation", "chat"):
+        if run.config.get(setting) != config.get(setting):
             raise ConfigError(
                 f"job {job_id}: submitted before with another {setting} ({json.dumps(run.config.get(setting))}); "
                 "use another --job to run these settings"
@@ -215,6 +249,14 @@ def _error_rows(job_id: str, input_errors: Sequence[InputError]) -> list[dict[st
         }
         for error in input_errors
     ]
+
+
+def _too_long_rows(job_id: str, refused: Sequence[TooLong]) -> list[dict[str, Any]]:
+    """A failed row per prompt too long for the model, under its own key (its id or line), with its text."""
+    rows = _prompt_rows(job_id, [item.prompt for item in refused], {})
+    for row, item in zip(rows, refused, strict=True):
+        row.update(state="failed", error=item.message, prompt_tokens=item.tokens, generated_tokens=0)
+    return rows
 
 
 def _prompt_line(row: LlmPromptRow) -> PromptLine:

@@ -9,9 +9,8 @@ from typing import Any
 import torch
 
 from fedqueue.errors import ConfigError
+from fedqueue.llm.model_files import CONTEXT_FIELDS
 
-# Config fields that hold a model's context length, by model family; the first one present wins.
-CONTEXT_FIELDS = ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length")
 UNKNOWN_CONTEXT = 1_000_000_000  # a model that states no context length is not held to one here
 
 

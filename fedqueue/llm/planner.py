@@ -12,8 +12,10 @@ from __future__ import annotations
 from bisect import bisect_left
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import lru_cache
 from itertools import accumulate, pairwise
 from pathlib import Path
+from typing import Any
 
 from fedqueue.errors import ConfigError
 from fedqueue.llm.prompts import PromptLine
@@ -214,17 +216,31 @@ def approximate_tokens(prompt: PromptLine) -> int:
 
 def token_counter(model_dir: Path) -> Callable[[PromptLine], int] | None:
     """Exact prompt lengths from the model's tokenizer.json (chat markup not counted); None without one."""
-    path = model_dir / "tokenizer.json"
-    if not path.is_file():
-        return None
-    from tokenizers import Tokenizer
-
-    try:
-        tokenizer = Tokenizer.from_file(str(path))
-    except Exception:  # a tokenizer this library version cannot read: plan by estimate instead
+    tokenizer = load_tokenizer(model_dir / "tokenizer.json")
+    if tokenizer is None:
         return None
 
     def count(prompt: PromptLine) -> int:
         return len(tokenizer.encode(prompt.text).ids)
 
     return count
+
+
+def load_tokenizer(path: Path) -> Any | None:
+    """A `tokenizers` Tokenizer from a tokenizer.json (read once per file and version); None where there is
+    none, or this library version cannot read it (prompts are then planned by estimate)."""
+    try:
+        stamp = path.stat().st_mtime_ns
+    except OSError:
+        return None
+    return _load_tokenizer(str(path), stamp)
+
+
+@lru_cache(maxsize=4)
+def _load_tokenizer(path: str, stamp: int) -> Any | None:
+    from tokenizers import Tokenizer
+
+    try:
+        return Tokenizer.from_file(path)
+    except Exception:  # a tokenizer this library version cannot read
+        return None

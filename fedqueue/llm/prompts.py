@@ -3,16 +3,18 @@
 A JSONL line is an object with `prompt` (text) or `messages` (a chat, a list of {role, content}),
 and an optional `id` (string or integer) that names the prompt in the export. Lines without an id
 are named by their line number, so the same file submitted again names every prompt the same.
-A bad line is an `InputError` naming its line; the job stores it as a failed row in its place,
-or, with `strict`, refuses the whole file. Prompts given in Python become the same JSONL. No torch here.
+A bad line (one that is not UTF-8 text included) is an `InputError` naming its line; the job stores it
+as a failed row in its place, or, with `strict`, refuses the whole file. With `chat`, a plain prompt is
+read as a chat of one user message. Prompts given in Python become the same JSONL. No torch here.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import re
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +24,10 @@ from fedqueue.llm.messages import KEY_MAX
 TEXT_SUFFIXES = (".txt", ".text")  # one prompt per line; anything else is read as JSONL
 ROLES = ("system", "user", "assistant", "tool")
 ERRORS_SHOWN = 5  # bad lines named in a strict refusal
+NOT_UTF8 = "not UTF-8 text"
+UNDECODED = re.compile("[\udc80-\udcff]")  # what surrogateescape decodes a byte that is not UTF-8 to
+# Byte order marks of UTF-16 and UTF-32 (UTF-32's little-endian mark starts with UTF-16's).
+WIDE_BOMS = (b"\xff\xfe", b"\xfe\xff", b"\x00\x00\xfe\xff")
 
 
 @dataclass(frozen=True)
@@ -65,9 +71,11 @@ class InputError:
         return f"line {self.line}: {self.message}"
 
 
-def read_prompt_file(path: Path, *, strict: bool = False) -> tuple[list[PromptLine], list[InputError]]:
+def read_prompt_file(
+    path: Path, *, strict: bool = False, chat: bool = False
+) -> tuple[list[PromptLine], list[InputError]]:
     """Valid prompts and bad lines of an input file; a file that cannot be read at all is a ConfigError."""
-    return read_prompt_bytes(read_input(path), path, strict=strict)
+    return read_prompt_bytes(read_input(path), path, strict=strict, chat=chat)
 
 
 def read_input(path: Path) -> bytes:
@@ -82,28 +90,38 @@ def read_input(path: Path) -> bytes:
         raise ConfigError(f"input {path}: cannot read it ({error.strerror})") from None
 
 
-def read_prompt_bytes(raw: bytes, path: Path, *, strict: bool = False) -> tuple[list[PromptLine], list[InputError]]:
-    """Valid prompts and bad lines of an input's bytes; `path` names it (its suffix says whether it is text)."""
-    try:
-        text = raw.decode("utf-8-sig")
-    except UnicodeDecodeError as error:
-        line = raw[: error.start].count(b"\n") + 1
-        raise ConfigError(f"input {path}: line {line} is not UTF-8 text") from None
+def read_prompt_bytes(
+    raw: bytes, path: Path, *, strict: bool = False, chat: bool = False
+) -> tuple[list[PromptLine], list[InputError]]:
+    """Valid prompts and bad lines of an input's bytes; `path` names it (its suffix says whether it is text).
+
+    A line that is not UTF-8 is a bad line like any other; a file with no line of UTF-8 text at all
+    (UTF-16 text, a compressed file) is refused whole.
+    """
+    if raw.startswith(WIDE_BOMS):
+        raise ConfigError(f"input {path}: UTF-16 or UTF-32 text (it starts with a byte order mark); save it as UTF-8")
+    # Bytes that are not UTF-8 become lone surrogates, which no valid line holds: the lines stay numbered as
+    # a text editor numbers them, and each bad one is found and named on its own.
+    text = raw.decode("utf-8-sig", errors="surrogateescape")
     plain = path.suffix.lower() in TEXT_SUFFIXES
-    prompts, errors = read_prompts(text.splitlines(), plain=plain, strict=strict)
+    prompts, errors = read_prompts(text.splitlines(), plain=plain, strict=strict, chat=chat)
     if not prompts and not errors:
         raise ConfigError(f"input {path}: no prompts in it (every line is blank)")
+    if not prompts and all(error.message.startswith(NOT_UTF8) for error in errors):
+        raise ConfigError(f"input {path}: {NOT_UTF8} (no line of it decodes as UTF-8); save it as UTF-8")
     if strict and errors:
         shown = "; ".join(str(error) for error in errors[:ERRORS_SHOWN])
         more = f" (and {len(errors) - ERRORS_SHOWN} more)" if len(errors) > ERRORS_SHOWN else ""
-        raise ConfigError(f"input {path}: {len(errors)} bad lines: {shown}{more}")
+        refused = "a bad line" if len(errors) == 1 else f"{len(errors)} bad lines"
+        raise ConfigError(f"input {path}: {refused}: {shown}{more}")
     return prompts, errors
 
 
 def read_prompts(
-    lines: Iterable[str], *, plain: bool = False, strict: bool = False
+    lines: Iterable[str], *, plain: bool = False, strict: bool = False, chat: bool = False
 ) -> tuple[list[PromptLine], list[InputError]]:
-    """Parse lines (blank ones skipped); `plain` takes each line as a prompt's text.
+    """Parse lines (blank ones skipped); `plain` takes each line as a prompt's text; `chat` makes every
+    plain prompt a chat of one user message.
 
     `strict` stops at the first bad line (returned as the only error); otherwise every line is read.
     """
@@ -114,9 +132,12 @@ def read_prompts(
         if not line.strip():
             continue
         try:
+            _check_decoded(line)
             prompt = PromptLine(key=f"line:{number}", input_id=None, line=number, prompt=line) if plain else None
             if prompt is None:
                 prompt = _parse_json_line(line, number)
+            if chat and prompt.prompt is not None:
+                prompt = replace(prompt, prompt=None, messages=(("user", prompt.prompt),))
             if prompt.key in seen:
                 raise _LineError(prompt.input_id, f"id {prompt.input_id!r} was used before, on line {seen[prompt.key]}")
             seen[prompt.key] = number
@@ -153,6 +174,14 @@ class _LineError(Exception):
         super().__init__(message)
         self.input_id = input_id
         self.message = message
+
+
+def _check_decoded(line: str) -> None:
+    """A line with bytes that are not UTF-8 (decoded to lone surrogates) is a bad line, naming the first one."""
+    found = UNDECODED.search(line)
+    if found is not None:
+        byte = ord(found.group()) - 0xDC00
+        raise _LineError(None, f"{NOT_UTF8} (byte 0x{byte:02x} at column {found.start() + 1}); save the file as UTF-8")
 
 
 def _parse_json_line(line: str, number: int) -> PromptLine:

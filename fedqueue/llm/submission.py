@@ -18,6 +18,8 @@ from fedqueue.core.database import open_store
 from fedqueue.core.services import Services
 from fedqueue.errors import ConfigError
 from fedqueue.llm.job import JobRequest, Submitted, check_request, submit_job
+from fedqueue.llm.model_files import model_facts, model_folder, model_problem
+from fedqueue.llm.prompts import PromptLine
 from fedqueue.llm.slots import answering_slots_later
 
 Warn = Callable[[str], object]
@@ -74,7 +76,7 @@ def prepare(
     With a broker configured the workers may be elsewhere: a model or backend missing here is only a
     warning. `ask_slots`: ask the workers on the broker for their slots while the caller goes on.
     """
-    check_request(request)  # a bad input line (strict), limit or job name
+    prompts = check_request(request)  # a bad input line or a prompt too long (strict), a limit or job name
     workers_here = not settings.broker_url
     check_backend(request.generation.backend, workers_here, warn, option)
     submission = JobSubmission(request, warn=warn)
@@ -83,7 +85,25 @@ def prepare(
     check_model_here(request.model, workers_here, warn, option)
     if workers_here:
         open_store(settings.database_url, migrate=True).close()  # a bad database before any worker starts
+    hint = chat_hint(request, prompts, option)
+    if hint is not None:
+        warn(hint)
     return submission
+
+
+def chat_hint(request: JobRequest, prompts: list[PromptLine], option: Option = same_name) -> str | None:
+    """What to say where a model with a chat template gets plain prompts: an instruction-tuned model may
+    answer a bare prompt with nothing (SmolLM2-Instruct does), and nothing else would tell."""
+    plain = sum(1 for prompt in prompts if prompt.messages is None)
+    if request.chat or plain == 0 or not model_facts(request.model).chat_template:
+        return None
+    flag = option("chat")
+    flag = flag if flag.startswith("-") else f"{flag}=True"
+    return (
+        f"{option('model')} {request.model} is a chat model (its tokenizer has a chat template) and {plain} of "
+        f"{len(prompts)} prompts are plain text, which a chat model may answer with nothing: give them as "
+        f'{{"messages": [{{"role": "user", "content": ...}}]}}, or submit with {flag} to send each as a user message'
+    )
 
 
 def model_name(model: str) -> str:
@@ -97,22 +117,42 @@ def model_name(model: str) -> str:
 def check_model_here(model: str, must_exist: bool, warn: Warn = python_warning, option: Option = same_name) -> None:
     """Models are read from local files only: say so now rather than fail every batch on the workers.
 
-    Workers elsewhere (a broker is configured) may hold a model this machine lacks: then only a warning.
+    A model that is here must look loadable: a folder with a config, weights and a tokenizer, or a GGUF file
+    (and the packages that read one). Workers elsewhere (a broker is configured) may hold a model this machine
+    lacks, or another copy of it: then only a warning.
     """
-    if Path(model).exists():
+    problem = model_problem_here(model, needs_readers=must_exist)
+    if problem is None:
         return
-    looks_like_path = model.startswith(("/", ".", "~")) or model.count("/") > 1 or model.endswith(".gguf")
-    if looks_like_path:
-        problem = "no such file or directory"
-    else:
-        from huggingface_hub import try_to_load_from_cache
-
-        if isinstance(try_to_load_from_cache(model, "config.json"), str):
-            return
-        problem = "not in this machine's Hugging Face cache (models are never downloaded)"
     if must_exist:
         raise ConfigError(f"{option('model')} {model}: {problem}")
     warn(f"{option('model')} {model}: {problem}; the workers must have it")
+
+
+def model_problem_here(model: str, needs_readers: bool = True) -> str | None:
+    """Why `model` cannot be loaded from this machine's files, or None. `needs_readers`: a GGUF file needs the
+    gguf and accelerate packages here (the workers run here)."""
+    path = Path(model)
+    if path.exists():
+        problem = model_problem(path)
+        if problem is None and needs_readers and path.suffix.lower() == ".gguf":
+            problem = _gguf_readers_missing()
+        return problem
+    looks_like_path = model.startswith(("/", ".", "~")) or model.count("/") > 1 or model.endswith(".gguf")
+    if looks_like_path:
+        return "no such file or directory"
+    folder = model_folder(model)
+    if folder is None:
+        return "not in this machine's Hugging Face cache (models are never downloaded)"
+    problem = model_problem(folder)
+    return None if problem is None else f"its copy in the Hugging Face cache ({folder}): {problem}"
+
+
+def _gguf_readers_missing() -> str | None:
+    missing = [name for name in ("gguf", "accelerate") if importlib.util.find_spec(name) is None]
+    if not missing:
+        return None
+    return f"reading GGUF files needs {' and '.join(missing)} (pip install 'fedqueue[gguf]')"
 
 
 def check_backend(backend: str, workers_here: bool, warn: Warn = python_warning, option: Option = same_name) -> None:

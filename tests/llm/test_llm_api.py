@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import uuid
+import warnings
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
@@ -81,7 +82,7 @@ def test_a_list_of_prompts_submitted_from_python_is_followed_read_and_exported(
 
     rows = handle.rows()
     assert [row["line"] for row in rows] == list(range(1, 10))  # item N is line N, in the order given
-    assert [row["id"] for row in rows] == [None] * 6 + ["chat", "bad", 7]
+    assert [row["id"] for row in rows] == [1, 2, 3, 4, 5, 6, "chat", "bad", 7]  # no id: its line number
     assert [row["state"] for row in rows] == ["done"] * 7 + ["failed", "done"]
     generated = [row for row in stored_rows(handle) if row.state == "done"]
     assert generated[-1].prompt == "Line\nbreaks stay inside one prompt"
@@ -93,6 +94,33 @@ def test_a_list_of_prompts_submitted_from_python_is_followed_read_and_exported(
     assert [json.loads(line) for line in out.read_text().splitlines()] == rows
     # A handle from the job's id alone, as another process would take one.
     assert fedqueue.llm.get_job("api-list", api_settings).rows() == rows
+
+
+def test_chat_sends_plain_prompts_as_a_user_message_and_plain_prompts_to_a_chat_model_get_a_hint(
+    api_settings: Settings, workers: None, tiny_model_path: Path
+) -> None:
+    """A chat model (SmolLM2-Instruct) may answer a bare prompt with "": say so, and offer chat=True."""
+    question = "What is the capital of France?"
+    hint = r"is a chat model \(its tokenizer has a chat template\) and 1 of 1 prompts are plain text.* chat=True"
+    with pytest.warns(UserWarning, match=hint):
+        plain = fedqueue.llm.submit([question], tiny_model_path, settings=api_settings, max_new_tokens=6)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        chat = fedqueue.llm.submit([question], tiny_model_path, settings=api_settings, max_new_tokens=6, chat=True)
+        as_messages = fedqueue.llm.submit(
+            [{"messages": [{"role": "user", "content": question}]}],
+            tiny_model_path,
+            settings=api_settings,
+            max_new_tokens=6,
+        )
+    assert not [warning for warning in caught if "chat template" in str(warning.message)]
+    assert chat.id != plain.id  # the same prompts sent as chats are another job
+    for handle in (plain, chat, as_messages):
+        assert handle.wait(timeout_s=60)["state"] == "finished"
+    [chat_row] = stored_rows(chat)
+    assert (chat_row.prompt, chat_row.messages) == (None, [["user", question]])
+    assert chat.rows()[0]["output"] == as_messages.rows()[0]["output"]  # the chat template applied, as for messages
+    assert chat.rows()[0]["output"] != plain.rows()[0]["output"]
 
 
 def test_run_waits_exports_and_the_same_prompts_again_continue_the_job(
@@ -148,6 +176,7 @@ def test_run_with_nothing_configured_starts_and_stops_its_own_workers(
         (["a"], {"dtype": "int3"}, "dtype"),
         (["a"], {"job": "bad name!"}, "job: 1 to 32"),
         (["a"], {"strict": "yes"}, "strict: must be True or False"),
+        (["a"], {"chat": 1}, "chat: must be True or False"),
         (["a"], {"colour": "red"}, "colour: unknown option"),
     ],
 )
@@ -163,7 +192,7 @@ def test_bad_arguments_name_the_field_at_fault(
     ("prompts", "options", "field"),
     [
         ("no-such-file.jsonl", {}, "input no-such-file.jsonl: no such file"),
-        (["fine", {"prompt": "x", "extra": 1}], {"strict": True}, "input <prompts>: 1 bad lines: line 2: unknown"),
+        (["fine", {"prompt": "x", "extra": 1}], {"strict": True}, "input <prompts>: a bad line: line 2: unknown"),
         (["a"], {"model": "./no-such-model"}, "model ./no-such-model: no such file or directory"),
         (["a"], {"model": ""}, "model: expected"),
         (["a"], {"out": "no-such-folder/out.jsonl"}, "out no-such-folder/out.jsonl: folder no-such-folder"),

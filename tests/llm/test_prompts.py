@@ -83,7 +83,12 @@ def test_strict_refuses_the_file_naming_the_bad_lines(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(
     ("content", "fragment"),
-    [(None, "no such file"), (b"\n  \n", "no prompts in it"), (b'{"prompt": "a"}\n\xff\xfe\n', "line 2 is not UTF-8")],
+    [
+        (None, "no such file"),
+        (b"\n  \n", "no prompts in it"),
+        ('{"prompt": "a"}\n'.encode("utf-16"), "UTF-16 or UTF-32 text"),
+        (b"\x1f\x8b\x08\x00\xa5\n\xff\xfe\n", "not UTF-8 text"),  # no line of it decodes
+    ],
 )
 def test_an_unreadable_file_is_a_config_error(tmp_path: Path, content: bytes | None, fragment: str) -> None:
     path = tmp_path / "in.jsonl"
@@ -99,3 +104,24 @@ def test_equal_prompts_share_a_text_key_and_digest() -> None:
     chat = PromptLine("line:3", None, 3, messages=(("user", "same"),))
     assert a.text_key == b.text_key and a.sha256 == b.sha256
     assert chat.sha256 != a.sha256  # a chat is rendered by a template: not the same input as plain text
+
+
+def test_a_line_that_is_not_utf8_is_one_bad_line_unless_strict(tmp_path: Path) -> None:
+    path = tmp_path / "in.jsonl"
+    path.write_bytes(b'{"prompt": "caf\xc3\xa9"}\n{"prompt": "caf\xe9"}\n\n{"id": 3, "prompt": "ok"}\n')
+    prompts, errors = read_prompt_file(path)
+    assert [(p.line, p.prompt) for p in prompts] == [(1, "café"), (4, "ok")]
+    assert [str(error) for error in errors] == [
+        "line 2: not UTF-8 text (byte 0xe9 at column 16); save the file as UTF-8"
+    ]
+    with pytest.raises(ConfigError, match=r"^input .*in\.jsonl: a bad line: line 2: not UTF-8 text \(byte 0xe9"):
+        read_prompt_file(path, strict=True)
+
+
+def test_chat_reads_plain_prompts_as_a_user_message(tmp_path: Path) -> None:
+    lines = [json.dumps({"id": "a", "prompt": "Hi"}), json.dumps({"messages": [{"role": "system", "content": "S"}]})]
+    prompts, _ = read_prompts(lines, chat=True)
+    assert [(p.prompt, p.messages) for p in prompts] == [(None, (("user", "Hi"),)), (None, (("system", "S"),))]
+    text = write_lines(tmp_path / "in.txt", ["What is the capital of France?"])
+    [prompt], _ = read_prompt_file(text, chat=True)
+    assert prompt.messages == (("user", "What is the capital of France?"),) and prompt.key == "line:1"
