@@ -255,6 +255,23 @@ def test_a_key_or_value_it_cannot_honour_is_refused_by_name(change: Any, field: 
         load_run_config(_write(tmp_path, "fedrevive", data), {"data_root": str(tmp_path)})
 
 
+@pytest.mark.parametrize(
+    ("model_name", "model"), [("convnet", "cnn"), ("ConvNet", "cnn"), ("resnet18", None), (None, None)]
+)
+def test_their_convnet_is_read_as_the_small_cnn_with_a_note(
+    model_name: str | None, model: str | None, tmp_path: Path
+) -> None:
+    """Their FEMNIST ConvNet becomes fedqueue's cnn, said in a note; resnet18 (or none named) stays theirs."""
+    data = {**fedbuff(), "model_name": model_name}
+    config, notes = load_run_config_with_notes(_write(tmp_path, "fedbuff", data), {"data_root": str(tmp_path)})
+    assert config.model == (model or "resnet18_fedrevive")
+    noted = [note for note in notes if note.startswith("model_name:")]
+    if model is None:
+        assert noted == []
+    else:
+        assert len(noted) == 1 and noted[0].startswith("model_name: convnet is read as fedqueue's cnn")
+
+
 def test_cifar100_reads_from_its_own_folder_and_rotates_too(tmp_path: Path) -> None:
     data = fedrevive()
     data["dataset"] = "cifar100"
