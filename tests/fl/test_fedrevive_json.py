@@ -314,3 +314,28 @@ def test_the_example_toml_is_their_file_resolved(name: str, tmp_path: Path) -> N
     example = Path(__file__).resolve().parents[2] / "examples" / "fedrevive" / f"{name}.toml"
     here = {"data_root": str(tmp_path)}
     assert load_run_config(example, here) == load_run_config(_write(tmp_path, name, EXPECTED[name][0]()), here)
+
+
+# What a small example (examples/fedrevive/small/) keeps of its experiment as it is, and what it scales.
+KEPT = ("mode", "kd_augmentation", "buffer_size", "global_lr", "staleness_weight", "clock", "target_accuracy")
+KEPT += ("local_iters", "local_batch_size", "local_optimizer", "local_lr", "partition", "alpha", "eval_every", "seed")
+KEPT += ("download_delay", "localtrain_delay", "upload_delay", "kd_beta", "kd_iters", "kd_lr", "kd_temperature")
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED))
+def test_the_small_example_keeps_its_experiment_s_strategy_clock_and_stops(name: str, tmp_path: Path) -> None:
+    """examples/fedrevive/small/NAME.toml: their strategy, weighting, clock and stop rules on 100 digits devices,
+    20 at once, with every count of versions (and of staleness) a fifth of theirs."""
+    folder = Path(__file__).resolve().parents[2] / "examples" / "fedrevive"
+    full = load_run_config(folder / f"{name}.toml", {"data_root": str(tmp_path)})
+    small = load_run_config(folder / "small" / f"{name}.toml")
+    for key in KEPT:
+        assert getattr(small, key) == getattr(full, key), key
+    assert (small.dataset, small.num_devices, small.resolved_concurrency) == ("digits", 100, 20)
+    bound = "max_model_version" if small.is_buffered else "rounds"
+    assert getattr(small, bound) == getattr(full, bound) // 5
+    assert small.early_stop == [{"version": 200, "accuracy": 0.15}] and small.max_sim_time == 40
+    if small.staleness_weight == "afl_dw":
+        assert small.staleness_s_max == full.staleness_s_max / 5
+    if small.data_free:
+        assert (small.kd_beta_factor, small.dfkd["freeze_rounds"], small.dfkd["warmup_rounds"]) == (15, 10, 20)
