@@ -18,7 +18,7 @@ import redis
 from fedqueue.config import Settings
 from fedqueue.core.database import open_store
 from fedqueue.queue.embedded import EmbeddedRedis
-from fedqueue.queue.workers import WorkerGroup, plan_workers
+from fedqueue.queue.workers import WorkerGroup, named, plan_workers
 from fedqueue.store import Store
 
 SERVICE_REDIS = os.environ.get("FEDQUEUE_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
@@ -120,9 +120,10 @@ def settings(redis_url: str, key_prefix: str, tmp_path: Path) -> Settings:
 
 @contextlib.contextmanager
 def running_workers(
-    settings: Settings, procs: int, slots: int = 1, log_dir: Path | None = None
+    settings: Settings, procs: int, slots: int = 1, log_dir: Path | None = None, name: str | None = None
 ) -> Iterator[WorkerGroup]:
-    group = WorkerGroup(settings, plan_workers([], procs, slots), log_dir=log_dir)
+    """`procs` worker processes, ready; `name` renames a single one (a second group beside a running one)."""
+    group = WorkerGroup(settings, named(plan_workers([], procs, slots), name), log_dir=log_dir)
     group.start()
     try:
         group.wait_ready(timeout_s=120)

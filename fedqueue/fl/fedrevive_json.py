@@ -89,7 +89,7 @@ def translate(data: Mapping[str, Any], name: str = "") -> Translation:
     local_lr = data.get("local_learning_rate", AUTO_LOCAL_LR)
     raw["local_lr"] = AUTO_LOCAL_LR if local_lr == "auto" else _number("local_learning_rate", local_lr)
     _stops(data, raw, handled)
-    _dataset(data, raw, handled)
+    _dataset(data, raw, handled, out.notes)
     _partition(data, raw, handled)
 
     if algorithm == "sync_fl":
@@ -149,7 +149,7 @@ def _stops(data: Mapping[str, Any], raw: dict[str, Any], handled: set[str]) -> N
         del raw["early_stop"]
 
 
-def _dataset(data: Mapping[str, Any], raw: dict[str, Any], handled: set[str]) -> None:
+def _dataset(data: Mapping[str, Any], raw: dict[str, Any], handled: set[str], notes: list[str]) -> None:
     handled |= {"dataset", "val_split", "model_name"}
     dataset = data.get("dataset", "cifar10")
     if dataset in ("femnist", "news"):
@@ -164,10 +164,24 @@ def _dataset(data: Mapping[str, Any], raw: dict[str, Any], handled: set[str]) ->
     raw["augment"] = "crop_flip_rotate" if dataset == "cifar100" else "crop_flip"
     if "val_split" in data:
         raw["val_split"] = _number("val_split", data["val_split"])
-    model = data.get("model_name", "resnet18")
-    if model != "resnet18":
-        raise ConfigError(f"model_name: {model!r} is not supported (resnet18 is)")
-    raw["model"] = "resnet18_fedrevive"  # theirs: no BatchNorm, stat trackers instead
+    model = data.get("model_name") or "resnet18"  # null: their default for cifar10 and cifar100
+    if not isinstance(model, str) or model.lower() not in MODELS:
+        raise ConfigError(f"model_name: {model!r} is not supported ({', '.join(MODELS)} are)")
+    raw["model"] = MODELS[model.lower()]  # their create_model reads the name in lower case
+    if model.lower() == "convnet":
+        notes.append(CONVNET_NOTE)
+
+
+# Their model names, and fedqueue's model for each.
+MODELS = {
+    "resnet18": "resnet18_fedrevive",  # theirs: no BatchNorm, stat trackers instead
+    "convnet": "cnn",
+}
+CONVNET_NOTE = (
+    "model_name: convnet is read as fedqueue's cnn (two convolutions of 32 and 64 channels, no stat trackers):"
+    " theirs is FEMNIST's ConvNet (three 64-channel convolutions with stat trackers, 1x28x28 inputs only),"
+    " so the data-free synthesis has no feature statistics to match with it"
+)
 
 
 def _partition(data: Mapping[str, Any], raw: dict[str, Any], handled: set[str]) -> None:

@@ -255,6 +255,23 @@ def test_a_key_or_value_it_cannot_honour_is_refused_by_name(change: Any, field: 
         load_run_config(_write(tmp_path, "fedrevive", data), {"data_root": str(tmp_path)})
 
 
+@pytest.mark.parametrize(
+    ("model_name", "model"), [("convnet", "cnn"), ("ConvNet", "cnn"), ("resnet18", None), (None, None)]
+)
+def test_their_convnet_is_read_as_the_small_cnn_with_a_note(
+    model_name: str | None, model: str | None, tmp_path: Path
+) -> None:
+    """Their FEMNIST ConvNet becomes fedqueue's cnn, said in a note; resnet18 (or none named) stays theirs."""
+    data = {**fedbuff(), "model_name": model_name}
+    config, notes = load_run_config_with_notes(_write(tmp_path, "fedbuff", data), {"data_root": str(tmp_path)})
+    assert config.model == (model or "resnet18_fedrevive")
+    noted = [note for note in notes if note.startswith("model_name:")]
+    if model is None:
+        assert noted == []
+    else:
+        assert len(noted) == 1 and noted[0].startswith("model_name: convnet is read as fedqueue's cnn")
+
+
 def test_cifar100_reads_from_its_own_folder_and_rotates_too(tmp_path: Path) -> None:
     data = fedrevive()
     data["dataset"] = "cifar100"
@@ -297,3 +314,28 @@ def test_the_example_toml_is_their_file_resolved(name: str, tmp_path: Path) -> N
     example = Path(__file__).resolve().parents[2] / "examples" / "fedrevive" / f"{name}.toml"
     here = {"data_root": str(tmp_path)}
     assert load_run_config(example, here) == load_run_config(_write(tmp_path, name, EXPECTED[name][0]()), here)
+
+
+# What a small example (examples/fedrevive/small/) keeps of its experiment as it is, and what it scales.
+KEPT = ("mode", "kd_augmentation", "buffer_size", "global_lr", "staleness_weight", "clock", "target_accuracy")
+KEPT += ("local_iters", "local_batch_size", "local_optimizer", "local_lr", "partition", "alpha", "eval_every", "seed")
+KEPT += ("download_delay", "localtrain_delay", "upload_delay", "kd_beta", "kd_iters", "kd_lr", "kd_temperature")
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED))
+def test_the_small_example_keeps_its_experiment_s_strategy_clock_and_stops(name: str, tmp_path: Path) -> None:
+    """examples/fedrevive/small/NAME.toml: their strategy, weighting, clock and stop rules on 100 digits devices,
+    20 at once, with every count of versions (and of staleness) a fifth of theirs."""
+    folder = Path(__file__).resolve().parents[2] / "examples" / "fedrevive"
+    full = load_run_config(folder / f"{name}.toml", {"data_root": str(tmp_path)})
+    small = load_run_config(folder / "small" / f"{name}.toml")
+    for key in KEPT:
+        assert getattr(small, key) == getattr(full, key), key
+    assert (small.dataset, small.num_devices, small.resolved_concurrency) == ("digits", 100, 20)
+    bound = "max_model_version" if small.is_buffered else "rounds"
+    assert getattr(small, bound) == getattr(full, bound) // 5
+    assert small.early_stop == [{"version": 200, "accuracy": 0.15}] and small.max_sim_time == 40
+    if small.staleness_weight == "afl_dw":
+        assert small.staleness_s_max == full.staleness_s_max / 5
+    if small.data_free:
+        assert (small.kd_beta_factor, small.dfkd["freeze_rounds"], small.dfkd["warmup_rounds"]) == (15, 10, 20)
