@@ -25,6 +25,16 @@ SERVICE_REDIS = os.environ.get("FEDQUEUE_TEST_REDIS_URL", "redis://127.0.0.1:637
 SERVICE_POSTGRES = os.environ.get("FEDQUEUE_TEST_POSTGRES_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/postgres")
 
 
+@pytest.fixture(autouse=True, scope="session")
+def one_torch_thread() -> None:
+    """The test process trains small models beside the worker processes it starts: on one thread, as
+    the workers' tasks train (threads_per_task), they run many times faster than on threads that
+    contend for the same cores."""
+    import torch
+
+    torch.set_num_threads(1)
+
+
 @pytest.fixture(autouse=True)
 def private_cache(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
     """Each test (and the commands it starts) remembers timed pack modes in its own cache, not the user's."""
