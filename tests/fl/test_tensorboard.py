@@ -140,6 +140,8 @@ def test_a_buffered_run_writes_each_version_with_its_staleness(
             folded.setdefault(result.folded_into, []).append(result.staleness)
     assert by_step(written["aggregation/avg_staleness"]) == approx({v: mean(s) for v, s in folded.items()})
     assert any(value > 0 for _, value in written["aggregation/avg_staleness"])  # slow devices arrive late
+    for tag in ("fedqueue/wall_seconds", "fedqueue/device_tasks_per_second", "fedqueue/worker_utilization"):
+        assert sorted(by_step(written[tag])) == [1, 2, 3, 4], tag
 
 
 def test_an_unwritable_tensorboard_dir_is_one_line_exit_2_before_anything_starts(tmp_path: Path) -> None:
