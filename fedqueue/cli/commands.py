@@ -32,6 +32,7 @@ from fedqueue.cli.common import (
 from fedqueue.cli.launch import exit_unless_finished, follow_to_end, say_plain, show_run
 from fedqueue.cli.local import say_ready, start_detached, stop_standing
 from fedqueue.cli.runs_table import runs_table
+from fedqueue.cli.tensorboard import write_tensorboard
 from fedqueue.config import DEFAULT_GPUS_PER_WORKER, DEFAULT_PROCS_PER_GPU, DEFAULT_WORKER_SLOTS, Settings, mask_url
 from fedqueue.core import cluster_file
 from fedqueue.core import jobs as job_kinds
@@ -157,11 +158,24 @@ def report(
     json_: Annotated[
         bool, typer.Option("--json", help="Print the numbers as JSON (pictures only with --out).")
     ] = False,
+    tensorboard: Annotated[
+        Path | None,
+        typer.Option(
+            "--tensorboard",
+            help="Write the run's scalars as TensorBoard event files under DIR/RUN_ID instead (the report too with"
+            " --out); steps already there are left as they are.",
+            metavar="DIR",
+        ),
+    ] = None,
 ) -> None:
     """Is the run really parallel, and where does the time go? Timeline, concurrency and accuracy pictures, HTML."""
 
     store = open_store(Settings.from_env().database_url)
     try:
+        if tensorboard is not None:
+            write_tensorboard(store, run_id, tensorboard)
+            if out is None:
+                return
         if json_ and out is None:
             print(json.dumps(build_report(store, run_id), indent=2))
             return

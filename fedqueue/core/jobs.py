@@ -112,6 +112,9 @@ class JobKind:
     commands_at_top: bool = False
     # The bars a follower (`fedqueue run`, `resume`) shows of a run of this kind: (services, run id).
     progress: Callable[[Services, str], RunProgress] | None = None
+    # Writes a run's scalars as TensorBoard event files for `fedqueue report RUN --tensorboard DIR`: (store, run id,
+    # DIR) -> (the run's folder of event files, how many scalars were written).
+    tensorboard: Callable[[Any, str, Path], tuple[Path, int]] | None = None
     # Prints a run of this kind for `fedqueue status RUN [--json]`: (store, run id, as JSON).
     show_status: Callable[[Any, str, bool], None] | None = None
     # The kind's numbers of a run for `fedqueue report`, merged over the core's (its own section goes under "job"):

@@ -9,13 +9,12 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from fedqueue.api import Placement, check, keep_running, local_cluster, runs, scheduling, with_plugins
+from fedqueue.api import Placement, check, keep_running, local_cluster, placement, runs, scheduling, with_plugins
 from fedqueue.api import RunHandle as AnyRunHandle
-from fedqueue.api import run as run_job
 from fedqueue.api import submit as submit_job
 from fedqueue.config import DEFAULT_WORKER_SLOTS, Settings
 from fedqueue.errors import ConfigError
@@ -68,16 +67,29 @@ class RunSubmission:
     announce: Callable[[str, RunConfig], object] | None = None
 
     def check(self, settings: Settings) -> None:
-        """Every plugin the config names imports and takes its options (the config was checked when loaded)."""
+        """Every plugin the config names imports and takes its options (the config was checked when loaded), and
+        its tensorboard_dir takes files here."""
         from fedqueue.fl.setup import check_plugins  # imports torch: after the workers were started
 
+        check_tensorboard_dir(self.config)
         check_plugins(self.config)
 
     def submit(self, services: Services) -> str:
-        run_id = submit_run(services, self.config)
+        config = self.config
+        if config.tensorboard_dir is not None:  # the folder named here, wherever `fedqueue resume` runs later
+            config = replace(config, tensorboard_dir=str(Path(config.tensorboard_dir).expanduser().resolve()))
+        run_id = submit_run(services, config)
         if self.announce is not None:
-            self.announce(run_id, self.config)
+            self.announce(run_id, config)
         return run_id
+
+
+def check_tensorboard_dir(config: RunConfig) -> None:
+    """A tensorboard_dir the config names is made here, and takes files; else ConfigError naming it."""
+    if config.tensorboard_dir is not None:
+        from fedqueue.fl.view.tensorboard import check_folder
+
+        check_folder(config.tensorboard_dir)
 
 
 class RunHandle(AnyRunHandle):
@@ -134,7 +146,21 @@ def run(
     **overrides: Any,
 ) -> RunHandle:
     """Submit and wait. With no broker configured: on the cluster `fedqueue up` left running for
-    these settings, else on local workers started here (beside the submit) and stopped afterwards."""
+    these settings, else on local workers started here (beside the submit) and stopped afterwards.
+
+    A tensorboard_dir in the config gets the run's scalars as its rounds or versions are made."""
+    from fedqueue.fl.view.tensorboard import following
+
     submission = RunSubmission(load_config(config, overrides))
-    handle = run_job(submission, with_plugins(settings, plugin_path), procs=procs, slots=slots, timeout_s=timeout_s)
-    return RunHandle(handle.id, handle.settings)
+    with placement(with_plugins(settings, plugin_path), procs, slots) as place:
+        check(submission, place.settings)
+        handle = RunHandle(submit_job(submission, place).id, place.settings)
+        with scheduling(handle) as supervisor, following(handle.store, handle.id) as write_scalars:
+            tick = keep_running(supervisor, place.cluster)
+
+            def poll() -> None:
+                tick()
+                write_scalars()
+
+            handle.wait(timeout_s, tick=poll, store_watch=supervisor.store_watch)
+    return handle

@@ -14,7 +14,7 @@ from rich.table import Table
 from fedqueue.cli.common import PluginPathOpt, ProcsOpt, SlotsOpt, console, error_console, friendly_errors
 from fedqueue.cli.launch import exit_unless_finished, submit_and_follow, submit_detached
 from fedqueue.config import DEFAULT_WORKER_SLOTS, Settings
-from fedqueue.fl.api import RunSubmission
+from fedqueue.fl.api import RunSubmission, check_tensorboard_dir
 from fedqueue.fl.config import RunConfig, config_toml, load_run_config_with_notes, parse_override
 from fedqueue.report.summary import run_summary
 from fedqueue.store import Store
@@ -27,14 +27,27 @@ ConfigArg = Annotated[
 SetOpt = Annotated[list[str] | None, typer.Option("--set", "-s", help="Override a config key: KEY=VALUE (repeatable).")]
 RoundsOpt = Annotated[int | None, typer.Option(help="Override `rounds`.")]
 SeedOpt = Annotated[int | None, typer.Option(help="Override `seed`.")]
+TensorBoardOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--tensorboard",
+        help="Set `tensorboard_dir`: TensorBoard event files of the run under DIR/RUN_ID, written by the process"
+        " that follows it (run, resume) as each round or version is made.",
+        metavar="DIR",
+    ),
+]
 
 
-def _config(path: Path, sets: list[str] | None, rounds: int | None, seed: int | None) -> RunConfig:
+def _config(
+    path: Path, sets: list[str] | None, rounds: int | None, seed: int | None, tensorboard: Path | None = None
+) -> RunConfig:
     overrides: dict[str, Any] = dict(parse_override(item) for item in sets or [])
     if rounds is not None:
         overrides["rounds"] = rounds
     if seed is not None:
         overrides["seed"] = seed
+    if tensorboard is not None:
+        overrides["tensorboard_dir"] = str(tensorboard)
     config, notes = load_run_config_with_notes(path, overrides)
     for note in notes:
         error_console.print(f"note: {escape(note)}", highlight=False)
@@ -78,9 +91,12 @@ def run(
     procs: ProcsOpt = None,
     slots: SlotsOpt = DEFAULT_WORKER_SLOTS,
     plugin_path: PluginPathOpt = None,
+    tensorboard: TensorBoardOpt = None,
 ) -> None:
     """Submit a run and follow it to the end. With no broker configured, start Redis and workers here."""
-    submission = RunSubmission(_config(config, set_, rounds, seed), announce=_announce)
+    run_config = _config(config, set_, rounds, seed, tensorboard)
+    check_tensorboard_dir(run_config)  # before any worker starts
+    submission = RunSubmission(run_config, announce=_announce)
     settings = Settings.from_env().with_plugin_path(plugin_path)
     exit_unless_finished(submit_and_follow(submission, settings, procs=procs, slots=slots))
 
@@ -101,9 +117,10 @@ def submit(
     rounds: RoundsOpt = None,
     seed: SeedOpt = None,
     plugin_path: PluginPathOpt = None,
+    tensorboard: TensorBoardOpt = None,
 ) -> None:
     """Enqueue a run on the configured broker, print its id and return."""
-    submission = RunSubmission(_config(config, set_, rounds, seed))
+    submission = RunSubmission(_config(config, set_, rounds, seed, tensorboard))
     print(submit_detached(submission, Settings.from_env().with_plugin_path(plugin_path)))
 
 

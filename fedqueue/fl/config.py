@@ -130,6 +130,12 @@ class RunConfig:
     augment: str = "none"
     # Free-form settings handed to the plugins (the TOML `[plugin]` table).
     plugin: dict[str, Any] = field(default_factory=dict)
+    # A folder for TensorBoard event files (`tensorboard --logdir` it): each run writes under a folder of its own
+    # id, one step per round or version, with FedRevive's names (test/accuracy, test/loss, test/time: the simulated
+    # time, label_wise/accuracy_i and loss_i, train/loss, aggregation/avg_staleness) and fedqueue's own under
+    # fedqueue/. Written by the process that follows the run (`fedqueue run`, `fedqueue resume`, `fedqueue.run()`),
+    # from the store, as each one is made (fl/view/tensorboard.py); `--tensorboard DIR` sets it. None: no files.
+    tensorboard_dir: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -209,6 +215,8 @@ class RunConfig:
             self._check_revive_rules()
         self._check_data()
         self._check_fedrevive_data()
+        if self.tensorboard_dir is not None and (not self.tensorboard_dir.strip() or "\0" in self.tensorboard_dir):
+            raise ConfigError(f"tensorboard_dir: a folder name, got {self.tensorboard_dir!r}")
 
     def _check_counts(self) -> None:
         for key in (

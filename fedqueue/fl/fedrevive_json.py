@@ -29,7 +29,7 @@ IGNORED = {
     "model_device": "workers own their devices, one GPU each",
     "data_device": "workers own their devices, one GPU each",
     "gpu_id": "workers own their GPUs (`fedqueue worker --gpus`)",
-    "wandb_flag": "fedqueue has no TensorBoard writer yet; `fedqueue report` draws the curves",
+    "wandb_flag": "TensorBoard files are written where tensorboard_dir (or --tensorboard DIR) says",
     "wandb_entity": "no W&B logging",
     "wandb_project": "no W&B logging",
     "wandb_run_name": "the run's name is the file's stem",

@@ -133,8 +133,16 @@ def _commands() -> Any:
 
 def _progress(services: Services, run_id: str) -> RunProgress:
     from fedqueue.fl.view.bars import RoundProgress
+    from fedqueue.fl.view.tensorboard import with_scalars
 
-    return RoundProgress(services.store, run_id)
+    # The follower writes the run's TensorBoard files, when its config asks for them, on the polls that read its bars.
+    return with_scalars(RoundProgress(services.store, run_id), services.store, run_id)
+
+
+def _tensorboard(store: Any, run_id: str, folder: Path) -> tuple[Path, int]:
+    from fedqueue.fl.view.tensorboard import write_run_scalars
+
+    return write_run_scalars(store, run_id, folder)
 
 
 def _show_status(store: Any, run_id: str, as_json: bool) -> None:
@@ -186,6 +194,7 @@ KIND = JobKind(
     commands=_commands,
     commands_at_top=True,
     progress=_progress,
+    tensorboard=_tensorboard,
     show_status=_show_status,
     summary=_summary,
     report_numbers=_report_numbers,

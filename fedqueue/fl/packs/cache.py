@@ -18,7 +18,17 @@ from fedqueue.fl.config import RunConfig
 
 # Fields that change neither what a device trains nor how long a step takes.
 NOT_TIMED = frozenset(
-    {"name", "rounds", "max_model_version", "eval_every", "pack_size", "pack_mode", "pack_choice", "on_failure"}
+    {
+        "name",
+        "rounds",
+        "max_model_version",
+        "eval_every",
+        "pack_size",
+        "pack_mode",
+        "pack_choice",
+        "on_failure",
+        "tensorboard_dir",
+    }
 )
 MAX_ENTRIES = 256  # the oldest go first
 

@@ -49,11 +49,7 @@ def run_status(store: Store, run: RunRow, spans: Sequence[Span]) -> dict[str, An
             if result.state != "done"
         ],
         "mean_train_ms": round(sum(t.compute_ms for t in trained) / len(trained), 2) if trained else None,
-        "simulated_speeds": bool(
-            run.config.get("device_speed")
-            or run.config.get("communication_delay")
-            or run.config.get("clock", "per_sample") != "per_sample"
-        ),
+        "simulated_speeds": simulated_speeds(run),
         "sim_time": {str(row.round_index): round(row.sim_time, 3) for row in rounds if row.sim_time is not None},
         **packing_of(run),
         **buffered_of(run, results),
@@ -94,6 +90,20 @@ def run_columns(store: Store, runs: Sequence[RunRow]) -> dict[str, dict[str, Any
         }
         for run in runs
     }
+
+
+def simulated_speeds(run: RunRow) -> bool:
+    """The run's config gives its devices speeds or delays: its rounds take simulated time."""
+    return bool(
+        run.config.get("device_speed")
+        or run.config.get("communication_delay")
+        or run.config.get("clock", "per_sample") != "per_sample"
+    )
+
+
+def models_sim_time(run: RunRow) -> bool:
+    """Simulated time means something in this run: a buffered-async one, or one given device speeds."""
+    return is_buffered(run) or simulated_speeds(run)
 
 
 def is_buffered(run: RunRow) -> bool:

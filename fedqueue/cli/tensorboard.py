@@ -1,0 +1,23 @@
+"""`fedqueue report RUN --tensorboard DIR`: a run's scalars as TensorBoard event files, by its job kind."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from rich.markup import escape
+
+from fedqueue.cli.common import console
+from fedqueue.core import jobs
+from fedqueue.core.writable import writable_folder
+from fedqueue.errors import ConfigError
+from fedqueue.store import Store
+
+
+def write_tensorboard(store: Store, run_id: str, root: Path) -> None:
+    """Write what the run's kind has of it as scalars under root/RUN_ID, and say where and how many."""
+    run = store.get_run(run_id)  # an unknown id: NotFound, before any folder is made
+    kind = jobs.get(run.kind)
+    if kind.tensorboard is None:
+        raise ConfigError(f"--tensorboard: {run.kind} runs have no TensorBoard scalars")
+    folder, written = kind.tensorboard(store, run_id, writable_folder(root, "--tensorboard"))
+    console.print(escape(f"{written} scalars written to {folder}"), highlight=False)
