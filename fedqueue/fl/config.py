@@ -327,8 +327,13 @@ class RunConfig:
             raise ConfigError(
                 f"concurrency: {concurrency} devices at once is more than num_devices = {self.num_devices}"
             )
-        if self.buffer_size > self.num_devices:
-            raise ConfigError(f"buffer_size: {self.buffer_size} is more than num_devices = {self.num_devices}")
+        if self.buffer_size > concurrency:
+            # A version would wait for more updates than are ever in flight beside each other.
+            source = "concurrency" if self.concurrency is not None else "concurrency (devices_per_round)"
+            raise ConfigError(
+                f"buffer_size: {self.buffer_size} updates per version is more than {source} = {concurrency} devices"
+                f" training at once; set buffer_size to at most {concurrency} or raise concurrency"
+            )
         if self.min_refill > concurrency:
             raise ConfigError(f"min_refill: {self.min_refill} is more than concurrency = {concurrency}")
         if self.max_staleness is not None and self.max_staleness < 0:
