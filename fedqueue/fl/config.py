@@ -549,12 +549,21 @@ def load_run_config(path: str | Path | None, overrides: dict[str, Any] | None = 
 def load_run_config_with_notes(
     path: str | Path | None, overrides: dict[str, Any] | None = None
 ) -> tuple[RunConfig, list[str]]:
-    """`load_run_config`, plus one note per key the file gave that means nothing here."""
+    """`load_run_config`, plus one note per key the file gave that means nothing here.
+
+    A file that sets nothing (empty, or only comments) is refused unless overrides set something: running
+    every default is never what a config file was written for.
+    """
     raw: dict[str, Any] = {}
     notes: list[str] = []
     if path is not None:
         read = read_config_file(Path(path))
         raw, notes = read.raw, read.notes
+        if not raw and not overrides:
+            raise ConfigError(
+                f"config: {str(path)!r} sets nothing, so every setting would be its default;"
+                " write the settings to run (e.g. rounds = 10; see examples/)"
+            )
     raw.update(overrides or {})
     return RunConfig.from_dict(raw), notes
 
