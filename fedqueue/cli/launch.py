@@ -34,6 +34,7 @@ def submit_and_follow(
     """Submit where the tasks can run (the broker, `fedqueue up`'s cluster, or workers started here) and
     follow the run (its lease, repairs, bars) to the end; then print what its kind shows of it."""
     warn_if_insecure(settings)
+    api.check_before_start(submission, settings)  # a plugin that does not import: before anything starts
     # Local workers are started first, not waited for (unless asked): they boot (imports, warm-up)
     # while this process checks plugins, migrates the store and plans the job; its tasks wait on the queue.
     with api.placement(
