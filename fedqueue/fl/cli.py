@@ -45,7 +45,10 @@ def _announce(run_id: str, run_config: RunConfig) -> None:
     if run_config.is_buffered:
         last = run_config.last_version
         length = f"up to version {last}" if last is not None else "no version bound"
-        shape = f"{length}, {run_config.resolved_concurrency} devices at once"
+        shape = (
+            f"{length}, {run_config.resolved_concurrency} of {run_config.num_devices} devices at once,"
+            f" {run_config.buffer_size} updates per version"
+        )
     else:
         shape = (
             f"{run_config.rounds} rounds, {run_config.devices_per_round} of {run_config.num_devices} devices per round"
@@ -156,12 +159,24 @@ def print_summary(out: Console, summary: dict[str, Any]) -> None:
         out.print(f"[red]run {summary['state']}:[/red] {escape(summary['error'])}", highlight=False)
     for failure in summary["failures"][:5]:
         last_line = (failure["error"] or "").strip().splitlines()[-1:] or ["?"]
+        # A buffered run's round r is the devices sent off with version r - 1.
+        where = f"training on version {failure['round'] - 1}" if buffered else f"in round {failure['round']}"
         out.print(
-            f"[yellow]device {failure['device']} failed[/yellow] in round {failure['round']}"
+            f"[yellow]device {failure['device']} failed[/yellow] {where}"
             f" on {escape(str(failure['worker']))} after {failure['attempts']} attempts: {escape(last_line[0])}",
             highlight=False,
         )
     if len(summary["failures"]) > 5:
         out.print(f"... {len(summary['failures']) - 5} more failed devices (fedqueue status RUN --json)")
-    if summary["final_accuracy"] is not None:
+    _print_accuracy(out, summary, "version" if buffered else "round")
+
+
+def _print_accuracy(out: Console, summary: dict[str, Any], word: str) -> None:
+    """The last accuracy: final once the run ended, "so far" (naming its round or version) while it runs."""
+    if summary["final_accuracy"] is None:
+        return
+    if summary["state"] != "running":
         out.print(f"final accuracy {summary['final_accuracy']:.4f}")
+        return
+    last = max(int(index) for index, value in summary["accuracy"].items() if value is not None)
+    out.print(f"accuracy so far {summary['final_accuracy']:.4f} ({word} {last})", highlight=False)
