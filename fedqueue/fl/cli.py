@@ -12,7 +12,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from fedqueue.cli.common import PluginPathOpt, ProcsOpt, SlotsOpt, console, error_console, friendly_errors
-from fedqueue.cli.launch import exit_unless_finished, submit_and_follow, submit_detached
+from fedqueue.cli.launch import exit_unless_finished, say_where_results_are, submit_and_follow, submit_detached
 from fedqueue.config import DEFAULT_WORKER_SLOTS, Settings
 from fedqueue.fl.api import RunSubmission
 from fedqueue.fl.config import RunConfig, config_toml, load_run_config_with_notes, parse_override
@@ -85,7 +85,9 @@ def run(
     """Submit a run and follow it to the end. With no broker configured, start Redis and workers here."""
     submission = RunSubmission(_config(config, set_, rounds, seed), announce=_announce)
     settings = Settings.from_env().with_plugin_path(plugin_path)
-    exit_unless_finished(submit_and_follow(submission, settings, procs=procs, slots=slots))
+    handle = submit_and_follow(submission, settings, procs=procs, slots=slots)
+    say_where_results_are(handle)
+    exit_unless_finished(handle)
 
 
 @app.command()

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import re
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -35,7 +36,8 @@ BUFFERED = {"mode": "fedbuff", "concurrency": 6, "buffer_size": 3, "num_devices"
 
 
 def cli(*args: str, cwd: Path) -> Any:
-    return fedqueue_cli(*args, cwd=cwd, env=cli_env(COLUMNS="200"), timeout=240)
+    # No `fedqueue` on PATH: the run names the one it is by its path.
+    return fedqueue_cli(*args, cwd=cwd, env=cli_env(COLUMNS="200", PATH="/usr/bin:/bin"), timeout=240)
 
 
 def test_a_buffered_run_speaks_of_versions_from_submit_to_report(tmp_path: Path) -> None:
@@ -47,6 +49,12 @@ def test_a_buffered_run_speaks_of_versions_from_submit_to_report(tmp_path: Path)
     bars = re.findall(r"^version +(\d+) .* (\d+)/(\d+) updates ", ran.stdout, re.MULTILINE)
     assert bars == [(str(version), "3", "3") for version in range(1, 5)], ran.stdout
     assert "round" not in ran.stdout.lower()
+    # It ends saying where its results are and what shows them, as this shell types it.
+    command = str(Path(sys.executable).with_name("fedqueue"))
+    assert ran.stdout.splitlines()[-2:] == [
+        "results: in the store fedqueue.db (FEDQUEUE_DATABASE_URL sets it)",
+        f"next: {command} report {run_id} · {command} status {run_id} · {command} runs",
+    ]
 
     status = json.loads(cli("status", run_id, "--json", cwd=tmp_path).stdout)
     shown = cli("status", run_id, cwd=tmp_path).stdout
