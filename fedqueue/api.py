@@ -31,7 +31,11 @@ if TYPE_CHECKING:
 
 
 class Submission(Protocol):
-    """A job of some kind, ready to be checked and enqueued (an FL run config, an LLM batch job)."""
+    """A job of some kind, ready to be checked and enqueued (an FL run config, an LLM batch job).
+
+    A submission may also have `check_before_start(settings)`: what it can refuse in an instant (a plugin that
+    does not import), run before any broker or worker is started for it (`check_before_start` below).
+    """
 
     def check(self, settings: Settings) -> None:
         """Refuse what would fail, before anything is written (workers may be starting meanwhile)."""
@@ -171,6 +175,14 @@ def _client(place: Placement, services: Services | None) -> Iterator[Services]:
         opened.close()
 
 
+def check_before_start(submission: Submission, settings: Settings) -> None:
+    """The submission's quick checks, if it has any, before anything starts (plugin folders importable)."""
+    settings.activate_plugin_path()
+    early = getattr(submission, "check_before_start", None)
+    if early is not None:
+        early(settings)
+
+
 def check(submission: Submission, settings: Settings) -> None:
     """The submission's checks, with the plugin folders of these settings importable."""
     settings.activate_plugin_path()
@@ -243,6 +255,7 @@ def run(
     """Check, submit and wait, scheduling the run meanwhile: on the configured broker, the cluster
     `fedqueue up` left running for these settings, else local workers started here (beside the submit,
     or before it with `wait_for_workers`)."""
+    check_before_start(submission, settings)
     with placement(settings, procs, slots, gpus_per_worker=gpus_per_worker, wait=wait_for_workers) as place:
         check(submission, place.settings)
         handle = submit(submission, place)

@@ -62,6 +62,37 @@ def _url(env: Mapping[str, str], name: str) -> str | None:
     return raw
 
 
+def _plugin_path(env: Mapping[str, str]) -> tuple[str, ...]:
+    """FEDQUEUE_PLUGIN_PATH's folders; one that is not a folder is refused (a typo would only show as a plugin
+    that does not import)."""
+    folders = tuple(part for part in (env.get("FEDQUEUE_PLUGIN_PATH") or "").split(os.pathsep) if part)
+    for folder in folders:
+        if not os.path.isdir(folder):
+            raise ConfigError(f"FEDQUEUE_PLUGIN_PATH: folder {folder!r} does not exist")
+    return folders
+
+
+def _blob_dir(env: Mapping[str, str]) -> str | None:
+    """FEDQUEUE_BLOB_DIR: a folder, or one to make in a folder that exists; refused where neither can be written
+    (a typo would make a tree of folders wherever it points)."""
+    folder = env.get("FEDQUEUE_BLOB_DIR") or None
+    if folder is None:
+        return None
+    name = "FEDQUEUE_BLOB_DIR"
+    if os.path.exists(folder):
+        if not os.path.isdir(folder):
+            raise ConfigError(f"{name}: {folder!r} is a file, not a folder")
+        if not os.access(folder, os.W_OK | os.X_OK):
+            raise ConfigError(f"{name}: folder {folder!r} cannot be written")
+        return folder
+    parent = os.path.dirname(os.path.abspath(folder))
+    if not os.path.isdir(parent):
+        raise ConfigError(f"{name}: folder {folder!r} does not exist, nor does the folder {parent!r} to make it in")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise ConfigError(f"{name}: folder {folder!r} does not exist and cannot be made in {parent!r}")
+    return folder
+
+
 @dataclass(frozen=True)
 class Settings:
     """Where the services are and how workers behave.
@@ -102,7 +133,7 @@ class Settings:
             broker_url=with_password(broker_url, env.get("FEDQUEUE_REDIS_PASSWORD")),
             database_url=_url(env, "FEDQUEUE_DATABASE_URL") or DEFAULT_DATABASE_URL,
             key_prefix=prefix,
-            blob_dir=env.get("FEDQUEUE_BLOB_DIR") or None,
+            blob_dir=_blob_dir(env),
             blob_ttl_s=_int(env, "FEDQUEUE_BLOB_TTL_S", cls.blob_ttl_s),
             threads_per_task=_int(env, "FEDQUEUE_THREADS_PER_TASK", cls.threads_per_task),
             task_time_limit_s=_int(env, "FEDQUEUE_TASK_TIME_LIMIT_S", cls.task_time_limit_s),
@@ -116,7 +147,7 @@ class Settings:
             visibility_timeout_override_s=(
                 _int(env, "FEDQUEUE_VISIBILITY_TIMEOUT_S", 0) if env.get("FEDQUEUE_VISIBILITY_TIMEOUT_S") else None
             ),
-            plugin_path=tuple(part for part in (env.get("FEDQUEUE_PLUGIN_PATH") or "").split(os.pathsep) if part),
+            plugin_path=_plugin_path(env),
             jobs=env.get("FEDQUEUE_JOBS") or None,
         )
 

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
+
 import pytest
 
 from fedqueue.config import Settings, insecure_broker, mask_url
@@ -32,13 +35,16 @@ def test_a_redis_beyond_loopback_without_password_is_flagged(url: str | None, in
     assert insecure_broker(url) is insecure
 
 
-def test_settings_round_trip_through_the_environment() -> None:
+def test_settings_round_trip_through_the_environment(tmp_path: Path) -> None:
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
     settings = Settings(
         broker_url="redis://h:1/0",
         key_prefix="p",
         heartbeat_ttl_s=4,
-        plugin_path=("/a", "/b"),
+        plugin_path=(str(tmp_path / "a"), str(tmp_path / "b")),
         visibility_timeout_override_s=9,
+        blob_dir=str(tmp_path / "blobs"),
     )
     assert Settings.from_env(settings.to_env()) == settings
     assert Settings().visibility_timeout_s > Settings().task_time_limit_s  # never redelivered while running
@@ -51,3 +57,28 @@ def test_settings_round_trip_through_the_environment() -> None:
 def test_bad_settings_name_the_variable(variable: str, value: str) -> None:
     with pytest.raises(ConfigError, match=variable):
         Settings.from_env({variable: value})
+
+
+def test_a_plugin_folder_that_does_not_exist_is_refused_naming_the_variable(tmp_path: Path) -> None:
+    missing = str(tmp_path / "nowhere")
+    with pytest.raises(ConfigError) as refused:
+        Settings.from_env({"FEDQUEUE_PLUGIN_PATH": os.pathsep.join([str(tmp_path), missing])})
+    assert str(refused.value) == f"FEDQUEUE_PLUGIN_PATH: folder {missing!r} does not exist"
+    assert Settings.from_env({"FEDQUEUE_PLUGIN_PATH": str(tmp_path)}).plugin_path == (str(tmp_path),)
+
+
+def test_a_blob_folder_is_refused_where_it_could_not_be_made_and_nothing_is_made(tmp_path: Path) -> None:
+    deep = tmp_path / "nowhere" / "blobs"
+    with pytest.raises(ConfigError) as refused:
+        Settings.from_env({"FEDQUEUE_BLOB_DIR": str(deep)})
+    assert str(refused.value) == (
+        f"FEDQUEUE_BLOB_DIR: folder {str(deep)!r} does not exist, nor does the folder {str(deep.parent)!r} to make"
+        " it in"
+    )
+    assert not deep.parent.exists()
+    (tmp_path / "file").write_text("")
+    with pytest.raises(ConfigError, match="^FEDQUEUE_BLOB_DIR: .* is a file, not a folder$"):
+        Settings.from_env({"FEDQUEUE_BLOB_DIR": str(tmp_path / "file")})
+    # A folder that exists, or one to make in a folder that does, is taken as it is.
+    assert Settings.from_env({"FEDQUEUE_BLOB_DIR": str(tmp_path)}).blob_dir == str(tmp_path)
+    assert Settings.from_env({"FEDQUEUE_BLOB_DIR": str(tmp_path / "blobs")}).blob_dir == str(tmp_path / "blobs")

@@ -6,6 +6,7 @@ import json
 import re
 import subprocess
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -340,3 +341,45 @@ def test_report_of_an_unknown_run_is_one_line_and_exit_2(tmp_path: Path) -> None
     assert result.returncode == 2
     assert result.stderr.strip() == "error: run 'nope' does not exist"
     assert not (tmp_path / "fedqueue-report").exists()
+
+
+def versions_timeline(versions: int, tmp_path: Path) -> tuple[Any, Path]:
+    """A buffered run's timeline drawn by hand: two workers, five tasks trained on each version, a fold pass each."""
+    from fedqueue.fl.view.report import BUFFERED_WORDS
+    from fedqueue.report.plots import timeline_figure
+    from fedqueue.report.timeline import RoundMark, pack_lanes
+
+    spans = []
+    for index in range(1, versions + 1):
+        at = index * 0.1
+        for device in range(5):
+            start = at + device * 0.02
+            spans.append(task(index, device, f"cpu{device % 2}@h", start, start + 0.018))
+        spans.append(replace(task(index, 99, "cpu0@h", at + 0.099, at + 0.1), task_type="aggregate"))
+    marks = [RoundMark(index, T0 + index * 0.1, T0 + (index + 1) * 0.1) for index in range(1, versions + 1)]
+    end = T0 + (versions + 1) * 0.1
+    figure = timeline_figure(pack_lanes(spans), spans, marks, [], T0, end, "by hand", BUFFERED_WORDS)
+    path = tmp_path / f"timeline-{versions}.png"
+    figure.savefig(path)
+    return figure, path
+
+
+@pytest.mark.parametrize("versions", [4, 20, 2000])
+def test_a_buffered_timeline_colours_by_version_with_a_colour_bar_and_a_short_legend(
+    tmp_path: Path, versions: int
+) -> None:
+    figure, path = versions_timeline(versions, tmp_path)
+    assert_picture(path)
+    plot, bar = figure.axes
+    # One legend under the plot, of what the bars and lines are: no entry per version, however many.
+    (legend,) = figure.legends
+    assert [text.get_text() for text in legend.get_texts()] == ["fold pass", "version published"]
+    assert bar.get_ylabel() == "version trained on"
+    low, high = bar.get_ylim()
+    assert round(low + 0.5 if versions < 10 else low) == 0 and round(high - 0.5 if versions < 10 else high) == (
+        versions - 1
+    )
+    # The plot keeps the figure's width: nothing squashes it.
+    assert plot.get_position().width > 0.75
+    marks = [text.get_text() for text in plot.texts]
+    assert marks[0] == "v0" and all(re.fullmatch(r"v\d+", mark) for mark in marks) and len(marks) <= 13

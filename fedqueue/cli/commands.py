@@ -190,10 +190,24 @@ def report(
     console.print(
         f"run {escape(numbers['id'])} ({numbers['state']}): wall {numbers['wall_s']:.2f} s · {numbers['slots']} slots"
         f" · parallel efficiency {'–' if efficiency is None else f'{100 * efficiency:.1f} %'}"
-        f" · {numbers['tasks_done']} tasks ({numbers['tasks_failed']} failed)",
+        f" · {escape(_tasks_counted(numbers))}",
         highlight=False,
     )
+    console.print(escape(numbers["efficiency_note"]), highlight=False)
     console.print(f"report written to {escape(str(folder / 'report.html'))}", highlight=False)
+
+
+def _tasks_counted(numbers: dict[str, Any]) -> str:
+    """Tasks as the run's kind counts them where it does (FL: device tasks, as `status` says, and their packs)."""
+    counted = numbers.get("tasks_counted")
+    if not counted:
+        return f"{numbers['tasks_done']} tasks ({numbers['tasks_failed']} failed)"
+    packs = counted.get("packs")
+    if not packs:
+        return f"{counted['done']} {counted['what']} ({counted['failed']} failed)"
+    packed = counted.get("packed", counted["done"])
+    some = "" if packed >= counted["done"] else f"{packed} of them "
+    return f"{counted['done']} {counted['what']} ({counted['failed']} failed), {some}in {packs} packs"
 
 
 @app.command()

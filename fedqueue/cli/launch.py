@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 import json
+import os
+import shutil
+import sys
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import typer
@@ -13,7 +17,7 @@ from rich.text import Text
 from fedqueue import api
 from fedqueue.cli.common import console, error_console, warn_if_insecure, warn_if_no_workers
 from fedqueue.cli.follow import follow
-from fedqueue.config import DEFAULT_GPUS_PER_WORKER, DEFAULT_WORKER_SLOTS, Settings
+from fedqueue.config import DEFAULT_GPUS_PER_WORKER, DEFAULT_WORKER_SLOTS, Settings, mask_url
 from fedqueue.core import jobs
 from fedqueue.core.cluster_file import pid_alive
 from fedqueue.core.database import open_store
@@ -34,6 +38,7 @@ def submit_and_follow(
     """Submit where the tasks can run (the broker, `fedqueue up`'s cluster, or workers started here) and
     follow the run (its lease, repairs, bars) to the end; then print what its kind shows of it."""
     warn_if_insecure(settings)
+    api.check_before_start(submission, settings)  # a plugin that does not import: before anything starts
     # Local workers are started first, not waited for (unless asked): they boot (imports, warm-up)
     # while this process checks plugins, migrates the store and plans the job; its tasks wait on the queue.
     with api.placement(
@@ -132,6 +137,42 @@ def show_run(store: Any, run_id: str, as_json: bool) -> None:
     )
     if summary["error"]:
         console.print(f"[red]run {summary['state']}:[/red] {escape(summary['error'])}", highlight=False)
+
+
+def say_where_results_are(handle: api.RunHandle) -> None:
+    """After a run: the store that holds it, and the commands that show it, as this shell can type them."""
+    command = fedqueue_command()
+    console.print(
+        Text(f"results: in the store {store_name(handle.settings.database_url)} (FEDQUEUE_DATABASE_URL sets it)"),
+        highlight=False,
+    )
+    console.print(
+        Text(f"next: {command} report {handle.id} · {command} status {handle.id} · {command} runs"),
+        highlight=False,
+        soft_wrap=True,
+    )
+
+
+def store_name(database_url: str) -> str:
+    """A SQLite store by its file (as given: relative to the working folder, or absolute), another by its URL."""
+    if database_url.startswith("sqlite:///"):
+        return database_url.removeprefix("sqlite:///")
+    return mask_url(database_url)
+
+
+def fedqueue_command() -> str:
+    """`fedqueue` where PATH finds this one; else the path of this one's script (`.venv/bin/fedqueue` from the
+    folder it is installed in), else this Python running the module."""
+    script = Path(sys.executable).with_name("fedqueue")
+    found = shutil.which("fedqueue")
+    if found is not None and (not script.is_file() or os.path.samefile(found, script)):
+        return "fedqueue"
+    if not script.is_file():
+        return f"{sys.executable} -m fedqueue.cli"
+    try:
+        return str(script.relative_to(Path.cwd()))
+    except ValueError:
+        return str(script)
 
 
 def exit_unless_finished(handle: api.RunHandle) -> None:

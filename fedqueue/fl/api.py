@@ -43,6 +43,7 @@ __all__ = [
 ]
 
 ConfigLike = RunConfig | Mapping[str, Any] | str | os.PathLike[str]
+PLUGIN_KINDS = ("dataset", "model", "local_step", "aggregate")  # the config's fields that name a plugin
 
 
 def load_config(config: ConfigLike, overrides: Mapping[str, Any] | None = None) -> RunConfig:
@@ -65,6 +66,16 @@ class RunSubmission:
 
     config: RunConfig
     announce: Callable[[str, RunConfig], object] | None = None
+
+    def check_before_start(self, settings: Settings) -> None:
+        """The plugins the config names by import path import, are callable and take its options: checked before
+        any worker starts. The built-ins need no such check (and would load torch here)."""
+        from fedqueue.fl.ml.plugins import BUILTINS, check_options, resolve
+
+        for kind in PLUGIN_KINDS:
+            name = getattr(self.config, kind)
+            if name not in BUILTINS[kind]:
+                check_options(kind, resolve(kind, name), self.config.plugin)
 
     def check(self, settings: Settings) -> None:
         """Every plugin the config names imports and takes its options (the config was checked when loaded), and

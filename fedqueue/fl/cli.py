@@ -12,7 +12,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from fedqueue.cli.common import PluginPathOpt, ProcsOpt, SlotsOpt, console, error_console, friendly_errors
-from fedqueue.cli.launch import exit_unless_finished, submit_and_follow, submit_detached
+from fedqueue.cli.launch import exit_unless_finished, say_where_results_are, submit_and_follow, submit_detached
 from fedqueue.config import DEFAULT_WORKER_SLOTS, Settings
 from fedqueue.fl.api import RunSubmission, check_tensorboard_dir
 from fedqueue.fl.config import RunConfig, config_toml, load_run_config_with_notes, parse_override
@@ -58,7 +58,10 @@ def _announce(run_id: str, run_config: RunConfig) -> None:
     if run_config.is_buffered:
         last = run_config.last_version
         length = f"up to version {last}" if last is not None else "no version bound"
-        shape = f"{length}, {run_config.resolved_concurrency} devices at once"
+        shape = (
+            f"{length}, {run_config.resolved_concurrency} of {run_config.num_devices} devices at once,"
+            f" {run_config.buffer_size} updates per version"
+        )
     else:
         shape = (
             f"{run_config.rounds} rounds, {run_config.devices_per_round} of {run_config.num_devices} devices per round"
@@ -98,7 +101,9 @@ def run(
     check_tensorboard_dir(run_config)  # before any worker starts
     submission = RunSubmission(run_config, announce=_announce)
     settings = Settings.from_env().with_plugin_path(plugin_path)
-    exit_unless_finished(submit_and_follow(submission, settings, procs=procs, slots=slots))
+    handle = submit_and_follow(submission, settings, procs=procs, slots=slots)
+    say_where_results_are(handle)
+    exit_unless_finished(handle)
 
 
 @app.command()
@@ -173,12 +178,24 @@ def print_summary(out: Console, summary: dict[str, Any]) -> None:
         out.print(f"[red]run {summary['state']}:[/red] {escape(summary['error'])}", highlight=False)
     for failure in summary["failures"][:5]:
         last_line = (failure["error"] or "").strip().splitlines()[-1:] or ["?"]
+        # A buffered run's round r is the devices sent off with version r - 1.
+        where = f"training on version {failure['round'] - 1}" if buffered else f"in round {failure['round']}"
         out.print(
-            f"[yellow]device {failure['device']} failed[/yellow] in round {failure['round']}"
+            f"[yellow]device {failure['device']} failed[/yellow] {where}"
             f" on {escape(str(failure['worker']))} after {failure['attempts']} attempts: {escape(last_line[0])}",
             highlight=False,
         )
     if len(summary["failures"]) > 5:
         out.print(f"... {len(summary['failures']) - 5} more failed devices (fedqueue status RUN --json)")
-    if summary["final_accuracy"] is not None:
+    _print_accuracy(out, summary, "version" if buffered else "round")
+
+
+def _print_accuracy(out: Console, summary: dict[str, Any], word: str) -> None:
+    """The last accuracy: final once the run ended, "so far" (naming its round or version) while it runs."""
+    if summary["final_accuracy"] is None:
+        return
+    if summary["state"] != "running":
         out.print(f"final accuracy {summary['final_accuracy']:.4f}")
+        return
+    last = max(int(index) for index, value in summary["accuracy"].items() if value is not None)
+    out.print(f"accuracy so far {summary['final_accuracy']:.4f} ({word} {last})", highlight=False)

@@ -335,8 +335,13 @@ class RunConfig:
             raise ConfigError(
                 f"concurrency: {concurrency} devices at once is more than num_devices = {self.num_devices}"
             )
-        if self.buffer_size > self.num_devices:
-            raise ConfigError(f"buffer_size: {self.buffer_size} is more than num_devices = {self.num_devices}")
+        if self.buffer_size > concurrency:
+            # A version would wait for more updates than are ever in flight beside each other.
+            source = "concurrency" if self.concurrency is not None else "concurrency (devices_per_round)"
+            raise ConfigError(
+                f"buffer_size: {self.buffer_size} updates per version is more than {source} = {concurrency} devices"
+                f" training at once; set buffer_size to at most {concurrency} or raise concurrency"
+            )
         if self.min_refill > concurrency:
             raise ConfigError(f"min_refill: {self.min_refill} is more than concurrency = {concurrency}")
         if self.max_staleness is not None and self.max_staleness < 0:
@@ -552,12 +557,21 @@ def load_run_config(path: str | Path | None, overrides: dict[str, Any] | None = 
 def load_run_config_with_notes(
     path: str | Path | None, overrides: dict[str, Any] | None = None
 ) -> tuple[RunConfig, list[str]]:
-    """`load_run_config`, plus one note per key the file gave that means nothing here."""
+    """`load_run_config`, plus one note per key the file gave that means nothing here.
+
+    A file that sets nothing (empty, or only comments) is refused unless overrides set something: running
+    every default is never what a config file was written for.
+    """
     raw: dict[str, Any] = {}
     notes: list[str] = []
     if path is not None:
         read = read_config_file(Path(path))
         raw, notes = read.raw, read.notes
+        if not raw and not overrides:
+            raise ConfigError(
+                f"config: {str(path)!r} sets nothing, so every setting would be its default;"
+                " write the settings to run (e.g. rounds = 10; see examples/)"
+            )
     raw.update(overrides or {})
     return RunConfig.from_dict(raw), notes
 

@@ -12,7 +12,7 @@ from html import escape
 from pathlib import Path
 from typing import Any
 
-from fedqueue.report.timeline import RoundMark
+from fedqueue.report.timeline import RoundMark, RoundWords
 
 STYLE = """
 body { font: 14px/1.45 system-ui, sans-serif; margin: 24px auto; max-width: 1320px; color: #222; padding: 0 16px; }
@@ -33,6 +33,7 @@ class KindPage:
     breakdown: Sequence[tuple[str, float | None]] = ()  # phases run in one process while every slot waits
     sections: str = ""  # HTML after the time breakdown and the job's own numbers
     rounds: Sequence[RoundMark] = ()  # marked on the timeline and concurrency pictures
+    words: RoundWords = RoundWords()  # how those pictures name the rounds (FL's buffered runs: versions)
     draw: Callable[[Path, str], None] | None = None  # draws the kind's pictures: (folder, the run's title)
 
 
@@ -208,9 +209,9 @@ def render_html(report: dict[str, Any], page: KindPage | None = None) -> str:
 <p class="note">submitted {escape(created)}</p>
 {error}
 {_headline(report, page)}
-<p class="note">{escape(report["slots_note"])}.</p>
+<p class="note">{escape(report["slots_note"])}. {escape(report["efficiency_note"])}.</p>
 <h2>Timeline</h2>
-<img src="timeline.png" alt="tasks per worker slot over time, coloured by round, aggregations dark">
+<img src="timeline.png" alt="tasks per worker slot over time, coloured by {escape(page.words.colour)}, aggregations dark">
 <img src="concurrency.png" alt="tasks running at once against the number of slots">
 <h2>Where the time went</h2>
 {_breakdown(report, page)}

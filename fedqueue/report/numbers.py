@@ -37,6 +37,10 @@ SLOTS_NOTE = (
     "slots = lanes observed: each worker process counts as many slots as its most tasks running at once"
     " in this run (the store does not record --slots; a worker that never overlapped counts once)"
 )
+EFFICIENCY_NOTE = (
+    "parallel efficiency = task busy time / (wall time x slots): the share of the slots' time spent running tasks"
+    " (100 % = every slot busy from submit to end)"
+)
 TOP_SLOWEST = 5
 
 
@@ -114,6 +118,7 @@ def compute_report(data: RunData) -> dict[str, Any]:
         "tasks_by_type": tasks_by_type(spans),
         "task_busy_s": rounded(busy_s),
         "parallel_efficiency": rounded(parallel_efficiency(busy_s, wall_s, slots), 4),
+        "efficiency_note": EFFICIENCY_NOTE,
         "tasks_per_s": rounded(len(done) / wall_s if wall_s > 0 else None),
         "time": time_breakdown(done, lanes, wall_s * slots),
         "slowest": slowest(done, TOP_SLOWEST),
@@ -237,6 +242,7 @@ def write_report(store: Store, run_id: str, out_dir: Path, now: float | None = N
             origin,
             end,
             title=f"{name}: tasks per worker slot",
+            words=page.words,
         )
         steps = concurrency_steps((span.started_at, span.finished_at) for span in done)
         plots.concurrency(
@@ -247,6 +253,7 @@ def write_report(store: Store, run_id: str, out_dir: Path, now: float | None = N
             origin,
             end,
             title=f"{name}: tasks running at once",
+            words=page.words,
         )
         if page.draw is not None:
             page.draw(out_dir, name)

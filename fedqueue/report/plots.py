@@ -15,7 +15,7 @@ from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
 
 from fedqueue.core.utilization import INTERVAL_S as SAMPLE_INTERVAL_S
-from fedqueue.report.timeline import Lane, RoundMark, Span
+from fedqueue.report.timeline import Lane, RoundMark, RoundWords, Span
 from fedqueue.store.utilization import Sample
 
 DPI = 110
@@ -23,6 +23,8 @@ LANE_HEIGHT_IN = 0.42
 MAX_HEIGHT_IN = 60.0
 MAX_ROUND_LABELS = 12
 MAX_ROUND_LINES = 40
+ROUNDS = RoundWords()  # a kind's rounds, called rounds
+MAX_DISTINCT_ROUNDS = 10  # more rounds (or versions) than this are coloured on a continuous scale
 AGGREGATION_COLOUR = "#222222"
 UTILIZATION_COLOUR = "#8c8c8c"
 FAILED_COLOUR = "#d62728"
@@ -31,22 +33,36 @@ UNROUNDED_COLOUR = "#1f77b4"  # tasks of kinds that do not run in rounds
 
 
 class RoundColours:
-    """A distinct colour per round: qualitative for few rounds, a continuous scale (with a colour bar) for many."""
+    """A colour per round (or version), told by a colour bar beside the plot, never by a legend entry per round:
+    distinct colours for a few, a continuous scale for many (20 or 2,000 alike)."""
 
     def __init__(self, rounds: Sequence[int]) -> None:
         from matplotlib import colormaps
+        from matplotlib.colors import BoundaryNorm, ListedColormap
 
         self.rounds = sorted(set(rounds))
-        count = len(self.rounds)
-        self.continuous = count > 20
-        name = "tab10" if count <= 10 else "tab20" if count <= 20 else "viridis"
-        self.cmap: Colormap = colormaps[name]
-        self.norm = Normalize(vmin=min(self.rounds, default=1), vmax=max(self.rounds, default=1))
+        low, high = min(self.rounds, default=0), max(self.rounds, default=0)
+        self.continuous = len(self.rounds) > MAX_DISTINCT_ROUNDS or high - low >= MAX_DISTINCT_ROUNDS
+        self.norm: Normalize
+        if self.continuous:
+            self.cmap: Colormap = colormaps["viridis"]
+            self.norm = Normalize(vmin=low, vmax=max(high, low + 1))
+        else:  # one band of the bar per number from the lowest to the highest
+            count = high - low + 1
+            self.cmap = ListedColormap([colormaps["tab10"](index) for index in range(count)])
+            self.norm = BoundaryNorm([low - 0.5 + step for step in range(count + 1)], count)
 
     def __call__(self, round_index: int) -> tuple[float, float, float, float]:
+        return self.cmap(self.norm(round_index))
+
+    def colour_bar(self, figure: Figure, ax: Axes, label: str) -> None:
+        from matplotlib.cm import ScalarMappable
+
+        bar = figure.colorbar(ScalarMappable(norm=self.norm, cmap=self.cmap), ax=ax, label=label, pad=0.01)
         if self.continuous:
-            return self.cmap(self.norm(round_index))
-        return self.cmap(self.rounds.index(round_index) % self.cmap.N)
+            bar.ax.yaxis.get_major_locator().set_params(integer=True)  # type: ignore[call-arg]  # a MaxNLocator
+        else:
+            bar.set_ticks(list(range(self.rounds[0], self.rounds[-1] + 1)) if self.rounds else [])
 
 
 @dataclass
@@ -82,7 +98,7 @@ def _rows(lanes: Sequence[Lane], spans: Sequence[Span], samples: Sequence[Sample
     return rows
 
 
-def _round_marks(ax: Axes, rounds: Sequence[RoundMark], origin: float) -> None:
+def _round_marks(ax: Axes, rounds: Sequence[RoundMark], origin: float, words: RoundWords) -> None:
     """Dashed line where a round was enqueued (labelled), dotted where it was aggregated; thinned out for many."""
     every_line = max(1, math.ceil(len(rounds) / MAX_ROUND_LINES))
     every_label = max(1, math.ceil(len(rounds) / MAX_ROUND_LABELS))
@@ -96,7 +112,7 @@ def _round_marks(ax: Axes, rounds: Sequence[RoundMark], origin: float) -> None:
             ax.text(
                 x,
                 1.005,
-                f"r{row.round_index}",
+                f"{words.mark}{row.round_index + words.shift}",
                 transform=ax.get_xaxis_transform(),
                 fontsize=7,
                 ha="left",
@@ -114,17 +130,33 @@ def timeline(
     origin: float,
     end: float,
     title: str = "",
+    words: RoundWords = ROUNDS,
 ) -> None:
     """One lane per worker slot, one bar per task coloured by round (aggregations dark), utilization under each worker."""
+    timeline_figure(lanes, spans, rounds, samples, origin, end, title, words).savefig(path)
+
+
+def timeline_figure(
+    lanes: Sequence[Lane],
+    spans: Sequence[Span],
+    rounds: Sequence[RoundMark],
+    samples: Sequence[Sample],
+    origin: float,
+    end: float,
+    title: str = "",
+    words: RoundWords = ROUNDS,
+) -> Figure:
+    """The timeline's figure, drawn and not yet saved."""
     rows = _rows(lanes, spans, samples)
+    # Colours by the number shown: a buffered run's tasks by the version they trained on.
     spans_rounds = [span.round_index for span in spans if span.round_index is not None]
-    colours = RoundColours([row.round_index for row in rounds] + spans_rounds)
+    colours = RoundColours([index + words.shift for index in [row.round_index for row in rounds] + spans_rounds])
     height = min(MAX_HEIGHT_IN, 1.9 + LANE_HEIGHT_IN * len(rows))
     figure = Figure(figsize=(12, height), dpi=DPI, layout="constrained")
     ax = figure.add_subplot()
     for y, row in enumerate(rows):
         if row.lane is not None:
-            _task_bars(ax, row.lane, colours, origin, y)
+            _task_bars(ax, row.lane, colours, origin, y, words.shift)
         if row.samples:
             _utilization(ax, row.samples, origin, y)
         if row.failed:
@@ -137,7 +169,7 @@ def timeline(
                 markersize=6,
                 zorder=4,
             )
-    _round_marks(ax, rounds, origin)
+    _round_marks(ax, rounds, origin, words)
     ax.set_yticks(range(len(rows)), [row.label for row in rows], fontsize=8)
     ax.set_ylim(len(rows) - 0.5, -0.5)  # first row on top
     ax.set_xlim(0, max(end - origin, 1e-3) * 1.01)
@@ -145,29 +177,35 @@ def timeline(
     ax.grid(axis="x", color="0.9", zorder=0)
     ax.set_title(title or "tasks per worker slot", loc="left", fontsize=10, pad=14)
     failed = any(span.state != "done" for span in spans)
-    _timeline_legend(figure, ax, colours, bool(samples), failed, any(span.pack is not None for span in spans))
-    figure.savefig(path)
+    if spans_rounds:
+        colours.colour_bar(figure, ax, words.colour)
+    packed = any(span.pack is not None for span in spans)
+    _timeline_legend(figure, bool(samples), failed, packed, words, unrounded=len(spans_rounds) < len(spans))
+    return figure
 
 
-def _task_bars(ax: Axes, lane: Lane, colours: RoundColours, origin: float, y: int) -> None:
-    by_colour: dict[tuple[float, float, float, float] | str, list[tuple[float, float]]] = defaultdict(list)
+def _task_bars(ax: Axes, lane: Lane, colours: RoundColours, origin: float, y: int, shift: int) -> None:
+    bars: list[tuple[float, float]] = []
+    faces: list[tuple[float, float, float, float] | str] = []
     for span in lane.spans:
         if span.task_type == "aggregate":
             colour: tuple[float, float, float, float] | str = AGGREGATION_COLOUR
         elif span.round_index is None:
             colour = UNROUNDED_COLOUR
         else:
-            colour = colours(span.round_index)
-        by_colour[colour].append((span.started_at - origin, span.busy_s))
+            colour = colours(span.round_index + shift)
+        bars.append((span.started_at - origin, span.busy_s))
+        faces.append(colour)
     # A thin white edge keeps back-to-back tasks apart, so each bar is one task. With hundreds of tasks
     # per lane bars get narrower than a pixel: an edge in their own colour keeps them from vanishing.
+    # One collection per lane, whatever the number of rounds.
     crowded = len(lane.spans) > 300
-    for colour, bars in by_colour.items():
+    if bars:
         ax.broken_barh(
             bars,
             (y - 0.38, 0.76),
-            facecolors=colour,
-            edgecolor=colour if crowded else "white",
+            facecolors=faces,
+            edgecolors=faces if crowded else "white",
             linewidth=0.6 if crowded else 0.4,
             zorder=3,
         )
@@ -209,24 +247,21 @@ def _utilization(ax: Axes, samples: Sequence[Sample], origin: float, y: int) -> 
 
 
 def _timeline_legend(
-    figure: Figure, ax: Axes, colours: RoundColours, sampled: bool, failed: bool, packed: bool
+    figure: Figure, sampled: bool, failed: bool, packed: bool, words: RoundWords, unrounded: bool
 ) -> None:
-    handles: list[Patch | Line2D] = []
-    if colours.continuous:
-        from matplotlib.cm import ScalarMappable
-
-        figure.colorbar(ScalarMappable(norm=colours.norm, cmap=colours.cmap), ax=ax, label="round", pad=0.01)
-    else:
-        handles += [Patch(color=colours(index), label=f"round {index}") for index in colours.rounds]
-    handles.append(Patch(color=AGGREGATION_COLOUR, label="aggregation task"))
-    handles.append(Line2D([], [], color="0.45", linestyle="--", label="round enqueued"))
+    """What the bars, lines and marks are, in one row under the plot: a handful of entries, however many rounds
+    (their colours are told by the colour bar)."""
+    handles: list[Patch | Line2D] = [Patch(color=AGGREGATION_COLOUR, label=words.aggregation)]
+    if unrounded:
+        handles.append(Patch(color=UNROUNDED_COLOUR, label="task"))
+    handles.append(Line2D([], [], color="0.45", linestyle="--", label=words.marked))
     if sampled:
         handles.append(Patch(color=UTILIZATION_COLOUR, alpha=0.7, label="utilization (row = 0-100 %)"))
     if failed:
         handles.append(Line2D([], [], color=FAILED_COLOUR, marker="x", linestyle="none", label="failed task"))
     if packed:
         handles.append(Line2D([], [], color=PACK_COLOUR, linewidth=1.4, label="one pack of devices"))
-    ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.005, 1.0), fontsize=8, frameon=False)
+    figure.legend(handles=handles, loc="outside lower center", ncols=len(handles), fontsize=8, frameon=False)
 
 
 def concurrency(
@@ -237,6 +272,7 @@ def concurrency(
     origin: float,
     end: float,
     title: str = "",
+    words: RoundWords = ROUNDS,
 ) -> None:
     """Tasks running at each instant against the slots that could run them."""
     figure = Figure(figsize=(12, 3.6), dpi=DPI, layout="constrained")
@@ -246,7 +282,7 @@ def concurrency(
     ax.fill_between(xs, ys, step="post", color="#1f77b4", alpha=0.35, linewidth=0)
     ax.step(xs, ys, where="post", color="#1f77b4", linewidth=1.0, label="tasks running")
     ax.axhline(slots, color=FAILED_COLOUR, linestyle="--", linewidth=1.2, label=f"slots ({slots})")
-    _round_marks(ax, rounds, origin)
+    _round_marks(ax, rounds, origin, words)
     ax.set_xlim(0, max(end - origin, 1e-3) * 1.01)
     ax.set_ylim(0, max([slots, *ys]) + 0.5)
     ax.yaxis.get_major_locator().set_params(integer=True)  # type: ignore[call-arg]  # a MaxNLocator

@@ -72,6 +72,18 @@ class RoundMark:
     aggregated_at: float | None = None
 
 
+@dataclass(frozen=True)
+class RoundWords:
+    """How the pictures name a kind's rounds. FL's buffered runs count versions: a task of round r trained on
+    version r - 1 (`shift` -1), and round r's start is where version r - 1 was published."""
+
+    colour: str = "round"  # what a task's colour tells (the colour bar's label)
+    mark: str = "r"  # before the number of a marked round
+    marked: str = "round enqueued"  # what a dashed line marks
+    aggregation: str = "aggregation task"  # what the dark bars are
+    shift: int = 0  # the number shown for round r is r + shift
+
+
 def span_of(row: TaskTimingRow) -> Span:
     return Span(
         task=row.task,

@@ -10,7 +10,7 @@ import pytest
 from fedqueue.errors import ConfigError
 from fedqueue.fl.config import RunConfig
 
-BASE: dict[str, Any] = {"dataset": "digits", "num_devices": 20, "devices_per_round": 5, "rounds": 3}
+BASE: dict[str, Any] = {"dataset": "digits", "num_devices": 20, "devices_per_round": 10, "rounds": 3}
 
 
 def config(**overrides: Any) -> RunConfig:
@@ -19,7 +19,7 @@ def config(**overrides: Any) -> RunConfig:
 
 def test_defaults_follow_the_sync_knobs() -> None:
     chosen = config()
-    assert chosen.resolved_concurrency == 5  # devices_per_round
+    assert chosen.resolved_concurrency == 10  # devices_per_round
     assert chosen.last_version == 3  # rounds
     assert (chosen.buffer_size, chosen.staleness_weight, chosen.device_reuse, chosen.min_refill) == (
         10,
@@ -27,7 +27,7 @@ def test_defaults_follow_the_sync_knobs() -> None:
         True,
         1,
     )
-    assert config(concurrency=8, max_model_version=7).last_version == 7
+    assert config(concurrency=12, max_model_version=7).last_version == 7
     assert RunConfig.from_dict({**BASE, "max_model_version": 9}).last_version == 3  # fedavg counts rounds
 
 
@@ -39,7 +39,9 @@ def test_defaults_follow_the_sync_knobs() -> None:
         ({"concurrency": 21}, "concurrency"),
         ({"buffer_size": 21}, "buffer_size"),
         ({"buffer_size": 0}, "buffer_size"),
-        ({"min_refill": 6}, "min_refill"),
+        ({"min_refill": 11}, "min_refill"),
+        ({"concurrency": 8}, "buffer_size"),  # the default buffer of 10 never fills from 8 devices at once
+        ({"concurrency": 8, "buffer_size": 9}, "buffer_size"),
         ({"max_staleness": -1}, "max_staleness"),
         ({"staleness_weight": "linear"}, "staleness_weight"),
         ({"staleness_exponent": -0.5}, "staleness_exponent"),
@@ -88,6 +90,20 @@ def test_defaults_follow_the_sync_knobs() -> None:
 def test_bad_knobs_name_their_field(overrides: dict[str, Any], field: str) -> None:
     with pytest.raises(ConfigError, match=rf"^{field.replace('.', '[.]')}:"):
         config(**overrides)
+
+
+def test_a_buffer_larger_than_the_devices_training_at_once_is_refused_in_one_line() -> None:
+    with pytest.raises(ConfigError) as refused:
+        config(concurrency=4, buffer_size=6)
+    assert str(refused.value) == (
+        "buffer_size: 6 updates per version is more than concurrency = 4 devices training at once;"
+        " set buffer_size to at most 4 or raise concurrency"
+    )
+    with pytest.raises(ConfigError, match=r"^buffer_size: 10 .* concurrency \(devices_per_round\) = 5 "):
+        config(devices_per_round=5)
+    assert config(concurrency=4, buffer_size=4).buffer_size == 4
+    # A synchronous run has no buffer: its buffer_size is never read.
+    assert RunConfig.from_dict({**BASE, "devices_per_round": 5}).buffer_size == 10
 
 
 def test_clock_tables_apply_to_sync_runs_too() -> None:

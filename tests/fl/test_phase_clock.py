@@ -126,7 +126,7 @@ def test_fedrevive_schedule_by_default() -> None:
 
 
 def run_config(**overrides: Any) -> RunConfig:
-    base = {"dataset": "digits", "num_devices": 40, "devices_per_round": 5, "mode": "fedbuff"}
+    base = {"dataset": "digits", "num_devices": 40, "devices_per_round": 5, "buffer_size": 5, "mode": "fedbuff"}
     return RunConfig.from_dict({**base, **overrides})
 
 

@@ -6,6 +6,7 @@ import time
 
 from fedqueue.core.jobs import ProgressBar
 from fedqueue.fl.store.results import count_done, list_rounds
+from fedqueue.fl.store.schedule_rows import get_schedule
 from fedqueue.fl.store.schema import RoundRow
 from fedqueue.fl.view.summary import is_buffered
 from fedqueue.store import Store
@@ -15,28 +16,56 @@ class RoundProgress:
     def __init__(self, store: Store, run_id: str) -> None:
         self.store = store
         self.run_id = run_id
-        # A buffered-async run shows a bar per version: the devices sent off with the version before it.
-        self.buffered = is_buffered(store.get_run(run_id))
+        run = store.get_run(run_id)
+        # A buffered-async run shows a bar per version: the updates folded into it, of the buffer_size that make it.
+        self.buffered = is_buffered(run)
+        self.buffer_size = int(run.config.get("buffer_size") or 1)
 
     def bars(self) -> list[ProgressBar]:
-        return [self._bar(row) for row in list_rounds(self.store, self.run_id)]
+        rows = list_rounds(self.store, self.run_id)
+        if self.buffered:
+            return self._version_bars(rows)
+        return [self._round_bar(row) for row in rows]
 
-    def _bar(self, row: RoundRow) -> ProgressBar:
+    def _round_bar(self, row: RoundRow) -> ProgressBar:
         index = row.round_index
-        label = f"version {index:>3}" if self.buffered else f"round {index:>3}"
-        unit = f"trained on v{index - 1}" if self.buffered else "devices"
+        label = f"round {index:>3}"
         total = len(row.selected)
         if row.state != "done":
-            # A buffered-async version's devices keep being sent off until it is made.
-            return ProgressBar(str(index), label, count_done(self.store, self.run_id, index), total, unit)
-        note = f"{(row.aggregated_at or 0) - row.enqueued_at:5.2f} s"
-        if row.sim_time is not None and self.buffered:
-            note += f"  sim {row.sim_time:8.1f} s"
-        if row.accuracy is not None:
-            note += f"  accuracy {row.accuracy:.3f}"
-        # A version is made while some devices sent off with the one before still train.
-        completed = count_done(self.store, self.run_id, index) if self.buffered else total
-        return ProgressBar(str(index), label, completed, total, unit, note, finished=True)
+            return ProgressBar(str(index), label, count_done(self.store, self.run_id, index), total, "devices")
+        return ProgressBar(str(index), label, total, total, "devices", _note(row, sim=False), finished=True)
+
+    def _version_bars(self, rows: list[RoundRow]) -> list[ProgressBar]:
+        """Round row r stands for version r: made once buffer_size updates are folded into it. The one in the
+        making counts the updates in the schedule's buffer; one the run ended before is left unfinished."""
+        open_rows = [row for row in rows if row.state != "done"]
+        buffered = 0
+        ended = False
+        if open_rows:
+            schedule = get_schedule(self.store, self.run_id)
+            buffered = 0 if schedule is None else len(schedule.state.get("buffer", []))
+            ended = self.store.get_run(self.run_id).state != "running"
+        bars = []
+        for row in rows:
+            index = row.round_index
+            label = f"version {index:>3}"
+            if row.state == "done":
+                note = _note(row, sim=True)
+                bars.append(ProgressBar(str(index), label, self.buffer_size, self.buffer_size, "updates", note, True))
+            else:
+                note = "not made: the run ended first" if ended else ""
+                bars.append(ProgressBar(str(index), label, buffered, self.buffer_size, "updates", note))
+        return bars
 
     def wait(self, seconds: float) -> None:
         time.sleep(seconds)
+
+
+def _note(row: RoundRow, sim: bool) -> str:
+    """A closed round's or made version's wall time, simulated time (versions) and accuracy."""
+    note = f"{(row.aggregated_at or 0) - row.enqueued_at:5.2f} s"
+    if row.sim_time is not None and sim:
+        note += f"  sim {row.sim_time:8.1f} s"
+    if row.accuracy is not None:
+        note += f"  accuracy {row.accuracy:.3f}"
+    return note

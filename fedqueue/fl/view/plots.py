@@ -15,8 +15,8 @@ from matplotlib.figure import Figure
 from fedqueue.report.plots import DPI
 
 
-def accuracy(path: Path, rounds: Sequence[dict[str, Any]], title: str = "") -> None:
-    """Held-out accuracy, held-out loss and mean training loss per round."""
+def accuracy(path: Path, rounds: Sequence[dict[str, Any]], title: str = "", word: str = "round") -> None:
+    """Held-out accuracy, held-out loss and mean training loss per round (`word`: per version)."""
     figure = Figure(figsize=(12, 3.6), dpi=DPI, layout="constrained")
     left, right = figure.subplots(1, 2)
     evaluated = [row for row in rounds if row["accuracy"] is not None]
@@ -33,7 +33,7 @@ def accuracy(path: Path, rounds: Sequence[dict[str, Any]], title: str = "") -> N
             label="held-out loss",
         )
     else:
-        left.text(0.5, 0.5, "no round evaluated yet", ha="center", va="center", transform=left.transAxes)
+        left.text(0.5, 0.5, f"no {word} evaluated yet", ha="center", va="center", transform=left.transAxes)
     if trained:
         right.plot(
             [row["round"] for row in trained],
@@ -46,11 +46,11 @@ def accuracy(path: Path, rounds: Sequence[dict[str, Any]], title: str = "") -> N
     if evaluated or trained:
         right.legend(fontsize=8, frameon=False)
     for ax, label in ((left, "accuracy (held out)"), (right, "loss")):
-        ax.set_xlabel("round")
+        ax.set_xlabel(word)
         ax.set_ylabel(label)
         ax.xaxis.get_major_locator().set_params(integer=True)
         ax.grid(color="0.9")
-    left.set_title(title or "accuracy and loss per round", loc="left", fontsize=10)
+    left.set_title(title or f"accuracy and loss per {word}", loc="left", fontsize=10)
     figure.savefig(path)
 
 

@@ -10,21 +10,40 @@ from pathlib import Path
 from typing import Any
 
 from fedqueue.fl.store.results import device_tasks, list_rounds
-from fedqueue.fl.store.schema import RoundRow
+from fedqueue.fl.store.schema import DeviceTaskRow, RoundRow
 from fedqueue.fl.store.stop_rows import get_stop
 from fedqueue.fl.view.summary import buffered_of, is_buffered, packing_of
 from fedqueue.report.html import KindPage, fmt, html_table, percent
 from fedqueue.report.numbers import RunData, rounded, time_breakdown
-from fedqueue.report.timeline import Lane, RoundMark, Span, pack_lanes, parallel_efficiency
+from fedqueue.report.timeline import Lane, RoundMark, RoundWords, Span, pack_lanes, parallel_efficiency
 from fedqueue.store import Store
 
 
 def report_numbers(store: Store, data: RunData, numbers: dict[str, Any]) -> dict[str, Any]:
     """The FL keys of a run's report, read from its rounds and, for a buffered-async run, its updates."""
     run = data.run
-    buffered = buffered_of(run, device_tasks(store, run.id)) if is_buffered(run) else {}
+    results = device_tasks(store, run.id)
+    buffered = buffered_of(run, results) if is_buffered(run) else {}
     stop = get_stop(store, run.id)
-    return {**rounds_report(data, list_rounds(store, run.id), buffered, numbers), "stop": stop and stop.reason}
+    return {
+        **rounds_report(data, list_rounds(store, run.id), buffered, numbers),
+        "stop": stop and stop.reason,
+        "tasks_counted": device_task_count(results, data.spans),
+    }
+
+
+def device_task_count(results: Sequence[DeviceTaskRow], spans: Sequence[Span]) -> dict[str, Any]:
+    """Device tasks as `fedqueue status` counts them (one per device trained, from their results), and the packs
+    that trained `packed` of them together (the core's timed tasks count a vmapped pack once)."""
+    done = sum(1 for result in results if result.state == "done")
+    packed = [span for span in spans if span.task_type == "train" and span.state == "done" and span.pack is not None]
+    return {
+        "what": "device tasks",
+        "done": done,
+        "failed": len(results) - done,
+        "packs": len({(span.round_index, span.pack) for span in packed}),
+        "packed": sum(span.devices for span in packed),
+    }
 
 
 def rounds_report(
@@ -42,6 +61,8 @@ def rounds_report(
     return {
         "dataset": run.config.get("dataset"),
         "model": run.config.get("model"),
+        # A buffered-async run's rounds are its versions: round r is made into version r.
+        "buffered": is_buffered(run),
         **packing_of(run),
         "rounds_total": run.rounds_total,
         "rounds_done": sum(1 for row in rounds if row.state == "done"),
@@ -133,19 +154,22 @@ def round_numbers(
 def report_page(report: dict[str, Any]) -> KindPage:
     """The FL part of report.html, from the report's numbers."""
     spent = report["time"]
+    word = _word(report)
 
     def draw(folder: Path, name: str) -> None:
         # matplotlib: loaded when a page is drawn
         from fedqueue.fl.view import plots
 
-        plots.accuracy(folder / "accuracy.png", report["rounds"], title=f"{name}: accuracy and loss per round")
+        title = f"{name}: accuracy and loss per {word}"
+        plots.accuracy(folder / "accuracy.png", report["rounds"], title=title, word=word)
         if report["simulated"] is not None:
             staleness = report["simulated"].get("buffered", {}).get("staleness")
             plots.simulated(folder / "simulated.png", report["rounds"], staleness, title=f"{name}: simulated time")
 
     return KindPage(
         headline=[
-            ("rounds", _rounds_done(report)),
+            (f"{word}s", _rounds_done(report)),
+            *_device_tasks_row(report.get("tasks_counted")),
             *([("stopped", report["stop"])] if report.get("stop") else []),
             ("dataset / model", f"{report['dataset']} / {report['model']}"),
             *_packing_rows(report.get("packing")),
@@ -156,15 +180,42 @@ def report_page(report: dict[str, Any]) -> KindPage:
         ],
         sections=_rounds_section(report) + _simulated(report),
         rounds=[RoundMark(r["round"], r["enqueued_at"], r["aggregated_at"]) for r in report["rounds"]],
+        words=BUFFERED_WORDS if report.get("buffered") else RoundWords(),
         draw=draw,
     )
 
 
+# A buffered run's task of round r trained on version r - 1, published when round r was opened.
+BUFFERED_WORDS = RoundWords(
+    colour="version trained on", mark="v", marked="version published", aggregation="fold pass", shift=-1
+)
+
+
+def _word(report: dict[str, Any]) -> str:
+    return "version" if report.get("buffered") else "round"
+
+
 def _rounds_done(report: dict[str, Any]) -> str:
+    made = "made" if report.get("buffered") else "done"
     # No total: a buffered run bounded by max_sim_time alone.
     if not report["rounds_total"]:
-        return f"{report['rounds_done']} done"
-    return f"{report['rounds_done']} of {report['rounds_total']} done"
+        return f"{report['rounds_done']} {made}"
+    return f"{report['rounds_done']} of {report['rounds_total']} {made}"
+
+
+def _device_tasks_row(counted: dict[str, Any] | None) -> list[tuple[str, str]]:
+    if not counted:
+        return []
+    return [(counted["what"], f"{counted['done']} done, {counted['failed']} failed{packed_in(counted)}")]
+
+
+def packed_in(counted: dict[str, Any]) -> str:
+    """ ", in 50 packs" when every device task trained in one, else ", 6 of them in 3 packs"; "" with no packs."""
+    if not counted.get("packs"):
+        return ""
+    if counted["packed"] >= counted["done"]:
+        return f", in {counted['packs']} packs"
+    return f", {counted['packed']} of them in {counted['packs']} packs"
 
 
 def _packing_rows(packing: dict[str, Any] | None) -> list[tuple[str, str]]:
@@ -178,7 +229,7 @@ def _packing_rows(packing: dict[str, Any] | None) -> list[tuple[str, str]]:
 
 def _rounds(report: dict[str, Any]) -> str:
     headers = [
-        "round",
+        _word(report),
         "state",
         "selected",
         "done",
@@ -228,9 +279,10 @@ def _rounds(report: dict[str, Any]) -> str:
 def _rounds_section(report: dict[str, Any]) -> str:
     if not report["rounds"]:  # a job kind without rounds (LLM batches)
         return ""
-    return f"""<h2>Rounds</h2>
+    word = _word(report)
+    return f"""<h2>{word.capitalize()}s</h2>
 {_rounds(report)}
-<img src="accuracy.png" alt="accuracy and loss per round">
+<img src="accuracy.png" alt="accuracy and loss per {word}">
 """
 
 
