@@ -10,7 +10,7 @@ VLLM_BIN := $(VLLM_VENV)/bin
 VLLM_STAMP := $(VLLM_VENV)/.installed
 VLLM_EXTRA := $(if $(shell nvidia-smi -L 2>/dev/null | grep -m1 GPU),vllm-gpu,vllm)
 
-.PHONY: install vllm demo test test-faults test-vllm lint bench bench-vllm clean images test-deploy
+.PHONY: install vllm demo test test-faults test-vllm lint docs bench bench-vllm clean images test-deploy
 
 # Each step says what it installs and how long it usually takes (a 2-core machine, about 3 minutes in all).
 $(STAMP): pyproject.toml
@@ -43,7 +43,7 @@ vllm: $(VLLM_STAMP)
 demo: $(STAMP)
 	$(BIN)/fedqueue run examples/digits_fedavg.toml
 
-test: $(STAMP) lint
+test: $(STAMP) lint docs
 	$(BIN)/python -m pytest -m "not faults"
 
 # Infrastructure faults with services each test starts, stops and limits (a store that refuses connections,
@@ -61,6 +61,12 @@ lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
+
+# The documentation site, into site/ (open site/index.html): --strict fails on a broken link or anchor, a page
+# missing from the nav, and a run-config field or setting without a description (docs/hooks/reference.py).
+# Not --quiet: it hides the warnings --strict fails on, and the build passes. Part of `make test`.
+docs: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
 
 # About an hour on an idle 2-core machine (10 minutes of it bench-vllm, which builds the vLLM venv first, and
 # about 15 the chaos soak); each timing benchmark first waits (up to 3 minutes) for other work to stop.
@@ -92,4 +98,4 @@ test-deploy: $(STAMP)
 	$(BIN)/python -m pytest -m deploy tests/test_compose_deploy.py
 
 clean:
-	rm -rf $(VENV) $(VLLM_VENV) fedqueue.db fedqueue.db-wal fedqueue.db-shm
+	rm -rf $(VENV) $(VLLM_VENV) site fedqueue.db fedqueue.db-wal fedqueue.db-shm

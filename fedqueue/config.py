@@ -102,25 +102,52 @@ class Settings:
     """
 
     broker_url: str | None = None
+    """FEDQUEUE_BROKER_URL, FEDQUEUE_REDIS_PASSWORD: the Redis URL of the queue (and of the blobs), and a
+    password filled into it, so the secret can stay out of the URL. Unset: commands use the cluster `fedqueue up`
+    left running, else start an embedded Redis of their own."""
     database_url: str = DEFAULT_DATABASE_URL
+    """FEDQUEUE_DATABASE_URL: the store, a SQLite file (`sqlite:///PATH`) or `postgresql://...`."""
     key_prefix: str = DEFAULT_KEY_PREFIX
+    """FEDQUEUE_KEY_PREFIX: starts every Redis key and queue name (letters, digits, '-', '_' and '.')."""
     blob_dir: str | None = None
+    """FEDQUEUE_BLOB_DIR: a folder shared by every node to keep model blobs in; unset: blobs live in Redis."""
     blob_ttl_s: int = DEFAULT_BLOB_TTL_S
+    """FEDQUEUE_BLOB_TTL_S: seconds blobs, attempt counts and requeue marks stay in Redis."""
     threads_per_task: int = DEFAULT_THREADS_PER_TASK
+    """FEDQUEUE_THREADS_PER_TASK: torch threads of one task (never derived from the machine: the same training with
+    1 and 2 threads differs in the last bits)."""
     task_time_limit_s: int = DEFAULT_TASK_TIME_LIMIT_S
+    """FEDQUEUE_TASK_TIME_LIMIT_S: hard limit of one task in seconds, enforced by ending its worker process; the
+    queue's visibility timeout is set above it."""
     max_attempts: int = DEFAULT_MAX_ATTEMPTS
+    """FEDQUEUE_MAX_ATTEMPTS: attempts of a task (device, aggregation, fold pass, LLM batch) whose own code raised
+    (or ran past the time limit) before it is stored as failed."""
     max_lost_attempts: int = DEFAULT_MAX_LOST_ATTEMPTS
+    """FEDQUEUE_MAX_LOST_ATTEMPTS: attempts of a task lost with their worker (killed, crashed, pre-empted) before it
+    is stored as failed; counted apart from raised ones."""
     heartbeat_ttl_s: int = DEFAULT_HEARTBEAT_TTL_S
+    """FEDQUEUE_HEARTBEAT_TTL_S: seconds a running task's heartbeat, and an aggregation claim, live unrenewed: how
+    soon a lost task or aggregator is noticed (at least 2)."""
     lease_ttl_s: int = DEFAULT_LEASE_TTL_S
+    """FEDQUEUE_LEASE_TTL_S: seconds a dead scheduler's lease on a run blocks `fedqueue resume` (and a worker
+    launcher's adoption) after its last renewal (at least 2)."""
     broker_wait_s: int = DEFAULT_BROKER_WAIT_S
+    """FEDQUEUE_BROKER_WAIT_S: seconds a command following a run (`run`, `resume`, `llm submit`, `fedqueue.run()`)
+    waits for an unreachable broker before it exits, naming `fedqueue resume RUN`."""
     store_wait_s: int = DEFAULT_STORE_WAIT_S
+    """FEDQUEUE_STORE_WAIT_S: the same for a store that refuses the follower (disk full, read-only, unreachable)."""
     no_worker_s: int = DEFAULT_NO_WORKER_S
-    # None: above the task time limit (the safe default). Shorter only to provoke redelivery in tests.
+    """FEDQUEUE_NO_WORKER_S: seconds a run's tasks wait on a queue no worker reads before its follower says so."""
     visibility_timeout_override_s: int | None = None
-    # Folders searched for plugin modules, by workers and by the submitting process.
+    """FEDQUEUE_VISIBILITY_TIMEOUT_S: seconds before the queue hands an unacknowledged task out again; unset (the
+    safe default): twice the task time limit plus 60 s, so a running task is never handed out twice. Set shorter
+    only to provoke redelivery in tests."""
     plugin_path: tuple[str, ...] = ()
-    # The job kinds a worker serves (comma-separated, e.g. "fl,llm"); None serves every installed kind.
+    """FEDQUEUE_PLUGIN_PATH: folders to import plugins from, by workers and by the submitting process, separated
+    by `:` (`--plugin-path` adds to them)."""
     jobs: str | None = None
+    """FEDQUEUE_JOBS: the job kinds a worker serves, comma-separated (`fl,llm`); unset: every installed kind
+    (`fedqueue worker --jobs`)."""
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:

@@ -37,105 +37,189 @@ class RunConfig:
     """One FL experiment. Names follow what FL simulators already call these knobs."""
 
     name: str = ""
+    """Label shown by `fedqueue runs`."""
     dataset: str = "digits"
+    """`digits` (scikit-learn's, offline), `cifar10` / `cifar100` (torchvision's files, read from `data_root`),
+    `synthetic` (CIFAR-shaped, generated), or a plugin's `package.module:attribute`."""
     data_root: str | None = None
+    """Folder holding `cifar-10-batches-py/` (or `cifar-100-python/`); needed by `cifar10` and `cifar100`, which
+    are never downloaded."""
     model: str = "mlp"
+    """`mlp`, `cnn` (the small CIFAR CNN), `resnet18` (torchvision's), `resnet18_fedrevive` (FedRevive's, without
+    BatchNorm), or a plugin."""
     num_devices: int = 100
+    """Simulated devices: the population each round selects from."""
     devices_per_round: int = 20
+    """Devices selected each round (drawn from `seed` and the round)."""
     rounds: int = 10
+    """Synchronous rounds to run; in the buffered modes, the default of `max_model_version`."""
     local_iters: int | None = None
+    """Local optimizer steps per device task; set this or `local_epochs`, not both (neither: one epoch)."""
     local_epochs: int | None = None
+    """Passes over the device's data per device task; set this or `local_iters` (neither: one epoch)."""
     local_batch_size: int = 16
+    """Local mini-batch size."""
     local_optimizer: str = "sgd"
+    """The devices' optimizer: `sgd` or `adam`."""
     local_lr: float = 0.05
+    """The devices' learning rate."""
     local_momentum: float = 0.0
+    """SGD's momentum, in [0, 1)."""
     global_lr: float = 1.0
+    """Server learning rate: the step along the averaged update (in the buffered modes, the weighted mean update)."""
     samples_per_device: int | None = None
+    """Cap on each device's training samples (none: all its share)."""
     partition: str = "iid"
+    """How the training set is split over the devices: `iid`, `dirichlet` (label shares drawn from
+    Dirichlet(`alpha`)), or `dirichlet_fixed` (FedRevive's overlapping shards of exactly `client_data_size`)."""
     alpha: float = 0.5
+    """Concentration of the `dirichlet` and `dirichlet_fixed` label draws: smaller is more skewed."""
     eval_every: int = 1
+    """Evaluate the global model on held-out data every N rounds (or versions), and after the last."""
     seed: int = 0
+    """Seeds the model, the partition, the selection and every local training: the same seed gives the same
+    weights, whatever the workers."""
     # A device that fails every attempt: "skip" aggregates the others (if at least
     # min_devices_per_round succeeded), "abort" fails the run.
     on_failure: str = "skip"
+    """A device that failed every attempt: `skip` it and aggregate the others (at least `min_devices_per_round`),
+    or `abort` the run."""
     min_devices_per_round: int = 1
+    """Fewest successful devices a round may aggregate."""
     # When a run stops besides its last round or version (FedRevive's stop rules, fl/stops.py): simulated
     # seconds (their max_wait_time), an accuracy to reach, and [{version, accuracy}] floors on the best
     # accuracy so far. max_rounds is their name for the aggregations a run makes: it sets `rounds`
     # (fedavg) or `max_model_version` (fedbuff, fedrevive).
     max_sim_time: float | None = None
+    """Stop once this many simulated seconds have passed (FedRevive's `max_wait_time`): an update that would
+    arrive at or after it is not taken."""
     target_accuracy: float | None = None
+    """Stop once an evaluation reaches this accuracy."""
     early_stop: list[dict[str, Any]] = field(default_factory=list)
+    """`[{version = N, accuracy = A}, ...]`: stop at version N if the best accuracy so far is at most A (N a
+    multiple of `eval_every`)."""
     max_rounds: int | None = None
+    """FedRevive's name for the versions a run makes: sets `rounds` (`fedavg`) or `max_model_version` (the
+    buffered modes)."""
     local_step: str = "cross_entropy"
+    """The devices' objective: `cross_entropy`, or a plugin's `package.module:attribute`."""
     aggregate: str = "fedavg"
+    """The server's rule in synchronous rounds: `fedavg`, or a plugin."""
     # Devices per task ("auto": chosen at submit from the round's size and the workers' slots), and
     # how a task trains its pack: "sequential" (back to back), "vmap" (one stacked step), or "auto"
     # (both timed at submit, see fl/packs/rules.py). The choice is written into the stored config.
     pack_size: int | str = field(default="auto", metadata={"expected": 'a positive integer or "auto"'})
+    """Devices per task (1: one device per task), or `"auto"`: two packs per worker slot, chosen at submit."""
     pack_mode: str = "auto"
+    """How a task trains its pack: `sequential` (back to back), `vmap` (one stacked step), or `"auto"` (both
+    timed at submit)."""
     # Written at submit: how "auto" was resolved, for the config and the report to show.
     pack_choice: str = ""
+    """Written at submit, not set by hand: how `"auto"` chose the pack size and mode, and the timings behind it."""
     # How updates become versions: "fedavg" (synchronous rounds), "fedbuff" (buffered asynchronous),
     # or "fedrevive" (FedBuff whose stale updates are mixed with a distilled one, fl/ml/distill.py).
     mode: str = "fedavg"
+    """How updates become versions: `fedavg` (synchronous rounds), `fedbuff` (buffered asynchronous), or
+    `fedrevive` (FedBuff whose stale updates are mixed with a distilled one)."""
     # Buffered async (fedbuff): devices training at once (default devices_per_round), updates per
     # new version, the last version (default `rounds`), staleness weighting and cut-off, reuse of
     # devices that reported, and how many slots must free before new devices are sampled.
     concurrency: int | None = None
+    """Buffered modes: devices training at once (none: `devices_per_round`; FLARE's `device_selection_size`)."""
     buffer_size: int = 10
+    """Buffered modes: updates folded into each new version (FLARE's `num_updates_for_model`)."""
     max_model_version: int | None = None
+    """Buffered modes: the run ends when this version is made (none: `rounds`; version 0 is the initial model)."""
     staleness_weight: str = "none"
+    """Weight w(s) of an update s versions stale: `none` (1), `polynomial` ((1 + s)^-a, a =
+    `staleness_exponent`), `sqrt` (1 / (1 + sqrt(s))), `flare_sqrt` (FLARE's 1 / (1 + sqrt(s + 1))) or `afl_dw`
+    (FedRevive's cosine down-weighting, `staleness_s_max`)."""
     staleness_exponent: float = 0.5
+    """The exponent a of `staleness_weight = "polynomial"`."""
     max_staleness: int | None = None
+    """Drop updates more than this many versions stale (none keeps all)."""
     device_reuse: bool = True
+    """A device that reported may be sampled again (never twice on the same version); false: each device trains
+    once."""
     min_refill: int = 1
+    """Slots that must be free before new devices are sampled (FLARE's `min_hole_to_fill`)."""
     # FedRevive (mode = "fedrevive"), named as in its code: the share of the training set the server
     # holds out, the teachers (last updates), Adam steps, learning rate, batch, temperature and
     # batches of the distillation, and beta: a number, or a schedule of staleness with its factor.
     kd_split: float = 0.1
+    """FedRevive: share of the training set the server holds out to distil on (`simple_kd`); no device gets it."""
     kd_buffer_size: int = 8
+    """FedRevive: the teachers, the local models of this many last folded updates (this one included)."""
     kd_iters: int = 10
+    """FedRevive: Adam steps of distillation per update (their `nb_of_iters`)."""
     kd_lr: float = 0.0003
+    """FedRevive: the distillation's learning rate."""
     kd_batch_size: int = 32
+    """FedRevive: samples per distillation step and teacher."""
     kd_temperature: float = 2.0
+    """FedRevive: the softening temperature T; the loss is KL(student, teacher) x T^2."""
     kd_version: str = "distribution_match_batch"
+    """FedRevive: how the teachers are asked: `distribution_match_batch` (each on a batch drawn like its device's
+    labels), `avg_logits` (one batch, the teachers' mean logits) or `avg_loss` (one batch, the mean loss)."""
     kd_beta: float | str = field(default=0.5, metadata={"expected": "a number or a schedule name"})
+    """FedRevive: how much of an update the distilled change replaces: a constant in [0, 1], or a schedule of
+    staleness, `cosine`, `exponential`, `linear` or `stepwise`, scaled by `kd_beta_factor`."""
     kd_beta_factor: float = 75.0
+    """FedRevive: the factor of the `kd_beta` schedules (their `adaptive_beta_factor`)."""
     # Where the distillation's inputs come from: "simple_kd" (the held-out kd_split) or "dfkd"
     # (images a generator learns from the teachers, fl/ml/synthesis.py), with the generator's knobs
     # and freeze_rounds in the `dfkd` table, named as in FedRevive's dfkd_settings.
     kd_augmentation: str = "simple_kd"
+    """FedRevive: what the distillation runs on: the held-out `kd_split` (`simple_kd`), or images synthesised from
+    the teachers (`dfkd`)."""
     dfkd: dict[str, Any] = field(default_factory=dict)
+    """FedRevive with `kd_augmentation = "dfkd"`: the synthesizer's knobs, a table (FedRevive's `dfkd_settings`)."""
     # Simulated time (both modes): speed classes in seconds per training sample, and the
     # one-way communication delay, e.g. {mean = [0.01, 0.04], std = [0.001, 0.004], share = [0.7, 0.3]}.
     device_speed: dict[str, Any] = field(default_factory=dict)
+    """Simulated speed classes, `{mean = [...], std = [...], share = [...]}`: seconds per training sample of each
+    class (with `clock = "flare"`, seconds per trip), classes drawn by `share`; empty: 0.01 s per sample."""
     communication_delay: dict[str, Any] = field(default_factory=dict)
+    """Simulated `{mean, std}` seconds of each one-way transfer (none when empty)."""
     # How a trip is timed (fl/delays.py): "per_sample" (the two tables above), "flare" (FLARE's edge
     # simulator: device_speed in seconds per trip, one communication delay per trip) or "fedrevive"
     # (FedRevive's per-phase tables below, each {type, mean_distribution, std}; one left out is theirs).
     clock: str = "per_sample"
+    """How a simulated trip is timed: `per_sample` (`device_speed` per sample, plus `communication_delay`),
+    `flare` (FLARE's edge simulator: seconds per trip) or `fedrevive` (FedRevive's per-phase tables)."""
     download_delay: dict[str, Any] = field(default_factory=dict)
+    """With `clock = "fedrevive"`: the download phase, `{type, mean_distribution = [[share, mean], ...], std}`;
+    empty: FedRevive's default."""
     localtrain_delay: dict[str, Any] = field(default_factory=dict)
+    """With `clock = "fedrevive"`: the local-training phase, as `download_delay`; empty: FedRevive's default."""
     upload_delay: dict[str, Any] = field(default_factory=dict)
+    """With `clock = "fedrevive"`: the upload phase, as `download_delay`; empty: FedRevive's default."""
     # s_max of staleness_weight = "afl_dw": w(s) = (1 + cos(pi s / (2 s_max))) / 2, 0 beyond 2 s_max.
     staleness_s_max: float = 75.0
+    """The s_max of `staleness_weight = "afl_dw"`: w(s) = (1 + cos(pi s / (2 s_max))) / 2 up to s = 2 s_max, then 0
+    (FedRevive's `adaptive_beta_factor`)."""
     # FedRevive's data: partition = "dirichlet_fixed" gives every device exactly
     # client_data_size samples, class shares from its own Dirichlet(alpha) draw, shards overlapping
     # across devices; drawn from the training set left after a fixed seed-42 split takes val_split and
     # kd_split out (fl/ml/fixed_shards.py). augment: each batch's random crop (4 px of black padding)
     # and flip, + a 15 degree rotation with "crop_flip_rotate" (fl/ml/augment.py).
     client_data_size: int | None = None
+    """With `partition = "dirichlet_fixed"` (required there): the samples every device gets."""
     val_split: float = 0.15
+    """With `partition = "dirichlet_fixed"`: the share of the training set split off first (with `kd_split`)."""
     augment: str = "none"
+    """Training-batch augmentation: `none`, `crop_flip` (a random 32 px crop of a 4 px zero-padded copy, and a
+    horizontal flip) or `crop_flip_rotate` (and up to 15 degrees of rotation)."""
     # Free-form settings handed to the plugins (the TOML `[plugin]` table).
     plugin: dict[str, Any] = field(default_factory=dict)
-    # A folder for TensorBoard event files (`tensorboard --logdir` it): each run writes under a folder of its own
-    # id, one step per round or version, with FedRevive's names (test/accuracy, test/loss, test/time: the simulated
-    # time, label_wise/accuracy_i and loss_i, train/loss, aggregation/avg_staleness) and fedqueue's own under
-    # fedqueue/. Written by the process that follows the run (`fedqueue run`, `fedqueue resume`, `fedqueue.run()`),
-    # from the store, as each one is made (fl/view/tensorboard.py); `--tensorboard DIR` sets it. None: no files.
+    """Free-form settings handed to every plugin (the TOML `[plugin]` table)."""
+    # Written by the process that follows the run (`fedqueue run`, `fedqueue resume`, `fedqueue.run()`),
+    # from the store, as each round or version is made (fl/view/tensorboard.py).
     tensorboard_dir: str | None = None
+    """A folder for TensorBoard event files (`tensorboard --logdir` it): each run writes under a folder of its
+    own id, one step per round or version, with FedRevive's names (`test/accuracy`, `test/loss`, `test/time`
+    (simulated time), `label_wise/accuracy_i` and `loss_i`, `train/loss`, `aggregation/avg_staleness`) and
+    fedqueue's own under `fedqueue/`; `--tensorboard DIR` sets it. None: no files."""
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -1,5 +1,5 @@
-"""Every FL import path the README and the examples show imports, and so do the paths they showed before fl/
-was split into rooms: user configs and plugins name them.
+"""Every FL import path the README, the docs site and the examples show imports, and so do the paths they showed
+before fl/ was split into rooms: user configs and plugins name them.
 
 The paths shown now are read from the documents themselves, so one added to them is checked with no list to update.
 """
@@ -15,6 +15,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 DOCUMENTS = [
     ROOT / "README.md",
+    *sorted((ROOT / "docs").rglob("*.md")),
     *sorted((ROOT / "examples").rglob("*.py")),
     *sorted((ROOT / "examples").glob("*.toml")),
 ]

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 
 import numpy as np
 import torch
@@ -40,23 +40,33 @@ KD_STREAM = 0xFD4E  # keeps the distillation batches apart from every other use 
 PROPORTION_SOURCES = ("labels", "estimated")  # the devices' true label shares, or PR #5274's estimate
 
 
+@dataclass(frozen=True)
+class ReviveSettings:
+    """The `dfkd` table's knobs of the server step itself; the synthesizer's are SynthesisSettings."""
+
+    freeze_rounds: int = 50
+    """Versions made before any update is revived; until then updates go in as they came (`freeze_rounds`)."""
+    synthesis_interval: int = 1
+    """The generator trains only at arrivals whose current version is a multiple of it; the student still distils
+    on every revived update, from the pool as it stands (PR #5274's `generation_interval`)."""
+    student_weight_decay: float = 1e-5
+    """The distilled student's Adam weight decay."""
+    class_proportion_source: str = "labels"
+    """The teachers' class shares: their devices' true label histograms (`labels`, their simulator), or
+    `estimated` from each device's first uploads (PR #5274's `--class-proportion-source estimated`)."""
+    proxy_uploads: int = 2
+    """With `estimated` shares: a device's first uploads the estimate averages over, frozen after them
+    (fl/ml/proportion_proxy.py)."""
+    proxy_temperature: float = 0.8
+    """With `estimated` shares: the temperature of the softmax averaged over the probes."""
+    proxy_probes: int = 64
+    """With `estimated` shares: the noise probes every upload is shown, drawn once from the run's seed."""
+
+
 def dfkd_defaults() -> dict[str, int | float | str]:
-    """The knobs of the `dfkd` table and their defaults: the synthesizer's, and the server step's own:
-    - freeze_rounds: versions made before any update is revived (until then updates go in as they came);
-    - synthesis_interval: the generator trains only at arrivals whose current version is a multiple of
-      it (distillation still runs on every revived update, from the pool as it stands);
-    - student_weight_decay: the distilled student's Adam weight decay;
-    - class_proportion_source and the estimate's proxy_* knobs (fl/ml/proportion_proxy.py)."""
-    return {
-        "freeze_rounds": 50,
-        "synthesis_interval": 1,
-        "student_weight_decay": 1e-5,
-        "class_proportion_source": "labels",
-        "proxy_uploads": 2,
-        "proxy_temperature": 0.8,
-        "proxy_probes": 64,
-        **asdict(SynthesisSettings()),
-    }
+    """The knobs of the `dfkd` table and their defaults: the server step's own (ReviveSettings), then the
+    synthesizer's (SynthesisSettings)."""
+    return {**asdict(ReviveSettings()), **asdict(SynthesisSettings())}
 
 
 def kd_beta(rule: float | str, factor: float, staleness: int, concurrency: int, buffer_size: int) -> float:

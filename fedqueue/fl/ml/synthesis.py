@@ -47,20 +47,35 @@ LOSS_TERMS = ("bn", "oh", "adv", "kd")  # each with a spike window; kd is the di
 
 @dataclass(frozen=True)
 class SynthesisSettings:
-    nz: int = 256  # noise size
-    ngf: int = 128  # generator width
-    synth_batch_size: int = 64  # images made per call
-    g_steps: int = 2  # steps of the generator's copy per call
+    """The data-free synthesizer's knobs in the `dfkd` table, named as in FedRevive's `dfkd_settings`."""
+
+    nz: int = 256
+    """Size of the generator's noise (`nz`)."""
+    ngf: int = 128
+    """The generator's width (`ngf`)."""
+    synth_batch_size: int = 64
+    """Images made per synthesis call (`synth_batch_size`)."""
+    g_steps: int = 2
+    """Steps of the generator's copy per synthesis call (`g_steps`)."""
     lr_g: float = 3e-3
-    lr_z: float = 1e-3  # the noise's and the class embeddings' rate
-    adv: float = 0.1  # weights of the three losses
+    """Learning rate of the generator, and of its Reptile step (`lr_g`)."""
+    lr_z: float = 1e-3
+    """Learning rate of the noise and the class embeddings (`lr_z`)."""
+    adv: float = 0.1
+    """Weight of the adversarial loss (`adv`)."""
     bn: float = 0.003
+    """Weight of the feature-statistics loss (`bn`)."""
     oh: float = 1.0
-    class_embedding_weight: float = 0.2  # how strongly the label steers the noise
-    warmup_rounds: int = 100  # the adversarial gate's threshold, and versions made before the student distils
-    adv_gate: str = "calls"  # "calls": from the warmup_rounds-th synthesis call (the authors' simulator);
-    # "version": from version warmup_rounds on (their FLARE port)
-    pool_size: int = 16_000  # images kept; the oldest go first
+    """Weight of the teachers' cross-entropy (`oh`)."""
+    class_embedding_weight: float = 0.2
+    """How strongly the label steers the noise (`class_embedding_weight`)."""
+    warmup_rounds: int = 100
+    """Versions made before the student distils, and the adversarial gate's threshold (`warmup_rounds`)."""
+    adv_gate: str = "calls"
+    """What opens the adversarial term: `calls`, from the `warmup_rounds`-th synthesis call (the authors'
+    simulator), or `version`, from version `warmup_rounds` on (their FLARE port)."""
+    pool_size: int = 16_000
+    """Images kept for distillation, the oldest dropped first (`max_images`)."""
 
 
 def image_shape(input_shape: tuple[int, ...]) -> tuple[int, int, int]:
