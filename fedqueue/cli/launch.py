@@ -77,10 +77,10 @@ def follow_to_end(handle: api.RunHandle, place: api.Placement, services: Any = N
     """
 
     with api.scheduling(handle, services, say=_say) as supervisor:
-        tick = api.keep_running(supervisor, place.cluster)
-        if place.standing is not None:
-            tick = _while_up(tick, place.standing.pid, handle.id)
         try:
+            tick = api.keep_running(supervisor, place.cluster)
+            if place.standing is not None:
+                tick = _while_up(tick, place.standing.pid, handle.id)
             ended = follow(
                 supervisor.services,
                 handle.id,

@@ -211,7 +211,7 @@ def _open_job(services: Services, job_id: str, config: dict[str, Any]) -> bool:
     if run.kind != KIND_NAME:
         raise ConfigError(f"--job {job_id}: that id belongs to a run of kind {run.kind!r}; choose another")
     if run.state == CANCELLED:  # cancelled is final: never reopened
-        raise ConfigError(f"job {job_id} was cancelled; use another --job to run this input again")
+        raise ConfigError(f"job {job_id} was cancelled; use another --job to run it again")
     for setting in ("model", "generation", "chat"):
         if run.config.get(setting) != config.get(setting):
             raise ConfigError(
