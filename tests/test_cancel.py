@@ -336,3 +336,25 @@ def test_ctrl_c_on_run_with_its_own_workers_offers_to_keep_it_for_resume(
     assert status["state"] == "running"
     cancelled = fedqueue_cli("cancel", run_id, cwd=tmp_path, env=env)  # no broker left: the store alone
     assert cancelled.returncode == 0 and f"run {run_id} cancelled" in cancelled.stdout, cancelled.stderr
+
+
+def test_queued_tasks_of_a_cancelled_run_are_dropped_and_never_sent_again(settings: Settings) -> None:
+    """On a queue no worker reads: the cancelled run's messages leave it, another run's stay, and the
+    enqueuer of any process sends none of the cancelled run's again."""
+    from fedqueue.api import cancel
+    from fedqueue.llm.messages import GenerateBatch
+
+    services = open_client_services(settings, worker_slots=lambda: {})
+    try:
+        for run_id in ("job-a", "job-b"):
+            services.store.create_run(run_id, run_id, {}, 0, kind="llm")
+            services.enqueue([GenerateBatch(run_id, batch, (f"k{batch}",), 0.0) for batch in range(3)])
+        assert (queued_tasks(settings, "job-a"), queued_tasks(settings, "job-b")) == (3, 3)
+        done = cancel("job-a", settings)
+        assert (done.was, done.dropped, done.cancelled_now) == ("running", 3, True)
+        assert (queued_tasks(settings, "job-a"), queued_tasks(settings, "job-b")) == (0, 3)
+        services.enqueue([GenerateBatch("job-a", 9, ("k9",), 0.0), GenerateBatch("job-b", 9, ("k9",), 0.0)])
+        assert (queued_tasks(settings, "job-a"), queued_tasks(settings, "job-b")) == (0, 4)
+        assert cancel("job-a", settings).was == CANCELLED and services.store.get_run("job-b").state == "running"
+    finally:
+        services.close()

@@ -111,7 +111,10 @@ def interrupted(run_id: str, services: Any, place: api.Placement) -> NoReturn:
     leave = "keep it for `fedqueue resume`" if embedded else "leave it running"
     answer = _ask(f"cancel run {run_id}? [y/N] (N: {leave}) ")
     if answer:
-        cancel_run(services.store, run_id, "cancelled with Ctrl-C")
+        was = cancel_run(services.store, run_id, "cancelled with Ctrl-C")
+        if was not in ("running", CANCELLED):  # it ended while the question waited
+            error_console.print(escape(f"run {run_id} already {was}: not cancelled"), highlight=False)
+            raise typer.Exit(130)
         dropped = _drop_queued(place.settings, run_id)
         note = f"; {dropped} queued tasks dropped" if dropped else ""
         error_console.print(escape(f"run {run_id} cancelled{note}"), highlight=False)
