@@ -1,7 +1,7 @@
 """fedqueue: federated-learning rounds and LLM batch jobs on a Redis queue with GPU-pinned Celery workers.
 
 The Python API loads lazily, so importing a submodule never pulls in Celery or torch it does not
-need: `run`, `submit`, `RunHandle` and `RunConfig` are FL's (fedqueue.fl.api), `runs` and
+need: `run`, `submit`, `RunHandle` and `RunConfig` are FL's (fedqueue.fl.api), `runs`, `cancel` and
 `local_cluster` serve every kind (fedqueue.api), and `fedqueue.llm.run`, `submit` and `get_job` are
 LLM batch jobs' (fedqueue.llm.api).
 """
@@ -11,7 +11,7 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-__all__ = ["RunConfig", "RunHandle", "Settings", "llm", "local_cluster", "run", "runs", "submit"]
+__all__ = ["RunConfig", "RunHandle", "Settings", "cancel", "llm", "local_cluster", "run", "runs", "submit"]
 
 _HOMES = {
     "RunConfig": "fedqueue.fl.api",
@@ -20,6 +20,7 @@ _HOMES = {
     "submit": "fedqueue.fl.api",
     "local_cluster": "fedqueue.api",
     "runs": "fedqueue.api",
+    "cancel": "fedqueue.api",
     "Settings": "fedqueue.config",
 }
 

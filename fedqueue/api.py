@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 from fedqueue.config import DEFAULT_GPUS_PER_WORKER, DEFAULT_PROCS_PER_GPU, DEFAULT_WORKER_SLOTS, Settings
-from fedqueue.errors import ConfigError
+from fedqueue.errors import ConfigError, FedqueueError
 
 # `import fedqueue` stays light: the store (sqlalchemy), Redis and the queue load when a run is placed, submitted
 # or read, in the functions below.
@@ -66,6 +66,10 @@ class RunHandle:
     @property
     def state(self) -> str:
         return self.store.get_run(self.id).state
+
+    def cancel(self, reason: str = "cancelled by the user") -> Cancellation:
+        """Cancel the run (see `cancel`)."""
+        return cancel(self.id, self.settings, reason)
 
     def status(self) -> dict[str, Any]:
         """State, tasks, workers, max_concurrency, failures, and what the run's kind adds."""
@@ -295,6 +299,59 @@ def local_cluster(
 def with_plugins(settings: Settings | None, plugin_path: list[str] | None) -> Settings:
     """The given settings (else the environment's) with more plugin folders."""
     return (settings or Settings.from_env()).with_plugin_path(plugin_path)
+
+
+@dataclass(frozen=True)
+class Cancellation:
+    """What `cancel` did."""
+
+    run_id: str
+    was: str  # "running" when this call cancelled it; else the state the run had already ended in
+    dropped: int | None = None  # queued tasks removed from the broker; None when it was not reached
+    broker_error: str | None = None  # why the broker was not reached (its workers skip the run's tasks instead)
+
+    @property
+    def cancelled_now(self) -> bool:
+        return self.was == "running"
+
+
+def cancel(run_id: str, settings: Settings | None = None, reason: str = "cancelled by the user") -> Cancellation:
+    """Cancel a running run of any kind: state `cancelled` in the store (final: nothing resumes it), its
+    queued tasks removed from the broker of `settings` (where one is configured and answers); tasks that
+    workers hold are skipped, and running ones finish. An ended run is left as it is (`was` tells its state)."""
+    from fedqueue.core.cancel import CANCELLED, cancel_run
+    from fedqueue.core.database import open_store
+
+    settings = settings or Settings.from_env()
+    store = open_store(settings.database_url)
+    try:
+        was = cancel_run(store, run_id, reason)
+    finally:
+        store.close()
+    if was not in ("running", CANCELLED) or not settings.broker_url:
+        return Cancellation(run_id, was)
+    try:
+        dropped = drop_queued_tasks(settings, run_id)
+    except FedqueueError as err:
+        return Cancellation(run_id, was, broker_error=str(err))
+    return Cancellation(run_id, was, dropped)
+
+
+def drop_queued_tasks(settings: Settings, run_id: str) -> int:
+    """Remove a run's queued tasks from the broker of `settings`; how many (ServiceUnavailable when it is down)."""
+    import redis
+
+    from fedqueue.core.services import connect_redis
+    from fedqueue.errors import ServiceUnavailable
+    from fedqueue.queue.purge import drop_queued
+
+    client = connect_redis(settings.broker_url or "")
+    try:
+        return drop_queued(client, settings, run_id)
+    except redis.RedisError as err:
+        raise ServiceUnavailable(f"broker: {err}") from None
+    finally:
+        client.close()
 
 
 def runs(settings: Settings | None = None) -> list[dict[str, Any]]:

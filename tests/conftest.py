@@ -37,8 +37,10 @@ def one_torch_thread() -> None:
 
 @pytest.fixture(autouse=True)
 def private_cache(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Each test (and the commands it starts) remembers timed pack modes in its own cache, not the user's."""
+    """Each test (and the commands it starts) remembers timed pack modes in its own cache, and writes local
+    clusters' logs in its own state folder, not the user's."""
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path_factory.mktemp("cache")))
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path_factory.mktemp("state")))
 
 
 def _redis_answers(url: str) -> bool:

@@ -30,19 +30,21 @@ from fedqueue.cli.common import (
     warn_if_insecure,
 )
 from fedqueue.cli.launch import exit_unless_finished, follow_to_end, say_plain, show_run
-from fedqueue.cli.local import say_ready, start_detached, stop_standing
+from fedqueue.cli.local import cluster_logs, say_ready, start_detached, stop_standing, with_local_broker
+from fedqueue.cli.logs import show_logs
 from fedqueue.cli.runs_table import runs_table
 from fedqueue.cli.tensorboard import write_tensorboard
 from fedqueue.config import DEFAULT_GPUS_PER_WORKER, DEFAULT_PROCS_PER_GPU, DEFAULT_WORKER_SLOTS, Settings, mask_url
 from fedqueue.core import cluster_file
 from fedqueue.core import jobs as job_kinds
 from fedqueue.core.adopt import RunAdopter
+from fedqueue.core.cancel import CANCELLED
 from fedqueue.core.database import open_store
 from fedqueue.core.fast_exit import run_then_exit
 from fedqueue.core.retry import retry_failed_run
 from fedqueue.core.services import connect_redis, no_workers_known
 from fedqueue.core.waiting import waiting_for
-from fedqueue.errors import FedqueueError
+from fedqueue.errors import ConfigError, FedqueueError
 from fedqueue.queue.client import open_client_services
 from fedqueue.queue.flower import check_basic_auth, flower_command
 from fedqueue.queue.local import LocalCluster
@@ -95,6 +97,8 @@ def resume(
     settings.activate_plugin_path()
     handle = api.RunHandle(run_id, settings)
     state = handle.state  # an unknown id fails here, before anything starts
+    if state == CANCELLED:
+        raise ConfigError(f"run {run_id} was cancelled: a cancelled run is not resumed (submit it again for a new run)")
     if state not in ("running", "failed") or (state == "failed" and not retry):
         hint = f"; `fedqueue resume {run_id} --retry` tries it again" if state == "failed" else ""
         console.print(escape(f"run {run_id} is already {state}{hint}"))
@@ -126,7 +130,7 @@ def status(run_id: RunArg, json_: JsonOpt = False) -> None:
     try:
         show_run(store, run_id, json_)
         if not json_ and store.get_run(run_id).state == "running":
-            _show_waiting(settings, run_id)
+            _show_waiting(with_local_broker(settings), run_id)
     finally:
         store.close()
 
@@ -292,11 +296,12 @@ def up(
         args = [f"--procs={procs}"] if procs is not None else []
         args += [f"--slots={slots}", f"--gpus-per-worker={gpus_per_worker}", f"--procs-per-gpu={procs_per_gpu}"]
         args += [f"--plugin-path={folder}" for folder in settings.plugin_path]
-        pid, logs, broker_url = start_detached(args)
+        logs = log_dir or cluster_file.log_dir(settings)
+        pid, broker_url = start_detached(args, logs)
         console.print(
-            escape(f"local cluster up (pid {pid}, logs in {logs}); fedqueue run uses it, fedqueue down stops it"),
-            highlight=False,
+            escape(f"local cluster up (pid {pid}); fedqueue run uses it, fedqueue down stops it"), highlight=False
         )
+        console.print(escape(f"logs in {logs} (fedqueue logs [--follow] shows them)"), highlight=False)
         _say_where(settings, broker_url)
         return
     specs = plan_workers(detect_gpus(), procs, slots, gpus_per_worker, procs_per_gpu)
@@ -314,7 +319,7 @@ def up(
             say_ready(ready_fd, info.broker_url)
             _supervise(
                 cluster.workers,
-                f"{len(specs)} workers, logs in {cluster.log_dir}",
+                f"{len(specs)} workers, logs in {cluster.log_dir} (fedqueue logs)",
                 services,
                 restart_broker=cluster.restart_exited_broker,
             )
@@ -334,7 +339,10 @@ def _say_where(settings: Settings, broker_url: str) -> None:
     if database.startswith("sqlite:"):  # made absolute: the same file from any folder
         exports["FEDQUEUE_DATABASE_URL"] = database
     if exports:
-        console.print("in another shell, for submit, monitor and status:", highlight=False)
+        console.print(
+            "submit, monitor, status, cancel and logs run here find it by themselves; in another folder, first:",
+            highlight=False,
+        )
     for name, value in exports.items():
         console.print(escape(f"export {name}={shlex.quote(value)}"), highlight=False, soft_wrap=True)
 
@@ -345,6 +353,40 @@ def down(plugin_path: PluginPathOpt = None) -> None:
     """Stop the local cluster `fedqueue up` runs for these settings (running tasks finish first)."""
     pid = stop_standing(Settings.from_env().with_plugin_path(plugin_path))
     console.print("no local cluster is up for these settings" if pid is None else f"local cluster (pid {pid}) stopped")
+
+
+@app.command()
+@friendly_errors
+def cancel(run_id: RunArg, plugin_path: PluginPathOpt = None) -> None:
+    """Cancel a running run of any kind: its queued tasks are dropped, running ones finish, and it is stored as
+    cancelled for good (`resume` refuses it). The broker is the configured one, else `fedqueue up`'s."""
+    settings = with_local_broker(Settings.from_env().with_plugin_path(plugin_path))
+    done = api.cancel(run_id, settings, reason="cancelled with fedqueue cancel")
+    if done.was not in ("running", CANCELLED):
+        raise ConfigError(f"run {run_id} already {done.was}: nothing to cancel")
+    what = f"run {run_id} cancelled" if done.cancelled_now else f"run {run_id} was already cancelled"
+    if done.dropped:
+        what += f"; {done.dropped} queued tasks dropped"
+    if done.cancelled_now:
+        what += "; tasks already running finish and keep their results"
+    console.print(escape(what), highlight=False)
+    if done.broker_error is not None:
+        error_console.print(
+            escape(f"warning: {done.broker_error}; workers skip its queued tasks as they take them"), highlight=False
+        )
+
+
+@app.command()
+@friendly_errors
+def logs(
+    follow: Annotated[
+        bool, typer.Option("--follow", "-f", help="Keep printing what the workers write; Ctrl-C stops.")
+    ] = False,
+    lines: Annotated[int, typer.Option("--lines", "-n", min=0, help="Last lines of each log to print first.")] = 20,
+    plugin_path: PluginPathOpt = None,
+) -> None:
+    """Show the worker logs of the local cluster (`fedqueue up`'s, or the one `fedqueue run` starts here)."""
+    show_logs(cluster_logs(Settings.from_env().with_plugin_path(plugin_path)), lines, follow)
 
 
 @app.command()
@@ -367,7 +409,7 @@ def monitor(
     answer without a login.
     """
 
-    settings = Settings.from_env()
+    settings = with_local_broker(Settings.from_env())
     command = flower_command(settings, address, port, allow_actions)
     check_basic_auth(os.environ)
     warn_if_insecure(settings)

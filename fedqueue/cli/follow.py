@@ -95,12 +95,16 @@ def follow(
                 display.console.print(f"[yellow]repair:[/yellow] {escape(action)}", highlight=False)
         return None
 
-    with display:
+    # Not `with display`: a Ctrl-C inside its start would skip its stop, and leave stderr going to the bars.
+    try:
+        display.start()
         while True:
             ended = poll() if store_watch is None else store_watch.call(poll, _still_running)
             if ended is not None:
                 return ended
             wait(poll_s)
+    finally:
+        display.stop()
 
 
 def _still_running() -> str | None:

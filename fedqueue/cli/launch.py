@@ -8,7 +8,7 @@ import shutil
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import typer
 from rich.markup import escape
@@ -17,11 +17,13 @@ from rich.text import Text
 from fedqueue import api
 from fedqueue.cli.common import console, error_console, warn_if_insecure, warn_if_no_workers
 from fedqueue.cli.follow import follow
+from fedqueue.cli.local import with_local_broker
 from fedqueue.config import DEFAULT_GPUS_PER_WORKER, DEFAULT_WORKER_SLOTS, Settings, mask_url
 from fedqueue.core import jobs
+from fedqueue.core.cancel import CANCELLED, cancel_run
 from fedqueue.core.cluster_file import pid_alive
 from fedqueue.core.database import open_store
-from fedqueue.errors import FedqueueError
+from fedqueue.errors import ConfigError, FedqueueError
 from fedqueue.queue.client import open_client_services
 from fedqueue.report.summary import run_summary
 
@@ -58,9 +60,11 @@ def submit_and_follow(
 
 
 def submit_detached(submission: api.Submission, settings: Settings) -> str:
-    """Enqueue on the configured broker and return the run id; the workers and their launcher see it through."""
+    """Enqueue on the configured broker (else that of the cluster `fedqueue up` runs for these settings) and
+    return the run id; the workers and their launcher see it through."""
+    settings = with_local_broker(settings)
     if not settings.broker_url:
-        raise FedqueueError("FEDQUEUE_BROKER_URL: not set (start `fedqueue up` and export the URL it prints)")
+        raise ConfigError("FEDQUEUE_BROKER_URL: not set and no local cluster is up (start one: fedqueue up -d)")
     warn_if_insecure(settings)
     api.check(submission, settings)
     handle = api.submit(submission, api.Placement(settings))
@@ -77,11 +81,11 @@ def follow_to_end(handle: api.RunHandle, place: api.Placement, services: Any = N
     """
 
     with api.scheduling(handle, services, say=_say) as supervisor:
-        tick = api.keep_running(supervisor, place.cluster)
-        if place.standing is not None:
-            tick = _while_up(tick, place.standing.pid, handle.id)
         try:
-            follow(
+            tick = api.keep_running(supervisor, place.cluster)
+            if place.standing is not None:
+                tick = _while_up(tick, place.standing.pid, handle.id)
+            ended = follow(
                 supervisor.services,
                 handle.id,
                 console,
@@ -90,12 +94,77 @@ def follow_to_end(handle: api.RunHandle, place: api.Placement, services: Any = N
                 store_watch=supervisor.store_watch,
             )
         except KeyboardInterrupt:
-            if place.cluster is None:
-                error_console.print(
-                    escape(f"stopped following; run {handle.id} goes on (fedqueue resume {handle.id})"), highlight=False
-                )
-            raise typer.Exit(130) from None
+            interrupted(handle.id, supervisor.services, place)
+        if ended == CANCELLED:  # from another shell: its tasks leave this broker too (that shell may not reach it)
+            _drop_queued(place.settings, handle.id)
     show_run(handle.store, handle.id, as_json=False)
+
+
+def interrupted(run_id: str, services: Any, place: api.Placement) -> NoReturn:
+    """Ctrl-C while following: ask once whether to cancel the run or leave it; exit 130 either way.
+
+    Not asked (and left) when stdin is no terminal, or on a second Ctrl-C or an end of input at the question.
+    Workers started by this command stop with it: "leave" then means kept stored, for `fedqueue resume`.
+    """
+    embedded = place.cluster is not None
+    error_console.print()
+    if embedded:
+        error_console.print(
+            escape(f"run {run_id}: its workers were started by this command and stop with it"), highlight=False
+        )
+    leave = "keep it for `fedqueue resume`" if embedded else "leave it running"
+    answer = _ask(f"cancel run {run_id}? [y/N] (N: {leave}) ")
+    if answer:
+        was = cancel_run(services.store, run_id, "cancelled with Ctrl-C")
+        if was not in ("running", CANCELLED):  # it ended while the question waited
+            error_console.print(escape(f"run {run_id} already {was}: not cancelled"), highlight=False)
+            raise typer.Exit(130)
+        dropped = _drop_queued(place.settings, run_id)
+        note = f"; {dropped} queued tasks dropped" if dropped else ""
+        error_console.print(escape(f"run {run_id} cancelled{note}"), highlight=False)
+        raise typer.Exit(130)
+    if answer is None:
+        why = "no answer" if _interactive() else "stdin is no terminal to ask on"
+        error_console.print(escape(f"{why}: run {run_id} is not cancelled"), highlight=False)
+    if embedded:
+        what = f"run {run_id} kept: fedqueue resume {run_id} goes on with it (on workers it starts)"
+    else:
+        what = f"run {run_id} goes on: fedqueue status {run_id} shows it, fedqueue resume {run_id} follows it"
+    error_console.print(escape(f"{what}, fedqueue cancel {run_id} cancels it"), highlight=False)
+    raise typer.Exit(130)
+
+
+def _interactive() -> bool:
+    try:
+        return sys.stdin is not None and sys.stdin.isatty()
+    except (ValueError, OSError):  # closed
+        return False
+
+
+def _ask(question: str) -> bool | None:
+    """Yes or no to a question on the terminal; None when there is none, or for a Ctrl-C or end of input."""
+    if not _interactive():
+        return None
+    error_console.print(escape(question), end="", highlight=False)
+    try:
+        answer = sys.stdin.readline()
+    except KeyboardInterrupt:
+        error_console.print()
+        return None
+    if not answer:
+        error_console.print()
+        return None
+    return answer.strip().lower() in ("y", "yes")
+
+
+def _drop_queued(settings: Settings, run_id: str) -> int:
+    """The run's queued tasks dropped from this broker, as far as it answers (workers skip the others)."""
+    if not settings.broker_url:
+        return 0
+    try:
+        return api.drop_queued_tasks(settings, run_id)
+    except FedqueueError:
+        return 0
 
 
 def say_plain(line: str) -> None:

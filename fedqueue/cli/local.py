@@ -7,24 +7,25 @@ import select
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 from fedqueue.config import Settings
 from fedqueue.core import cluster_file
 from fedqueue.errors import FedqueueError, ServiceUnavailable
+from fedqueue.queue.local import prepare_log_dir
 
 READY_WORD = b"ready"
 DOWN_TIMEOUT_S = 90.0
 
 
-def start_detached(up_args: list[str]) -> tuple[int, Path, str]:
-    """Start `fedqueue up` in a session of its own; its pid, log folder and broker URL once its workers are ready.
+def start_detached(up_args: list[str], log_dir: Path) -> tuple[int, str]:
+    """Start `fedqueue up` in a session of its own, its output and its workers' logs in `log_dir`; its pid and
+    broker URL once its workers are ready.
 
     The child says "ready URL" on a pipe; the pipe closing without it means the child failed.
     """
-    log_dir = Path(tempfile.mkdtemp(prefix="fedqueue-workers-"))
+    prepare_log_dir(log_dir)
     read_end, write_end = os.pipe()
     with open(log_dir / "up.log", "ab") as log:
         child = subprocess.Popen(
@@ -53,7 +54,7 @@ def start_detached(up_args: list[str]) -> tuple[int, Path, str]:
         child.wait()
         tail = (log_dir / "up.log").read_text(errors="replace").strip().splitlines()[-1:] or ["no output"]
         raise ServiceUnavailable(f"fedqueue up did not start: {tail[0]} (log in {log_dir / 'up.log'})")
-    return child.pid, log_dir, broker_url.decode()
+    return child.pid, broker_url.decode()
 
 
 def say_ready(fd: int | None, broker_url: str) -> None:
@@ -100,3 +101,18 @@ def stop_standing(settings: Settings) -> int | None:
     if not wait_gone(info.pid, DOWN_TIMEOUT_S):
         raise FedqueueError(f"fedqueue up (pid {info.pid}) did not stop within {DOWN_TIMEOUT_S:.0f} s")
     return info.pid
+
+
+def with_local_broker(settings: Settings) -> Settings:
+    """The settings' broker; else, for a command that needs one, the broker of the cluster `fedqueue up` runs for
+    these settings (where one is up); else the settings as they are (no broker)."""
+    if settings.broker_url:
+        return settings
+    standing = cluster_file.find(settings)
+    return settings if standing is None else settings.with_broker(standing.broker_url)
+
+
+def cluster_logs(settings: Settings) -> Path:
+    """The log folder of the local cluster for these settings: the running one's, else where one writes them."""
+    standing = cluster_file.find(settings)
+    return Path(standing.log_dir) if standing is not None and standing.log_dir else cluster_file.log_dir(settings)

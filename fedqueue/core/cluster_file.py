@@ -1,4 +1,5 @@
-"""Where `fedqueue up` leaves word of its cluster, so that `run` reuses it and `down` stops it.
+"""Where `fedqueue up` leaves word of its cluster, so that `run` and the commands that need a broker reuse
+it and `down` stops it; and where a local cluster's logs go.
 
 One file per user and per set of worker settings (database, key prefix, plugin path, ...):
 a `run` reuses a cluster only if its workers would write where the run reads. The file
@@ -63,11 +64,26 @@ def worker_settings(settings: Settings) -> Settings:
     return replace(settings, database_url=_absolute_sqlite(settings.database_url), blob_dir=blob_dir)
 
 
-def cluster_path(settings: Settings) -> Path:
+def _digest(settings: Settings) -> str:
+    """The worker settings, less the broker, as a short name: one cluster per set of them."""
     env = worker_settings(settings).to_env()
     env.pop("FEDQUEUE_BROKER_URL", None)
-    digest = hashlib.sha256(json.dumps(env, sort_keys=True).encode()).hexdigest()[:16]
-    return runtime_dir() / f"cluster-{digest}.json"
+    return hashlib.sha256(json.dumps(env, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def cluster_path(settings: Settings) -> Path:
+    return runtime_dir() / f"cluster-{_digest(settings)}.json"
+
+
+def state_dir() -> Path:
+    """fedqueue's folder of the user's state: what outlives a cluster (its logs)."""
+    base = os.environ.get("XDG_STATE_HOME") or os.path.join(os.path.expanduser("~"), ".local", "state")
+    return Path(base) / "fedqueue"
+
+
+def log_dir(settings: Settings) -> Path:
+    """Where the local cluster for these settings (`fedqueue up`'s, or the one `run` starts) writes its logs."""
+    return state_dir() / "logs" / f"cluster-{_digest(settings)}"
 
 
 def write(settings: Settings, info: ClusterInfo) -> Path:

@@ -9,6 +9,7 @@ from __future__ import annotations
 from fedqueue.config import Settings
 from fedqueue.core.blobs import BlobStore, DirBlobStore, RedisBlobStore
 from fedqueue.core.broker_memory import BrokerMemory
+from fedqueue.core.cancel import unless_cancelled
 from fedqueue.core.database import open_store
 from fedqueue.core.ledger import RedisLedger
 from fedqueue.core.services import Enqueue, Services, WorkerSlots, connect_redis, no_workers_known
@@ -35,6 +36,6 @@ def open_services(
         store=store,
         blobs=blobs,
         ledger=RedisLedger(client, settings),
-        enqueue=enqueue,
+        enqueue=unless_cancelled(enqueue, store),  # a cancelled run's tasks are never sent
         worker_slots=worker_slots,
     )

@@ -23,6 +23,7 @@ from fedqueue.cli.common import (
     friendly_errors,
 )
 from fedqueue.cli.launch import exit_unless_finished, submit_and_follow, submit_detached
+from fedqueue.cli.local import with_local_broker
 from fedqueue.config import DEFAULT_GPUS_PER_WORKER, DEFAULT_WORKER_SLOTS, Settings
 from fedqueue.core.database import open_store
 from fedqueue.errors import ConfigError
@@ -71,7 +72,9 @@ def submit(
     chat: Annotated[
         bool, typer.Option(help="Send each plain prompt as a chat of one user message (for chat models).")
     ] = False,
-    detach: Annotated[bool, typer.Option(help="Print the job id and return (needs FEDQUEUE_BROKER_URL).")] = False,
+    detach: Annotated[
+        bool, typer.Option(help="Print the job id and return (on FEDQUEUE_BROKER_URL, or `fedqueue up`'s cluster).")
+    ] = False,
     out: Annotated[
         Path | None, typer.Option("--out", "-o", help="Export the outputs to this JSONL file when the job ends.")
     ] = None,
@@ -105,8 +108,10 @@ def submit(
     if out is not None:
         check_out_folder(out, "--out")
     settings = Settings.from_env().with_plugin_path(plugin_path)
+    if detach:  # the configured broker, else that of a cluster `fedqueue up` runs for these settings
+        settings = with_local_broker(settings)
     if detach and not settings.broker_url:
-        raise ConfigError("--detach: needs FEDQUEUE_BROKER_URL (start `fedqueue up` and export the URL it prints)")
+        raise ConfigError("--detach: needs FEDQUEUE_BROKER_URL, or a local cluster up (fedqueue up -d)")
     if detach and out is not None:
         raise ConfigError("--out: the job is not followed with --detach; use `fedqueue llm export` later")
     # The input, vLLM and the model (where the workers start here); a bad database before any worker starts.

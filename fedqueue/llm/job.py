@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from fedqueue.core.cancel import CANCELLED
 from fedqueue.core.services import Services
 from fedqueue.errors import ConfigError, NotFound
 from fedqueue.llm.context import TooLong, too_long
@@ -209,6 +210,8 @@ def _open_job(services: Services, job_id: str, config: dict[str, Any]) -> bool:
         return False
     if run.kind != KIND_NAME:
         raise ConfigError(f"--job {job_id}: that id belongs to a run of kind {run.kind!r}; choose another")
+    if run.state == CANCELLED:  # cancelled is final: never reopened
+        raise ConfigError(f"job {job_id} was cancelled; use another --job to run it again")
     for setting in ("model", "generation", "chat"):
         if run.config.get(setting) != config.get(setting):
             raise ConfigError(

@@ -58,8 +58,14 @@ class EmbeddedRedis:
         # The worker launcher's module brings Redis's client and the store; an embedded Redis needs one function.
         from fedqueue.queue.workers import stop_when_parent_dies
 
+        # A session of its own, as the workers': a Ctrl-C in the terminal reaches the command that started it
+        # (which may still need it: to cancel the run it follows), not Redis. It stops when that command dies.
         self._process = subprocess.Popen(
-            args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, preexec_fn=stop_when_parent_dies
+            args,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            preexec_fn=stop_when_parent_dies,
+            start_new_session=True,
         )
         client = redis.Redis.from_url(self.url, socket_connect_timeout=0.5)
         deadline = time.monotonic() + timeout_s

@@ -2,14 +2,29 @@
 
 from __future__ import annotations
 
-import tempfile
+import contextlib
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
 from fedqueue.config import Settings
+from fedqueue.core import cluster_file
 from fedqueue.errors import ServiceUnavailable
 from fedqueue.queue.embedded import EmbeddedRedis
 from fedqueue.queue.workers import WorkerGroup, WorkerSpec
+
+# A log file past this size is moved to NAME.1 (replacing the one before) when its cluster starts.
+LOG_KEEP_BYTES = 8 * 1024 * 1024
+
+
+def prepare_log_dir(folder: Path) -> Path:
+    """The log folder made (private: logs may name URLs and paths), its large logs moved aside."""
+    folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+    for log in folder.glob("*.log"):
+        with contextlib.suppress(OSError):  # another cluster's start moved it first
+            if log.stat().st_size > LOG_KEEP_BYTES:
+                os.replace(log, log.with_name(log.name + ".1"))
+    return folder
 
 
 @dataclass
@@ -26,11 +41,12 @@ class LocalCluster:
         Redis answers when this returns; the workers take whatever is queued once they are up,
         so a caller can submit while they start.
         """
+        # The known folder for these settings (`fedqueue logs` reads it), unless the caller names one.
+        log_dir = prepare_log_dir(log_dir or cluster_file.log_dir(settings))
         redis: EmbeddedRedis | None = None
         if not settings.broker_url:
             redis = EmbeddedRedis().start()
             settings = settings.with_broker(redis.url)
-        log_dir = log_dir or Path(tempfile.mkdtemp(prefix="fedqueue-workers-"))
         workers = WorkerGroup(settings, specs, log_dir=log_dir)
         try:
             workers.start()

@@ -5,7 +5,8 @@ failure before the outcome is stored puts the message back (never an acked,
 lost task); a broker or store outage is waited out, never counted against the
 task; a handler that raises is retried up to `max_attempts`, and a task whose
 workers vanish is sent again up to `max_lost_attempts`, then its kind's
-`give_up` stores the failure; a task past the time limit ends the process.
+`give_up` stores the failure; a task past the time limit ends the process; a task of a cancelled run is
+skipped.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from celery.worker import state as worker_state
 
 from fedqueue.config import Settings
 from fedqueue.core import jobs
+from fedqueue.core.cancel import is_cancelled, run_of
 from fedqueue.core.codec import MessageError
 from fedqueue.core.connect import open_services
 from fedqueue.core.infra_errors import infrastructure_fault
@@ -106,7 +108,12 @@ def _register(
             if services.ledger.count_raised(key) >= settings.max_attempts:
                 handler.give_up(context, message, attempt, f"time limit exceeded ({settings.task_time_limit_s} s)")
 
+        run_id = run_of(message)
+
         def run_once() -> None:
+            if run_id and is_cancelled(services.store, run_id):  # read through outages, as the task's own reads
+                log.info("%s %s: run %s was cancelled; skipped", handler.name, key, run_id)
+                return
             # A kind's scope and task import torch's compiler modules (use_deterministic_algorithms does), which
             # must not be imported beside the worker's warm-up thread: only a process's first tasks wait here.
             jobs.wait_for_warm_up(WARM_UP_WAIT_S)
@@ -119,7 +126,6 @@ def _register(
                 if attempt > 1 and services.ledger.used_up(key, attempt - 1):
                     handler.give_up(context, message, attempt - 1, services.ledger.lost_reason(key, attempt - 1))
                     return
-                run_id = str(getattr(message, "run_id", ""))
                 _through_outages(
                     f"{handler.name} {key}",
                     run_once,

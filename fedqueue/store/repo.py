@@ -133,6 +133,12 @@ class Store:
             raise NotFound(f"run {run_id!r} does not exist")
         return row
 
+    @retry_transient
+    def run_state(self, run_id: str) -> str | None:
+        """A run's state alone (None when there is no such run): one column, read before each task of the run."""
+        with self.session() as session:
+            return session.scalar(select(RunRow.state).where(RunRow.id == run_id))
+
     def list_runs(self) -> list[RunRow]:
         with self.session() as session:
             return list(session.scalars(select(RunRow).order_by(RunRow.created_at)))

@@ -1,0 +1,83 @@
+"""The cluster `fedqueue up -d` leaves: commands that need a broker find it, and `fedqueue logs` shows its workers."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import threading
+from pathlib import Path
+
+from fedqueue.config import Settings
+from fedqueue.core import cluster_file
+from tests.cli_runner import fedqueue_cli, start_fedqueue_cli
+from tests.reliability_support import wait_until
+from tests.test_cancel import active_tasks, queued_tasks
+from tests.test_cli import cli_env, write_config
+
+LONG = "num_devices = 30\ndevices_per_round = 6\nrounds = 200\nlocal_iters = 5\nseed = 3\n"
+
+
+class Lines:
+    """What a running command prints on stdout, gathered by a thread as it comes."""
+
+    def __init__(self, process: subprocess.Popen[str]) -> None:
+        self.text = ""
+        self._process = process
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        assert self._process.stdout is not None
+        for line in self._process.stdout:
+            self.text += line
+
+
+def test_submit_status_cancel_and_logs_find_the_cluster_up_left(tmp_path: Path) -> None:
+    env = cli_env(FEDQUEUE_DATABASE_URL=f"sqlite:///{tmp_path / 'store.db'}")
+    settings = Settings.from_env(env)
+    nothing = fedqueue_cli("logs", cwd=tmp_path, env=env)
+    assert nothing.returncode == 1 and nothing.stderr.startswith("error: no logs in "), nothing.stderr
+    up = fedqueue_cli("up", "--detach", "--procs", "1", cwd=tmp_path, env=env, timeout=180)
+    assert up.returncode == 0, up.stdout + up.stderr
+    folder = cluster_file.log_dir(settings)
+    assert folder.is_relative_to(Path(os.environ["XDG_STATE_HOME"]))
+    assert f"logs in {folder} (fedqueue logs [--follow] shows them)" in up.stdout, up.stdout
+    follower = start_fedqueue_cli(
+        "logs", "--follow", "--lines", "0", cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
+    )
+    followed = Lines(follower)
+    try:
+        # No FEDQUEUE_BROKER_URL: submit finds the broker of the cluster `up` left for these settings.
+        submitted = fedqueue_cli("submit", str(write_config(tmp_path, LONG)), cwd=tmp_path, env=env)
+        assert submitted.returncode == 0, submitted.stdout + submitted.stderr
+        run_id = submitted.stdout.strip()
+        wait_until(lambda: "fedqueue.train_device" in followed.text, 60)  # the worker's log, as it writes it
+        assert re.search(r"^cpu0 \| .*Task fedqueue\.train_device\[", followed.text, re.MULTILINE), followed.text
+        status = fedqueue_cli("status", run_id, cwd=tmp_path, env=env)
+        assert status.returncode == 0 and f"run {run_id} (running)" in status.stdout, status.stdout + status.stderr
+        cancelled = fedqueue_cli("cancel", run_id, cwd=tmp_path, env=env)
+        assert cancelled.returncode == 0 and f"run {run_id} cancelled" in cancelled.stdout, cancelled.stderr
+        standing = cluster_file.find(settings)
+        assert standing is not None
+        on_cluster = settings.with_broker(standing.broker_url)
+        wait_until(lambda: active_tasks(on_cluster, run_id) == 0 and queued_tasks(on_cluster, run_id) == 0, 10)
+        last = fedqueue_cli("logs", "--lines", "2", cwd=tmp_path, env=env)
+        assert last.returncode == 0, last.stderr
+        names = [line.split(" | ")[0] for line in last.stdout.splitlines()]
+        assert names.count("cpu0") == 2 and names.count("up") == 2, last.stdout
+        follower.send_signal(signal.SIGINT)
+        assert follower.wait(timeout=30) == 0
+        assert "Traceback" not in followed.text
+    finally:
+        if follower.poll() is None:
+            follower.kill()
+            follower.wait()
+        down = fedqueue_cli("down", cwd=tmp_path, env=env, timeout=120)
+    assert down.returncode == 0 and "stopped" in down.stdout, down.stdout + down.stderr
+    refused = fedqueue_cli("submit", str(tmp_path / "run.toml"), cwd=tmp_path, env=env)
+    assert refused.returncode == 2 and refused.stderr.splitlines() == [
+        "error: FEDQUEUE_BROKER_URL: not set and no local cluster is up (start one: fedqueue up -d)"
+    ]
+    kept = fedqueue_cli("logs", "--lines", "1", cwd=tmp_path, env=env)  # the logs outlive their cluster
+    assert kept.returncode == 0 and "\ncpu0 | " in kept.stdout, kept.stdout + kept.stderr
