@@ -370,6 +370,10 @@ class _FoldPass:
                     break  # nothing trains on the last version: the refill at its instant is not sent
             else:
                 sends.append(event)
+        if state.done:
+            # Nothing trains once the run has ended: a refill at the instant of its last version (a stop on
+            # simulated time passes that instant before it knows) would train on a version never published.
+            sends = []
         # Sent once every version they train on is published; before the save, so a pass that dies sends again.
         tasks = [
             task
