@@ -10,7 +10,7 @@ VLLM_BIN := $(VLLM_VENV)/bin
 VLLM_STAMP := $(VLLM_VENV)/.installed
 VLLM_EXTRA := $(if $(shell nvidia-smi -L 2>/dev/null | grep -m1 GPU),vllm-gpu,vllm)
 
-.PHONY: install vllm demo test test-faults test-vllm lint docs bench bench-vllm clean images test-deploy
+.PHONY: install vllm demo test test-sessions test-faults test-vllm lint docs bench bench-vllm clean images test-deploy
 
 # Each step says what it installs and how long it usually takes (a 2-core machine, about 3 minutes in all).
 $(STAMP): pyproject.toml
@@ -44,7 +44,12 @@ demo: $(STAMP)
 	$(BIN)/fedqueue run examples/digits_fedavg.toml
 
 test: $(STAMP) lint docs
-	$(BIN)/python -m pytest -m "not faults"
+	$(BIN)/python -m pytest -m "not faults and not sessions"
+
+# Whole command sessions (fedqueue up / run / cancel / logs / Ctrl-C on a terminal, each starting and stopping
+# local clusters): minutes, so apart from `make test`; `.ci/run` runs them after it.
+test-sessions: $(STAMP)
+	$(BIN)/python -m pytest -m sessions
 
 # Infrastructure faults with services each test starts, stops and limits (a store that refuses connections,
 # a broker killed under a follower); minutes, so apart from `make test`; `.ci/run` runs them after it.

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import signal
 import subprocess
 import sys
 from collections.abc import Mapping
@@ -25,6 +26,13 @@ def fedqueue_cli(
     )
 
 
+def interruptible() -> None:
+    """In a child before it starts: Ctrl-C (SIGINT) acts as it does in a terminal's foreground. A shell that
+    runs the tests in the background (`cmd &`, no job control) starts them with SIGINT ignored, which Python
+    then keeps: a test that interrupts a command would see it carry on."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def start_fedqueue_cli(
     *args: str,
     env: Mapping[str, str] | None = None,
@@ -32,5 +40,8 @@ def start_fedqueue_cli(
     stdout: int | IO[Any] | None = None,
     stderr: int | IO[Any] | None = None,
 ) -> subprocess.Popen[str]:
-    """`fedqueue *args` started and left running (a launcher, a worker, Flower); pipes asked for carry text."""
-    return subprocess.Popen([*FEDQUEUE_CLI, *args], env=env, cwd=cwd, stdout=stdout, stderr=stderr, text=True)
+    """`fedqueue *args` started and left running (a launcher, a worker, Flower); pipes asked for carry text.
+    Ctrl-C reaches it as in a terminal (`interruptible`)."""
+    return subprocess.Popen(
+        [*FEDQUEUE_CLI, *args], env=env, cwd=cwd, stdout=stdout, stderr=stderr, text=True, preexec_fn=interruptible
+    )

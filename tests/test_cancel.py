@@ -28,10 +28,12 @@ from fedqueue.llm.tiny import build_tiny_llama
 from fedqueue.queue.app import make_app
 from fedqueue.queue.client import open_client_services
 from fedqueue.queue.purge import message_run, queue_lists
-from tests.cli_runner import FEDQUEUE_CLI, fedqueue_cli
+from tests.cli_runner import FEDQUEUE_CLI, fedqueue_cli, interruptible
 from tests.conftest import running_workers
 from tests.helpers import small_config
 from tests.reliability_support import cli_env, wait_until
+
+pytestmark = pytest.mark.sessions  # `make test-sessions`
 
 SYNC: dict[str, Any] = {"rounds": 40, "num_devices": 30, "devices_per_round": 6}
 BUFFERED: dict[str, Any] = {
@@ -222,6 +224,7 @@ def _take_terminal() -> None:
     import termios
 
     fcntl.ioctl(0, termios.TIOCSCTTY, 0)
+    interruptible()
 
 
 @pytest.fixture
@@ -281,6 +284,7 @@ def test_ctrl_c_without_a_terminal_leaves_the_run_going(
         env=cli_env(cluster),
         cwd=run_config.parent,
         text=True,
+        preexec_fn=interruptible,
     )
     try:
         run_id = _run_id(services, before)

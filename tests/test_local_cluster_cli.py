@@ -9,12 +9,16 @@ import subprocess
 import threading
 from pathlib import Path
 
+import pytest
+
 from fedqueue.config import Settings
 from fedqueue.core import cluster_file
 from tests.cli_runner import fedqueue_cli, start_fedqueue_cli
 from tests.reliability_support import wait_until
 from tests.test_cancel import active_tasks, queued_tasks
 from tests.test_cli import cli_env, write_config
+
+pytestmark = pytest.mark.sessions  # `make test-sessions`
 
 LONG = "num_devices = 30\ndevices_per_round = 6\nrounds = 200\nlocal_iters = 5\nseed = 3\n"
 

@@ -9,9 +9,13 @@ import json
 import re
 from pathlib import Path
 
+import pytest
+
 from fedqueue.llm.tiny import build_tiny_llama
 from tests.cli_runner import fedqueue_cli
 from tests.test_cli import cli_env
+
+pytestmark = pytest.mark.sessions  # `make test-sessions`
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -26,6 +26,8 @@ from tests.helpers import assert_same_weights, reference_final_state, small_conf
 from tests.reliability_support import ping_count, wait_until
 from tests.test_cli import SMALL, cli_env, our_processes, write_config
 
+pytestmark = pytest.mark.sessions  # `make test-sessions`
+
 
 def test_warm_up_leaves_what_tasks_read_as_it_found_it() -> None:
     """It runs beside tasks: drawing from torch's global generator would change their weights."""

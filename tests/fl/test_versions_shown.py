@@ -9,6 +9,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from fedqueue.core.database import open_store
 from fedqueue.fl.store.results import add_round, claim_round, complete_round
 from fedqueue.fl.store.schedule_rows import create_schedule
@@ -18,6 +20,8 @@ from fedqueue.fl.view.bars import RoundProgress
 from fedqueue.store import Store
 from tests.cli_runner import fedqueue_cli
 from tests.test_cli import cli_env, write_config
+
+pytestmark = pytest.mark.sessions  # `make test-sessions`
 
 FEDBUFF = """
 num_devices = 24
