@@ -37,6 +37,7 @@ from tests.reliability_support import (
 )
 
 
+@pytest.mark.faults  # kills or stops what the test started: `make test-faults`
 def test_worker_process_killed_mid_task(settings: Settings, tmp_path: Path) -> None:
     """SIGKILL one `celery worker` under a launcher: it is restarted and its task redone once."""
     settings = reliable_settings(settings)
@@ -58,6 +59,7 @@ def test_worker_process_killed_mid_task(settings: Settings, tmp_path: Path) -> N
     assert_same_weights(handle.final_weights(), reference_final_state(config))
 
 
+@pytest.mark.faults  # kills or stops what the test started: `make test-faults`
 def test_whole_worker_host_killed_mid_round(settings: Settings, tmp_path: Path) -> None:
     """SIGKILL a launcher and all its workers at once; a fresh one finishes the run."""
     settings = reliable_settings(settings)
@@ -157,6 +159,7 @@ def test_poisoned_device_fails_after_the_attempt_cap(settings: Settings, tmp_pat
         assert f"device {poisoned} failed" in status["error"] and "abort" in status["error"]
 
 
+@pytest.mark.faults  # kills or stops what the test started: `make test-faults`
 def test_redis_restart_loses_the_queue_and_the_run_still_completes(settings: Settings, tmp_path: Path) -> None:
     """Redis restarted mid-round without persistence: queue, blobs and counters are gone."""
     first = EmbeddedRedis().start()
@@ -180,6 +183,7 @@ def test_redis_restart_loses_the_queue_and_the_run_still_completes(settings: Set
     assert_same_weights(handle.final_weights(), reference_final_state(config))
 
 
+@pytest.mark.faults  # kills or stops what the test started: `make test-faults`
 def test_graceful_stop_finishes_the_running_task(settings: Settings, tmp_path: Path) -> None:
     """SIGTERM to `fedqueue worker` during a task: the task completes and is stored, then it exits."""
     settings = reliable_settings(settings)
@@ -194,6 +198,7 @@ def test_graceful_stop_finishes_the_running_task(settings: Settings, tmp_path: P
     assert [(task.device, task.attempt) for task in stored] == [(found[0], 1)]
 
 
+@pytest.mark.faults  # kills or stops what the test started: `make test-faults`
 def test_second_signal_stops_at_once_and_the_task_is_redelivered(settings: Settings, tmp_path: Path) -> None:
     settings = reliable_settings(settings)
     config = slow_config(0.6, rounds=1, devices_per_round=2, local_iters=4)

@@ -79,6 +79,7 @@ def killed_then_resumed(
     return store, run_id, resumed
 
 
+@pytest.mark.faults  # kills or stops what the test started: `make test-faults`
 @pytest.mark.parametrize("moment", ["between_rounds", "during_round"])
 def test_killed_scheduler_is_resumed_to_the_same_weights(tmp_path: Path, moment: str) -> None:
     """SIGKILL `fedqueue run` (embedded Redis and workers go down with it); `fedqueue resume` finishes."""
@@ -119,6 +120,7 @@ def test_second_scheduler_on_a_live_run_is_refused(settings: Settings, tmp_path:
     assert status["state"] == "finished"
 
 
+@pytest.mark.faults  # kills or stops what the test started: `make test-faults`
 def test_postgres_connections_dropped_mid_run(settings: Settings, postgres_url: str, tmp_path: Path) -> None:
     """Every connection to the store is terminated mid-round; workers reconnect and every row lands."""
     settings = reliable_settings(replace(settings, database_url=postgres_url))
