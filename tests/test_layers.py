@@ -167,6 +167,22 @@ def test_the_two_strategies_do_not_import_each_other(strategy: str, other: str) 
         assert not found, found
 
 
+def test_fl_keeps_at_most_twelve_modules_at_its_top() -> None:
+    # Past a dozen, a reader of fl/ no longer sees its rooms: a new concept gets a folder of its own.
+    modules = sorted(path.name for path in FL.glob("*.py"))
+    assert len(modules) <= 12, modules
+
+
+@pytest.mark.parametrize("path", _sources(FL / "clock"), ids=_label)
+def test_simulated_time_reads_nothing_but_its_config(path: Path) -> None:
+    # The clock and the stop rules read the config alone (no store, no broker, no model), so they test alone.
+    imports = imported_modules(path)
+    outside = {
+        name: where for name, where in imports.items() if not name.startswith(("fedqueue.errors", "fedqueue.fl.clock."))
+    }
+    assert not outside, outside
+
+
 def test_the_folder_rules_see_a_new_file(tmp_path: Path) -> None:
     # The rules read each folder afresh: a module added to fl/ml/ that imports the store is caught.
     stray = tmp_path / "stray.py"

@@ -15,11 +15,11 @@ from types import UnionType
 from typing import Any, get_args, get_origin, get_type_hints
 
 from fedqueue.errors import ConfigError, DataError
+from fedqueue.fl.clock.delays import CLOCKS, PHASE_KEYS, phase_delay
+from fedqueue.fl.clock.stops import StopRules, check_stop_rules
 from fedqueue.fl.config_files import read_config_file
-from fedqueue.fl.delays import CLOCKS, PHASE_KEYS, phase_delay
 from fedqueue.fl.messages import PACK_MAX, PACK_MODES
 from fedqueue.fl.ml.plugins import describe_choices, is_valid_name
-from fedqueue.fl.stops import StopRules, check_stop_rules
 from fedqueue.fl.strategy.fedbuff.staleness import STALENESS_WEIGHTS
 from fedqueue.store.schema import NAME_MAX
 
@@ -86,7 +86,7 @@ class RunConfig:
     or `abort` the run."""
     min_devices_per_round: int = 1
     """Fewest successful devices a round may aggregate."""
-    # When a run stops besides its last round or version (FedRevive's stop rules, fl/stops.py): simulated
+    # When a run stops besides its last round or version (FedRevive's stop rules, fl/clock/stops.py): simulated
     # seconds (their max_wait_time), an accuracy to reach, and [{version, accuracy}] floors on the best
     # accuracy so far. max_rounds is their name for the aggregations a run makes: it sets `rounds`
     # (fedavg) or `max_model_version` (fedbuff, fedrevive).
@@ -181,7 +181,7 @@ class RunConfig:
     class (with `clock = "flare"`, seconds per trip), classes drawn by `share`; empty: 0.01 s per sample."""
     communication_delay: dict[str, Any] = field(default_factory=dict)
     """Simulated `{mean, std}` seconds of each one-way transfer (none when empty)."""
-    # How a trip is timed (fl/delays.py): "per_sample" (the two tables above), "flare" (FLARE's edge
+    # How a trip is timed (fl/clock/delays.py): "per_sample" (the two tables above), "flare" (FLARE's edge
     # simulator: device_speed in seconds per trip, one communication delay per trip) or "fedrevive"
     # (FedRevive's per-phase tables below, each {type, mean_distribution, std}; one left out is theirs).
     clock: str = "per_sample"
@@ -267,7 +267,7 @@ class RunConfig:
         return self.rounds
 
     def stop_rules(self) -> StopRules:
-        """The run's stops: its bound on versions and FedRevive's rules (fl/stops.py)."""
+        """The run's stops: its bound on versions and FedRevive's rules (fl/clock/stops.py)."""
         own_bound = "max_model_version" if self.is_buffered else "rounds"
         bound = "max_rounds" if self.max_rounds is not None else own_bound
         return StopRules(

@@ -8,14 +8,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from fedqueue.errors import ConfigError, FedqueueError
-from fedqueue.fl.clock import Delay, DeviceClock, DeviceSpeed, samples_processed
+from fedqueue.fl.clock.delays import PHASE_KEYS, phase_delay
+from fedqueue.fl.clock.phases import FlareClock, PhaseClock, TripClock
+from fedqueue.fl.clock.trips import Delay, DeviceClock, DeviceSpeed, samples_processed
 from fedqueue.fl.config import RunConfig
-from fedqueue.fl.delays import PHASE_KEYS, phase_delay
 from fedqueue.fl.ml.augment import augmentation
 from fedqueue.fl.ml.data import DataSpec, FederatedData, blank_pixel, load_federated
 from fedqueue.fl.ml.plugins import AggregateRule, LocalStep, check_options, resolve
 from fedqueue.fl.ml.train import LocalTrainConfig
-from fedqueue.fl.phase_clock import FlareClock, PhaseClock, TripClock
 
 
 def data_spec(config: RunConfig) -> DataSpec:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from fedqueue.fl.clock import Delay, DeviceClock, DeviceSpeed, samples_processed
+from fedqueue.fl.clock.trips import Delay, DeviceClock, DeviceSpeed, samples_processed
 
 
 def test_fixed_speeds_give_exact_trip_times() -> None:

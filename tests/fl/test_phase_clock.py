@@ -12,10 +12,10 @@ from typing import Any
 import numpy as np
 import pytest
 
-from fedqueue.fl.clock import Delay, DeviceSpeed
+from fedqueue.fl.clock.delays import FEDREVIVE_DELAYS, PHASE_KEYS, PhaseDelay, phase_delay
+from fedqueue.fl.clock.phases import FlareClock, PhaseClock, device_means, draw
+from fedqueue.fl.clock.trips import Delay, DeviceSpeed
 from fedqueue.fl.config import RunConfig
-from fedqueue.fl.delays import FEDREVIVE_DELAYS, PHASE_KEYS, PhaseDelay, phase_delay
-from fedqueue.fl.phase_clock import FlareClock, PhaseClock, device_means, draw
 
 DRAWS = 100_000
 NONE = PhaseDelay("constant", (1.0,), (0.0,), 0.0)  # a phase that takes no time

@@ -18,10 +18,10 @@ from fedqueue.core.database import open_store
 from fedqueue.core.memory import RecordingEnqueuer, memory_services
 from fedqueue.core.services import Services
 from fedqueue.errors import ConfigError
+from fedqueue.fl.clock.stops import StopRules, accuracy_stop, time_stop, version_stop
 from fedqueue.fl.config import RunConfig
 from fedqueue.fl.messages import AggregateTask, DeviceTask, FoldTask
 from fedqueue.fl.scheduler import submit_run
-from fedqueue.fl.stops import StopRules, accuracy_stop, time_stop, version_stop
 from fedqueue.fl.store.results import list_rounds
 from fedqueue.fl.store.stop_rows import get_stop
 from fedqueue.fl.strategy.choose import strategy_for

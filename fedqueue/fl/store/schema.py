@@ -39,7 +39,7 @@ class RoundRow(Base):
     train_loss: Mapped[float | None] = mapped_column(Float, nullable=True)
     # Updates the aggregator read while the round's last devices still trained (fedqueue.fl.strategy.sync.read_ahead).
     read_ahead: Mapped[int | None] = mapped_column(Integer, nullable=True)
-    # Simulated time when the round's version was made (fedqueue.fl.clock): the round's slowest
+    # Simulated time when the round's version was made (fedqueue.fl.clock.trips): the round's slowest
     # device bounds a synchronous round; a buffered-async version is made by its last arrival.
     sim_time: Mapped[float | None] = mapped_column(Float, nullable=True)
     # Per-class test accuracy and loss of an evaluated version: {"accuracy": [...], "loss": [...]}, one per class.
@@ -117,7 +117,7 @@ class CheckpointRow(Base):
 
 
 class StopRow(Base):
-    """Why a finished run ended: the rule (fedqueue.fl.stops), its one line, and the version it ended on."""
+    """Why a finished run ended: the rule (fedqueue.fl.clock.stops), its one line, and the version it ended on."""
 
     __tablename__ = "run_stops"
 

@@ -6,7 +6,7 @@ from typing import Any, cast
 
 from sqlalchemy import Table, update
 
-from fedqueue.fl.stops import Stop
+from fedqueue.fl.clock.stops import Stop
 from fedqueue.fl.store.schema import RoundRow, StopRow
 from fedqueue.store.repo import Store, dialect_insert, retry_transient
 

@@ -29,11 +29,11 @@ from fedqueue.core.blobs import blobs_per_read
 from fedqueue.core.codec import BlobRef
 from fedqueue.core.keys import global_key
 from fedqueue.core.services import Services
+from fedqueue.fl.clock.stops import ACCURACY_RULES, Stop, accuracy_stop
 from fedqueue.fl.config import RunConfig
 from fedqueue.fl.messages import AggregateTask, DeviceTask, FoldTask, fold_key
 from fedqueue.fl.ml.weights import decode_state, encode_state
 from fedqueue.fl.packs.tasks import tasks_of_packs
-from fedqueue.fl.stops import ACCURACY_RULES, Stop, accuracy_stop
 from fedqueue.fl.store import schedule_rows
 from fedqueue.fl.store.results import add_round, get_round
 from fedqueue.fl.store.schema import RoundRow

@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from fedqueue.fl.stops import Stop, StopRules, time_stop, version_stop
+from fedqueue.fl.clock.stops import Stop, StopRules, time_stop, version_stop
 from fedqueue.fl.strategy.fedbuff.staleness import is_too_stale, staleness_weight
 
 REFILL_STREAM = 0xFB0F  # keeps the refill draws apart from every other use of the run's seed

@@ -1,6 +1,6 @@
 """Reading a run config file: fedqueue's TOML, or FedRevive's own JSON experiment file as it is.
 
-A JSON file in their format is translated key by key (fedqueue.fl.fedrevive_json); the keys that mean
+A JSON file in their format is translated key by key (fedqueue.fl.config_files.fedrevive_json); the keys that mean
 nothing here come back as notes for the command to print. Validation is RunConfig's, after this.
 """
 
@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from fedqueue.errors import ConfigError
-from fedqueue.fl.fedrevive_json import is_fedrevive_json, translate
+from fedqueue.fl.config_files.fedrevive_json import is_fedrevive_json, translate
 
 
 @dataclass

@@ -1,6 +1,6 @@
 """The two other clocks: FedRevive's per-phase distributions and FLARE's per-trip tiers.
 
-Like the per-sample clock (fl/clock.py), every draw comes from its own stream seeded by
+Like the per-sample clock (trips.py), every draw comes from its own stream seeded by
 (seed, what, ...): a device's means by (seed, phase), a trip's phase time by (seed, phase,
 round, device). So a trip's time depends on the config alone, never on the workers, and
 changing one phase's table leaves the other phases' draws as they were.
@@ -13,8 +13,8 @@ from typing import Protocol
 
 import numpy as np
 
-from fedqueue.fl.clock import Delay, DeviceClock, DeviceSpeed, TripTime
-from fedqueue.fl.delays import PHASE_KEYS, PhaseDelay
+from fedqueue.fl.clock.delays import PHASE_KEYS, PhaseDelay
+from fedqueue.fl.clock.trips import Delay, DeviceClock, DeviceSpeed, TripTime
 
 _MEAN_STREAM = 0x3EA7  # a device's mean for a phase
 _PHASE_STREAM = 0x9A5E  # a trip's time for a phase
