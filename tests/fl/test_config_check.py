@@ -124,6 +124,10 @@ def test_their_table_s_overrides_unset_the_stop_rules(tmp_path: Path) -> None:
             " here (with device_reuse = true); false, FLARE's default, is what fedqueue always does: remove the key",
         ),
         (
+            {"clock": "fedrevive", "upload_delay": {"typ": "constant"}},
+            "upload_delay: unknown setting 'typ'; did you mean 'type'?",
+        ),
+        (
             {"mode": "fedrevive", "kd_augmentation": "dfkd", "dfkd": {"freze_rounds": 5}},
             "dfkd: unknown setting 'freze_rounds'; did you mean 'freeze_rounds'?",
         ),
@@ -133,6 +137,18 @@ def test_a_key_not_known_is_one_line_with_what_was_meant(raw: dict[str, Any], li
     with pytest.raises(ConfigError) as refused:
         RunConfig.from_dict(raw)
     assert str(refused.value) == line
+
+
+def test_a_misspelt_key_in_their_json_says_what_was_meant(tmp_path: Path) -> None:
+    data = fedrevive()
+    data["num_client"] = data.pop("num_clients")
+    path = tmp_path / "fedrevive.json"
+    path.write_text(json.dumps(data))
+    with pytest.raises(ConfigError) as refused:
+        load_run_config(path)
+    assert str(refused.value) == (
+        "num_client: not a FedRevive key fedqueue knows (from their config.py); did you mean 'num_clients'?"
+    )
 
 
 def test_set_mistakes_are_one_line_exit_2(tmp_path: Path) -> None:
