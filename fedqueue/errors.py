@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import difflib
+from collections.abc import Iterable
+
 
 class FedqueueError(Exception):
     """Base of every error fedqueue raises on purpose; `str(err)` is the user's line."""
@@ -37,3 +40,9 @@ class BlobIntegrityError(FedqueueError):
     """A stored blob is missing or its sha256 does not match its reference."""
 
     exit_code = 1
+
+
+def did_you_mean(name: str, known: Iterable[str]) -> str:
+    """The words an error adds for a name that is not known: the closest known one, where one is close."""
+    close = difflib.get_close_matches(name, list(known), n=1)
+    return f"; did you mean {close[0]!r}?" if close else ""

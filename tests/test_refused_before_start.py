@@ -45,7 +45,7 @@ def test_a_config_file_that_sets_nothing_is_read_with_overrides(tmp_path: Path) 
     config = write_config(tmp_path, "")
     result = fedqueue_cli("check", str(config), "--set", "rounds=3", cwd=tmp_path, env=cli_env())
     assert result.returncode == 0, result.stderr
-    assert "rounds = 3" in result.stdout.splitlines()
+    assert "rounds = 3  # --set" in result.stdout.splitlines()
 
 
 def test_a_plugin_folder_that_does_not_exist_is_refused(tmp_path: Path) -> None:

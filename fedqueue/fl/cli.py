@@ -14,8 +14,10 @@ from rich.table import Table
 from fedqueue.cli.common import PluginPathOpt, ProcsOpt, SlotsOpt, console, error_console, friendly_errors
 from fedqueue.cli.launch import exit_unless_finished, say_where_results_are, submit_and_follow, submit_detached
 from fedqueue.config import DEFAULT_WORKER_SLOTS, Settings
+from fedqueue.errors import FedqueueError
 from fedqueue.fl.api import RunSubmission, check_tensorboard_dir
-from fedqueue.fl.config import RunConfig, config_toml, load_run_config_with_notes, parse_override
+from fedqueue.fl.config import LoadedConfig, RunConfig, parse_override, read_run_config
+from fedqueue.fl.config_files.explain import marked_toml, missing_data_line, stop_lines
 from fedqueue.report.summary import run_summary
 from fedqueue.store import Store
 
@@ -24,7 +26,24 @@ app = typer.Typer(no_args_is_help=True, pretty_exceptions_enable=False)
 ConfigArg = Annotated[
     Path, typer.Argument(help="Run config (TOML, or FedRevive's JSON); see examples/.", show_default=False)
 ]
-SetOpt = Annotated[list[str] | None, typer.Option("--set", "-s", help="Override a config key: KEY=VALUE (repeatable).")]
+
+
+def _sets_have_values(items: list[str] | None) -> list[str] | None:
+    """`--set rounds 3` read as `--set rounds` and a stray `3`: said here, in one line, before click's own
+    "unexpected extra argument" (which names neither --set nor what it expects)."""
+    for item in items or []:
+        try:
+            parse_override(item)
+        except FedqueueError as err:
+            error_console.print(f"[red]error:[/red] {escape(str(err))}", highlight=False)
+            raise typer.Exit(err.exit_code) from None
+    return items
+
+
+SetOpt = Annotated[
+    list[str] | None,
+    typer.Option("--set", "-s", help="Override a config key: KEY=VALUE (repeatable).", callback=_sets_have_values),
+]
 RoundsOpt = Annotated[int | None, typer.Option(help="Override `rounds`.")]
 SeedOpt = Annotated[int | None, typer.Option(help="Override `seed`.")]
 TensorBoardOpt = Annotated[
@@ -41,6 +60,17 @@ TensorBoardOpt = Annotated[
 def _config(
     path: Path, sets: list[str] | None, rounds: int | None, seed: int | None, tensorboard: Path | None = None
 ) -> RunConfig:
+    return _loaded(path, sets, rounds, seed, tensorboard).config
+
+
+def _loaded(
+    path: Path,
+    sets: list[str] | None,
+    rounds: int | None,
+    seed: int | None,
+    tensorboard: Path | None = None,
+    check_data: bool = True,
+) -> LoadedConfig:
     overrides: dict[str, Any] = dict(parse_override(item) for item in sets or [])
     if rounds is not None:
         overrides["rounds"] = rounds
@@ -48,10 +78,10 @@ def _config(
         overrides["seed"] = seed
     if tensorboard is not None:
         overrides["tensorboard_dir"] = str(tensorboard)
-    config, notes = load_run_config_with_notes(path, overrides)
-    for note in notes:
+    loaded = read_run_config(path, overrides, check_data=check_data)
+    for note in loaded.notes:
         error_console.print(f"note: {escape(note)}", highlight=False)
-    return config
+    return loaded
 
 
 def _announce(run_id: str, run_config: RunConfig) -> None:
@@ -109,9 +139,16 @@ def run(
 @app.command()
 @friendly_errors
 def check(config: ConfigArg, set_: SetOpt = None) -> None:
-    """Print a config (TOML, or FedRevive's JSON as it is) resolved to fedqueue's knobs, as TOML `run` reads back."""
-    resolved = _config(config, set_, None, None)
-    print(config_toml(resolved).rstrip("\n"))
+    """Print a config (TOML, or FedRevive's JSON as it is) resolved to fedqueue's knobs, as TOML `run` reads back,
+    each key the file or --set gave marked; then the keys that stop the run early, and a dataset folder not there
+    yet (shown anyway: a config can be checked before its data is copied)."""
+    loaded = _loaded(config, set_, None, None, check_data=False)
+    print(marked_toml(loaded).rstrip("\n"))
+    for line in stop_lines(loaded.config, loaded.fedrevive_json):
+        error_console.print(escape(line), highlight=False)
+    missing = missing_data_line(loaded.config)
+    if missing is not None:
+        error_console.print(f"[yellow]{escape(missing)}[/yellow]", highlight=False)
 
 
 @app.command()

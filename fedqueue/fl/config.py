@@ -14,7 +14,7 @@ from pathlib import Path
 from types import UnionType
 from typing import Any, get_args, get_origin, get_type_hints
 
-from fedqueue.errors import ConfigError, DataError
+from fedqueue.errors import ConfigError, DataError, did_you_mean
 from fedqueue.fl.clock.delays import CLOCKS, PHASE_KEYS, phase_delay
 from fedqueue.fl.clock.stops import StopRules, check_stop_rules
 from fedqueue.fl.config_files import read_config_file
@@ -30,6 +30,32 @@ MODES = ("fedavg", "fedbuff", "fedrevive")
 BUFFERED_MODES = ("fedbuff", "fedrevive")  # run by the buffered-async strategy
 LOCAL_DATASETS = ("cifar10", "cifar100")  # read from data_root, never downloaded
 AUGMENTS = ("none", "crop_flip", "crop_flip_rotate")  # as fl/ml/augment.py
+# The built-in datasets' images (channels, height, width): the augmentations crop 32x32 images padded by 4 pixels,
+# which on 8x8 digits leaves little of the digit (a run trains, to below chance).
+IMAGE_SHAPES = {"digits": (1, 8, 8), "synthetic": (3, 32, 32), "cifar10": (3, 32, 32), "cifar100": (3, 32, 32)}
+AUGMENT_SIZE = (32, 32)
+
+# FLARE's edge FedBuff names (its recipe's ModelManagerConfig, DeviceManagerConfig, SimulationConfig): a config
+# written with them is told fedqueue's knob, or why there is none, instead of "unknown setting".
+FLARE_NAMES = {
+    "num_updates_for_model": "FLARE's name; fedqueue's is buffer_size",
+    "device_selection_size": "FLARE's name; fedqueue's is concurrency",
+    "min_hole_to_fill": "FLARE's name; fedqueue's is min_refill",
+    "max_model_history": "FLARE's name; its max_model_history = H is max_staleness = H - 1 here",
+    "const_selection": "FLARE's flag to train the same devices every version is num_devices = concurrency here"
+    " (with device_reuse = true); false, FLARE's default, is what fedqueue always does: remove the key",
+    "device_sampling_strategy": "FLARE balances devices over its leaf clients; fedqueue has no leaves and draws"
+    ' free devices uniformly (FLARE\'s "random"): remove the key',
+    "max_num_active_model_versions": "FLARE's leaf clients keep that many versions; fedqueue keeps every version"
+    " in its store: remove the key",
+    "update_timeout": "FLARE waits that long on the wall clock for updates; fedqueue folds them in simulated order"
+    " and never waits on a timer: remove the key",
+    "initial_min_client_num": "FLARE waits for that many leaf clients; fedqueue starts with the workers it has:"
+    " remove the key",
+    "job_timeout": "FLARE's wall-clock limit; fedqueue bounds a run by max_model_version or max_sim_time",
+    "eval_frequency": "FLARE's name; fedqueue's is eval_every",
+    "num_workers": "FLARE's simulator processes; fedqueue's are its workers (fedqueue run --procs N)",
+}
 
 
 @dataclass(frozen=True)
@@ -225,18 +251,30 @@ class RunConfig:
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, raw: dict[str, Any]) -> RunConfig:
-        """Validate `raw` and build the config; raises ConfigError naming the field."""
+    def from_dict(cls, raw: dict[str, Any], check_data: bool = True) -> RunConfig:
+        """Validate `raw` and build the config; raises ConfigError naming the field.
+
+        `check_data=False` accepts a data_root that does not exist (yet): `fedqueue check` shows the config anyway.
+        """
         if not isinstance(raw, dict):
             raise ConfigError("config: expected a table of settings")
-        known = {f.name: f for f in fields(cls)}
         for key in raw:
-            if key not in known:
-                raise ConfigError(f"{key}: unknown setting (known: {', '.join(sorted(known))})")
+            check_known_key(key)
+        flare_weight = raw.get("staleness_weight")
+        if isinstance(flare_weight, bool):  # FLARE's staleness_weight is a flag
+            rule = "flare_sqrt" if flare_weight else "none"
+            raise ConfigError(f'staleness_weight: FLARE\'s {str(flare_weight).lower()} is "{rule}" here')
         values = {key: _check_type(key, value, _FIELD_TYPES[key]) for key, value in raw.items()}
         config = cls(**_with_max_rounds(raw, values))
-        config._check_rules()
+        config._check_rules(check_data)
         return config
+
+    @property
+    def missing_data_root(self) -> str | None:
+        """The data_root a local dataset needs that does not exist here, else None."""
+        if self.dataset in LOCAL_DATASETS and self.data_root is not None and not Path(self.data_root).is_dir():
+            return self.data_root
+        return None
 
     @property
     def resolved_pack_size(self) -> int:
@@ -285,7 +323,7 @@ class RunConfig:
             return 1
         return self.local_epochs
 
-    def _check_rules(self) -> None:
+    def _check_rules(self, check_data: bool = True) -> None:
         self._check_counts()
         self._check_names()
         self._check_packing()
@@ -297,7 +335,7 @@ class RunConfig:
             self._check_buffered_rules()
         if self.mode == "fedrevive":
             self._check_revive_rules()
-        self._check_data()
+        self._check_data(check_data)
         self._check_fedrevive_data()
         if self.tensorboard_dir is not None and (not self.tensorboard_dir.strip() or "\0" in self.tensorboard_dir):
             raise ConfigError(f"tensorboard_dir: a folder name, got {self.tensorboard_dir!r}")
@@ -359,7 +397,7 @@ class RunConfig:
         if not 0 <= self.local_momentum < 1:
             raise ConfigError(f"local_momentum: must be in [0, 1), got {self.local_momentum}")
 
-    def _check_data(self) -> None:
+    def _check_data(self, check_data: bool) -> None:
         try:
             json.dumps(self.plugin, allow_nan=False)
         except (TypeError, ValueError):
@@ -369,7 +407,7 @@ class RunConfig:
         if self.dataset in LOCAL_DATASETS:
             if self.data_root is None:
                 raise ConfigError(f"data_root: the {self.dataset} dataset needs data_root (a local folder)")
-            if not Path(self.data_root).is_dir():
+            if check_data and self.missing_data_root is not None:
                 raise DataError(f"data_root: dataset root {self.data_root!r} does not exist")
 
     def _check_trip_clock(self) -> None:
@@ -394,6 +432,12 @@ class RunConfig:
 
     def _check_fedrevive_data(self) -> None:
         _choice("augment", self.augment, AUGMENTS)
+        shape = IMAGE_SHAPES.get(self.dataset)
+        if self.augment != "none" and shape is not None and shape[1:] != AUGMENT_SIZE:
+            raise ConfigError(
+                f'augment: "{self.augment}" crops 32x32 images padded by 4 pixels; dataset {self.dataset!r} has'
+                f' {"x".join(map(str, shape))} images (set augment = "none")'
+            )
         if self.partition != "dirichlet_fixed":
             if self.client_data_size is not None:
                 raise ConfigError('client_data_size: applies to partition = "dirichlet_fixed" only')
@@ -523,7 +567,18 @@ def _check_dfkd(table: dict[str, Any]) -> None:
 def _check_table(key: str, table: dict[str, Any], allowed: tuple[str, ...]) -> None:
     for name in table:
         if name not in allowed:
-            raise ConfigError(f"{key}: unknown setting {name!r} (known: {', '.join(allowed)})")
+            hint = did_you_mean(name, allowed) or f" (known: {', '.join(allowed)})"
+            raise ConfigError(f"{key}: unknown setting {name!r}{hint}")
+
+
+def check_known_key(key: str, where: str = "") -> None:
+    """A run-config key, else one line: FLARE's name for it, the closest knob, or where every knob is listed."""
+    if key in _FIELD_TYPES:
+        return
+    if key in FLARE_NAMES:
+        raise ConfigError(f"{where}{key}: {FLARE_NAMES[key]}")
+    hint = did_you_mean(key, _FIELD_TYPES) or " (every knob: docs/reference/run-config.md)"
+    raise ConfigError(f"{where}{key}: unknown setting{hint}")
 
 
 def _check_clock(speed: dict[str, Any], delay: dict[str, Any]) -> None:
@@ -620,44 +675,71 @@ def _choice(key: str, value: str, choices: tuple[str, ...]) -> None:
 def parse_override(text: str) -> tuple[str, Any]:
     """Parse one `key=value` override; the value is read as TOML (`rounds=5`, `model="cnn"`).
 
-    A bare word that is not valid TOML is taken as a string, so `model=cnn` works too.
+    A bare word that is not valid TOML is taken as a string, so `model=cnn` works too; `none` unsets a knob that
+    may be unset (a number, a table of numbers: `target_accuracy=none`), and stays the word where a string may be.
     """
     key, sep, raw = text.partition("=")
     key = key.strip()
     if not sep or not key:
-        raise ConfigError(f"--set {text!r}: expected KEY=VALUE")
+        raise ConfigError(f"--set expects KEY=VALUE, got {text!r} (no spaces around '=': --set {key or 'KEY'}=VALUE)")
+    check_known_key(key, where="--set ")
     try:
         value = tomllib.loads(f"v = {raw.strip()}")["v"]
     except tomllib.TOMLDecodeError:
         value = raw.strip()
+    accepted, _, optional = _FIELD_TYPES[key]
+    if value == "none" and optional and str not in accepted:
+        value = None
     return key, value
 
 
 def load_run_config(path: str | Path | None, overrides: dict[str, Any] | None = None) -> RunConfig:
     """Read a config file (TOML, or FedRevive's JSON; none: all defaults), apply overrides, validate."""
-    return load_run_config_with_notes(path, overrides)[0]
+    return read_run_config(path, overrides).config
 
 
 def load_run_config_with_notes(
     path: str | Path | None, overrides: dict[str, Any] | None = None
 ) -> tuple[RunConfig, list[str]]:
-    """`load_run_config`, plus one note per key the file gave that means nothing here.
+    """`load_run_config`, plus one note per key the file gave that means nothing here."""
+    loaded = read_run_config(path, overrides)
+    return loaded.config, loaded.notes
+
+
+@dataclass(frozen=True)
+class LoadedConfig:
+    """A validated config and where its keys came from: what `fedqueue check` shows beside it."""
+
+    config: RunConfig
+    notes: list[str]
+    from_file: frozenset[str]  # keys the file set (FedRevive's JSON: the knobs its keys became)
+    from_command: frozenset[str]  # keys the command line set (--set and its options)
+    fedrevive_json: bool = False
+
+
+def read_run_config(
+    path: str | Path | None, overrides: dict[str, Any] | None = None, check_data: bool = True
+) -> LoadedConfig:
+    """The config a file and overrides make, with the file's notes and which keys each gave.
 
     A file that sets nothing (empty, or only comments) is refused unless overrides set something: running
-    every default is never what a config file was written for.
+    every default is never what a config file was written for. `check_data=False`: see `RunConfig.from_dict`.
     """
     raw: dict[str, Any] = {}
     notes: list[str] = []
+    fedrevive_json = False
     if path is not None:
         read = read_config_file(Path(path))
-        raw, notes = read.raw, read.notes
+        raw, notes, fedrevive_json = read.raw, read.notes, read.fedrevive
         if not raw and not overrides:
             raise ConfigError(
                 f"config: {str(path)!r} sets nothing, so every setting would be its default;"
                 " write the settings to run (e.g. rounds = 10; see examples/)"
             )
+    from_file = frozenset(raw)
     raw.update(overrides or {})
-    return RunConfig.from_dict(raw), notes
+    config = RunConfig.from_dict(raw, check_data=check_data)
+    return LoadedConfig(config, notes, from_file, frozenset(overrides or {}), fedrevive_json)
 
 
 def config_toml(config: RunConfig) -> str:

@@ -12,7 +12,7 @@ from fedqueue.fl.ml.cifar_fixture import write_cifar_batches
 from fedqueue.fl.ml.data import DataSpec, load_federated
 
 MEAN = torch.tensor((0.4914, 0.4822, 0.4465)).view(1, 3, 1, 1)
-STD = torch.tensor((0.2470, 0.2435, 0.2616)).view(1, 3, 1, 1)
+STD = torch.tensor((0.2023, 0.1994, 0.2010)).view(1, 3, 1, 1)
 
 
 def _read(folder: Path, names: list[str]) -> tuple[np.ndarray, list[int]]:

@@ -19,7 +19,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from fedqueue.errors import ConfigError
+from fedqueue.errors import ConfigError, did_you_mean
 
 # How trips are timed: fedqueue's per-sample model (the default), FLARE's per-trip tiers, FedRevive's phases.
 CLOCKS = ("per_sample", "flare", "fedrevive")
@@ -63,7 +63,8 @@ def phase_delay(key: str, table: Mapping[str, Any] | None) -> PhaseDelay:
         table = FEDREVIVE_DELAYS[key]
     for name in table:
         if name not in _TABLE_KEYS:
-            raise ConfigError(f"{key}: unknown setting {name!r} (known: {', '.join(_TABLE_KEYS)})")
+            hint = did_you_mean(name, _TABLE_KEYS) or f" (known: {', '.join(_TABLE_KEYS)})"
+            raise ConfigError(f"{key}: unknown setting {name!r}{hint}")
     full = {**_TABLE_DEFAULTS, **table}
     kind = full["type"]
     if not isinstance(kind, str) or kind not in DELAY_TYPES:

@@ -20,6 +20,7 @@ from fedqueue.fl.config_files.fedrevive_json import is_fedrevive_json, translate
 class ConfigFile:
     raw: dict[str, Any]  # fedqueue's keys, before validation
     notes: list[str] = field(default_factory=list)  # keys read and ignored, one line each
+    fedrevive: bool = False  # FedRevive's own JSON experiment file, translated
 
 
 def read_config_file(path: Path) -> ConfigFile:
@@ -38,7 +39,7 @@ def read_config_file(path: Path) -> ConfigFile:
     if not is_fedrevive_json(data):
         return ConfigFile(data)
     translation = translate(data, name=path.stem)
-    return ConfigFile(translation.raw, translation.notes)
+    return ConfigFile(translation.raw, translation.notes, fedrevive=True)
 
 
 def _text(path: Path) -> str:

@@ -12,7 +12,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from fedqueue.errors import ConfigError
+from fedqueue.errors import ConfigError, did_you_mean
 
 # Their `"auto"` server learning rates for CIFAR-10, by what the run does (their Config.set_lr_values).
 AUTO_SERVER_LR = {"sync": 1.4, "dfkd": 0.1, "simple_kd": 0.2, "none": 0.05}
@@ -124,7 +124,8 @@ def translate(data: Mapping[str, Any], name: str = "") -> Translation:
         out.notes.append(f"{key}: ignored: {why}")
     unknown = [key for key in data if key not in handled]
     if unknown:
-        raise ConfigError(f"{unknown[0]}: not a FedRevive key fedqueue knows (from their config.py)")
+        hint = did_you_mean(unknown[0], handled)
+        raise ConfigError(f"{unknown[0]}: not a FedRevive key fedqueue knows (from their config.py){hint}")
     return out
 
 

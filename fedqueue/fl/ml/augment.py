@@ -19,6 +19,7 @@ from fedqueue.fl.ml.seeding import task_seed
 from fedqueue.fl.ml.torch_device import host_to_device
 
 AUGMENTS = ("none", "crop_flip", "crop_flip_rotate")
+IMAGE_SIZE = (32, 32)  # what a device's augmentation is meant for: CIFAR's images
 PAD = 4
 ROTATION_DEGREES = 15.0
 AUGMENT_STREAM = 0xA06E  # keeps the augmentation's draws apart from the batch order's
@@ -111,14 +112,26 @@ def apply(aug: Augmentation, images: Tensor, draws: Draws) -> Tensor:
     return out.contiguous()
 
 
+def check_image_size(images: Tensor) -> None:
+    """A device's batch (N, C, 32, 32), else one line naming `augment` and the shape: on other images (8x8 digits,
+    flat inputs) the crop and rotation leave too little of them, and a run trains to below chance."""
+    if images.dim() != 4 or tuple(images.shape[2:]) != IMAGE_SIZE:
+        shape = "x".join(str(size) for size in images.shape[1:])
+        raise ConfigError(
+            f'augment: crops 32x32 images padded by 4 pixels; the dataset\'s are {shape} (set augment = "none")'
+        )
+
+
 def augment_batch(aug: Augmentation, images: Tensor, generator: torch.Generator) -> Tensor:
     """One device's batch, augmented with its generator's next draws."""
+    check_image_size(images)
     return apply(aug, images, draw(aug, generator, len(images)))
 
 
 def augment_stacked(aug: Augmentation, images: Tensor, generators: list[torch.Generator]) -> Tensor:
     """A vmapped pack's batches (members, N, C, H, W): each member's drawn from its own generator."""
     members, count = images.shape[:2]
+    check_image_size(images[0])
     parts = [draw(aug, generator, count) for generator in generators]
     angle = None if parts[0].angle is None else torch.cat([p.angle for p in parts if p.angle is not None])
     draws = Draws(

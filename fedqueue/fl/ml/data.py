@@ -25,9 +25,10 @@ PARTITIONS = ("iid", "dirichlet", "dirichlet_fixed")
 NUM_CLASSES = 10
 CIFAR100_CLASSES = 100
 
-_CIFAR_MEAN = (0.4914, 0.4822, 0.4465)
-_CIFAR_STD = (0.2470, 0.2435, 0.2616)
-# FedRevive's CIFAR-100 constants (its CIFAR-10 ones differ from fedqueue's above, which stay as they were).
+# FedRevive's normalization constants (its simulator's DataTransformManager, and its NVFlare port): their ResNet-18
+# has no BatchNorm, so its logits scale with the input and other constants would change every number.
+CIFAR10_MEAN = (0.4914, 0.4822, 0.4465)
+CIFAR10_STD = (0.2023, 0.1994, 0.2010)
 CIFAR100_MEAN = (0.507, 0.487, 0.441)
 CIFAR100_STD = (0.268, 0.257, 0.276)
 _SYNTHETIC_TRAIN = 4000
@@ -200,7 +201,7 @@ class _CifarFormat:
     std: tuple[float, float, float]
 
 
-_CIFAR10 = _CifarFormat("CIFAR-10", "cifar-10-batches-py", NUM_CLASSES, _CIFAR_MEAN, _CIFAR_STD)
+_CIFAR10 = _CifarFormat("CIFAR-10", "cifar-10-batches-py", NUM_CLASSES, CIFAR10_MEAN, CIFAR10_STD)
 _CIFAR100 = _CifarFormat("CIFAR-100", "cifar-100-python", CIFAR100_CLASSES, CIFAR100_MEAN, CIFAR100_STD)
 
 
