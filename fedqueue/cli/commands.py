@@ -15,6 +15,7 @@ from typing import Annotated, Any
 
 import typer
 from rich.markup import escape
+from rich.text import Text
 
 from fedqueue import api
 from fedqueue.cli.common import (
@@ -32,7 +33,7 @@ from fedqueue.cli.common import (
 from fedqueue.cli.launch import exit_unless_finished, follow_to_end, say_plain, show_run
 from fedqueue.cli.local import cluster_logs, say_ready, start_detached, stop_standing, with_local_broker
 from fedqueue.cli.logs import show_logs
-from fedqueue.cli.runs_table import runs_table
+from fedqueue.cli.runs_table import runs_table, stalled_note
 from fedqueue.cli.tensorboard import write_tensorboard
 from fedqueue.config import DEFAULT_GPUS_PER_WORKER, DEFAULT_PROCS_PER_GPU, DEFAULT_WORKER_SLOTS, Settings, mask_url
 from fedqueue.core import cluster_file
@@ -223,6 +224,9 @@ def runs(json_: JsonOpt = False) -> None:
         print(json.dumps(lines, indent=2))
         return
     console.print(runs_table(lines, console.width))
+    note = stalled_note(lines)
+    if note is not None:
+        console.print(Text(note), highlight=False)
 
 
 JobsOpt = Annotated[

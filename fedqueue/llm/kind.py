@@ -67,8 +67,19 @@ def _progress(services: Services, run_id: str) -> RunProgress:
 
 
 def _run_columns(store: Any, runs: Sequence[Any]) -> dict[str, dict[str, Any]]:
-    """`fedqueue runs`: a job's input file and model (it runs in no rounds)."""
-    return {run.id: {"dataset": run.config.get("input"), "model": run.config.get("model")} for run in runs}
+    """`fedqueue runs`: chat or plain prompts, prompts generated of all, the input file and model."""
+    from fedqueue.llm.results import done_counts
+
+    counts = done_counts(store, [run.id for run in runs])
+    return {
+        run.id: {
+            "type": "llm chat" if run.config.get("chat") else "llm",
+            "progress": f"{counts[run.id][0]}/{counts[run.id][1]} prompts",
+            "dataset": run.config.get("input"),
+            "model": run.config.get("model"),
+        }
+        for run in runs
+    }
 
 
 KIND = JobKind(
