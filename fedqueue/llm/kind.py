@@ -54,7 +54,7 @@ def _report_numbers(store: Any, data: Any, numbers: dict[str, Any]) -> dict[str,
     return {"job": job_summary(store, data.run.id)}
 
 
-def _show_status(store: Any, run_id: str, as_json: bool) -> None:
+def _show_status(store: Any, run_id: str, as_json: bool, all_rows: bool) -> None:  # its tables are short
     from fedqueue.llm.cli import show_status
 
     show_status(store, run_id, as_json)
