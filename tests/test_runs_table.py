@@ -4,10 +4,13 @@ run that nothing schedules shows `stalled`. Real rows in a real store, read by t
 from __future__ import annotations
 
 import json
+import signal
+import subprocess
 import time
 from pathlib import Path
 from typing import Any
 
+import pytest
 from sqlalchemy import update
 
 from fedqueue.cli.runs_table import _shorten, age, runs_table
@@ -18,7 +21,8 @@ from fedqueue.llm.schema import LlmPromptRow
 from fedqueue.report.summary import run_lines
 from fedqueue.store import Store
 from fedqueue.store.schema import RunRow
-from tests.cli_runner import fedqueue_cli
+from tests.cli_runner import FEDQUEUE_CLI, fedqueue_cli, interruptible
+from tests.reliability_support import wait_until
 from tests.test_cli import cli_env
 from tests.test_store import round_row
 
@@ -192,3 +196,44 @@ def test_names_keep_both_ends_paths_their_end_and_narrow_terminals_drop_columns(
     # Narrower, the data and model go first, then the age, the accuracy, the progress, the name, the kind.
     assert headers[1] == ["id", "kind", "name", "state"]
     assert headers[2] == ["id", "kind", "state"]
+
+
+@pytest.mark.sessions
+def test_a_run_left_by_ctrl_c_with_its_workers_gone_is_stalled(tmp_path: Path) -> None:
+    """`fedqueue run` with nothing configured, interrupted: its workers stop with it and the run stays stored as
+    running. `runs` says stalled once the follower's lease has run out, not running."""
+    config = tmp_path / "long.toml"
+    config.write_text("num_devices = 20\ndevices_per_round = 4\nrounds = 500\nlocal_iters = 1\nseed = 1\n")
+    env = cli_env(FEDQUEUE_LEASE_TTL_S="2", COLUMNS="80")
+    process = subprocess.Popen(
+        [*FEDQUEUE_CLI, "run", str(config), "--procs", "1"],
+        stdin=subprocess.PIPE,  # no terminal: Ctrl-C leaves the run, without asking
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=env,
+        cwd=tmp_path,
+        text=True,
+        preexec_fn=interruptible,
+    )
+
+    def lines() -> list[dict[str, Any]]:
+        result = fedqueue_cli("runs", "--json", cwd=tmp_path, env=env)
+        return json.loads(result.stdout) if result.returncode == 0 else []
+
+    try:
+        wait_until(lambda: any(line["rounds"] not in ("", "0/500") for line in lines()), 240)
+        [running] = lines()
+        assert running["state"] == "running" and not running["stalled"]  # its follower holds it
+        process.send_signal(signal.SIGINT)
+        out, err = process.communicate(timeout=60)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+    assert process.returncode == 130, out + err
+    wait_until(lambda: all(line["stalled"] for line in lines()), 60)
+    [left] = lines()
+    assert left["state"] == "running"
+    table = fedqueue_cli("runs", cwd=tmp_path, env=env).stdout.splitlines()
+    (row,) = [line for line in table if line.startswith(left["id"])]
+    assert " stalled " in row and " running " not in row, table
