@@ -163,14 +163,14 @@ def print_summary(out: Console, summary: dict[str, Any], all_rows: bool = False)
     buffered = summary.get("buffered")
     # Simulated time is shown where the run models it: async runs, and sync runs given device speeds.
     simulated = buffered is not None or summary.get("simulated_speeds", False)
+    word = "version" if buffered else "round"
     table = Table(title=escape(f"run {summary['id']} ({summary['state']})"))
-    table.add_column("version" if buffered else "round", justify="right")
+    table.add_column(word, justify="right")
     table.add_column("seconds", justify="right")
     if simulated:
         table.add_column("sim s", justify="right")
     table.add_column("accuracy", justify="right")
     table.add_column("loss", justify="right")
-    word = "version" if buffered else "round"
     head, left_out, tail = fold(list(summary["round_seconds"]), all_rows)
     for index in head:
         table.add_row(*_round_cells(summary, index, simulated))
@@ -213,7 +213,7 @@ def print_summary(out: Console, summary: dict[str, Any], all_rows: bool = False)
         )
     if len(summary["failures"]) > 5:
         out.print(f"... {len(summary['failures']) - 5} more failed devices (fedqueue status RUN --json)")
-    _print_accuracy(out, summary, "version" if buffered else "round")
+    _print_accuracy(out, summary, word)
 
 
 def fold(rows: list[str], all_rows: bool) -> tuple[list[str], list[str], list[str]]:
