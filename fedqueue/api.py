@@ -355,12 +355,14 @@ def drop_queued_tasks(settings: Settings, run_id: str) -> int:
 
 
 def runs(settings: Settings | None = None) -> list[dict[str, Any]]:
-    """Every run in the store, oldest first."""
+    """Every run in the store, oldest first: what `fedqueue runs` shows (`stalled`: running, but nothing
+    schedules it)."""
     from fedqueue.core.database import open_store
     from fedqueue.report.summary import run_lines
 
-    store = open_store((settings or Settings.from_env()).database_url)
+    settings = settings or Settings.from_env()
+    store = open_store(settings.database_url)
     try:
-        return run_lines(store, store.list_runs())
+        return run_lines(store, store.list_runs(), lease_ttl_s=settings.lease_ttl_s)
     finally:
         store.close()

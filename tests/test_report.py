@@ -141,6 +141,7 @@ def test_round_numbers_of_a_run_still_going() -> None:
     # a@h idled 0.25 s between devices 0 and 1 with device 1 waiting; b@h started device 3 at once.
     assert first["time"]["between_tasks_s"] == approx(0.25)
     assert first["time"]["slots_idle_s"] == approx(8.0 - 5.0 - 0.25)
+    assert "slots_starting_s" not in first["time"]  # split for the run as a whole only
     assert second["state"] == "training" and second["wall_s"] == approx(10.0 - 4.5)
     assert second["done"] == 1 and second["parallel_efficiency"] == approx(3.0 / (5.5 * 2))
     assert report["parallel_efficiency"] == approx(8.0 / (10.0 * 2))
@@ -174,7 +175,10 @@ def test_html_escapes_user_strings_and_shows_pictures_and_the_round_table() -> N
     page = render_html(report, report_page(report))
     assert "<script>" not in page and "<b>boom" not in page
     assert "&lt;script&gt;" in page and "&lt;b&gt;boom" in page
-    assert re.findall(r'<img src="([a-z]+\.png)"', page) == ["timeline.png", "concurrency.png", "accuracy.png"]
+    # The accuracy curves first, right under the headline; then the timeline.
+    assert re.findall(r'<img src="([a-z]+\.png)"', page) == ["accuracy.png", "timeline.png", "concurrency.png"]
+    headline_end = page.index("</table>", page.index('<table class="headline">'))
+    assert headline_end < page.index('<img src="accuracy.png"') < page.index("<h2>Timeline</h2>")
     rounds_table = page.split("<h2>Rounds</h2>")[1].split("</table>")[0]
     assert rounds_table.count("<tr><td>") == 2
     assert "<td>training</td>" not in rounds_table and '<td class="text">training</td>' in rounds_table
@@ -383,3 +387,31 @@ def test_a_buffered_timeline_colours_by_version_with_a_colour_bar_and_a_short_le
     assert plot.get_position().width > 0.75
     marks = [text.get_text() for text in plot.texts]
     assert marks[0] == "v0" and all(re.fullmatch(r"v\d+", mark) for mark in marks) and len(marks) <= 13
+
+
+def test_idle_slots_are_split_by_what_they_waited_on() -> None:
+    """Before a slot's first task with tasks queued is its worker starting, not "nothing queued"; later, idle with
+    a task waiting is told apart from idle with nothing queued."""
+    time = example()["time"]
+    # Tasks waited over [0, 3.5] and [4.5, 5] s (queue waits of every task, the failed one's too).
+    # a@h and b@h each waited 0.5 s for their first task: starting.
+    assert time["slots_starting_s"] == approx(1.0)
+    # a@h idle with a task queued: 1.5-1.75 (the dispatch gap, counted apart), 2.75-3.5, 4.5-5; b@h: 4.5-5.
+    assert time["idle_tasks_waiting_s"] == approx(0.75 + 0.5 + 0.5)
+    assert time["between_tasks_s"] == approx(0.25)
+    # 20 slot-seconds, 8 busy, 0.25 between tasks: the rest idle with nothing queued.
+    assert time["slots_idle_s"] == approx(20 - 8 - 0.25)
+    assert time["idle_nothing_queued_s"] == approx(11.75 - 1.0 - 1.75)
+
+
+def test_a_run_whose_workers_start_after_submit_is_starting_not_idle_with_nothing_queued() -> None:
+    """The case seen: every task queued at submit, the workers' first task 6 s later. That is start-up."""
+    spans = [task(1, d, "a@h" if d % 2 else "b@h", 6.0 + d // 2, 7.0 + d // 2) for d in range(4)]
+    numbers = compute_report(RunData(run_row("finished", T0 + 8.0), spans, [], T0 + 100))
+    spent = numbers["time"]
+    assert spent["slots_starting_s"] == approx(2 * 6.0) and spent["idle_tasks_waiting_s"] == approx(0.0)
+    assert spent["idle_nothing_queued_s"] == approx(2 * 8.0 - 4.0 - 12.0)
+    page = render_html({**numbers, "job": None})
+    assert "slots starting: before their first task, tasks queued" in page
+    starting_row = page.split("slots starting")[1].split("</tr>")[0]
+    assert "12.000" in starting_row

@@ -15,9 +15,11 @@ from typing import Annotated, Any
 
 import typer
 from rich.markup import escape
+from rich.text import Text
 
 from fedqueue import api
 from fedqueue.cli.common import (
+    AllRowsOpt,
     GpusPerWorkerOpt,
     JsonOpt,
     PluginPathOpt,
@@ -32,7 +34,7 @@ from fedqueue.cli.common import (
 from fedqueue.cli.launch import exit_unless_finished, follow_to_end, say_plain, show_run
 from fedqueue.cli.local import cluster_logs, say_ready, start_detached, stop_standing, with_local_broker
 from fedqueue.cli.logs import show_logs
-from fedqueue.cli.runs_table import runs_table
+from fedqueue.cli.runs_table import runs_table, stalled_note
 from fedqueue.cli.tensorboard import write_tensorboard
 from fedqueue.config import DEFAULT_GPUS_PER_WORKER, DEFAULT_PROCS_PER_GPU, DEFAULT_WORKER_SLOTS, Settings, mask_url
 from fedqueue.core import cluster_file
@@ -90,6 +92,7 @@ def resume(
             "being lost, a round stopped by a failed device) is tried again.",
         ),
     ] = False,
+    all_rows: AllRowsOpt = False,
 ) -> None:
     """Take over scheduling a run of any kind (after its scheduler died) and follow it to the end."""
 
@@ -102,13 +105,13 @@ def resume(
     if state not in ("running", "failed") or (state == "failed" and not retry):
         hint = f"; `fedqueue resume {run_id} --retry` tries it again" if state == "failed" else ""
         console.print(escape(f"run {run_id} is already {state}{hint}"))
-        show_run(handle.store, run_id, as_json=False)
+        show_run(handle.store, run_id, as_json=False, all_rows=all_rows)
     else:
         with api.placement(settings, procs, slots, wait=True, say=say_plain) as place:
             if state == "failed":
                 _retry_failed(place.settings, run_id)
             handle = api.RunHandle(run_id, place.settings)
-            follow_to_end(handle, place)
+            follow_to_end(handle, place, all_rows=all_rows)
     exit_unless_finished(handle)
 
 
@@ -123,12 +126,12 @@ def _retry_failed(settings: Settings, run_id: str) -> None:
 
 @app.command()
 @friendly_errors
-def status(run_id: RunArg, json_: JsonOpt = False) -> None:
+def status(run_id: RunArg, json_: JsonOpt = False, all_rows: AllRowsOpt = False) -> None:
     """Show one run's progress, workers and overlap of tasks, and what its kind adds (accuracy, tokens)."""
     settings = Settings.from_env()
     store = open_store(settings.database_url)
     try:
-        show_run(store, run_id, json_)
+        show_run(store, run_id, json_, all_rows)
         if not json_ and store.get_run(run_id).state == "running":
             _show_waiting(with_local_broker(settings), run_id)
     finally:
@@ -223,6 +226,9 @@ def runs(json_: JsonOpt = False) -> None:
         print(json.dumps(lines, indent=2))
         return
     console.print(runs_table(lines, console.width))
+    note = stalled_note(lines)
+    if note is not None:
+        console.print(Text(note), highlight=False)
 
 
 JobsOpt = Annotated[

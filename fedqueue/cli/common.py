@@ -31,6 +31,10 @@ ProcsPerGpuOpt = Annotated[
     int, typer.Option(help="Worker processes per GPU, each with its own CUDA context (small models).")
 ]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON for scripts.")]
+AllRowsOpt = Annotated[
+    bool,
+    typer.Option("--all", help="Print every row of the run's table (a long one shows its first and last rows)."),
+]
 
 
 log = logging.getLogger(__name__)

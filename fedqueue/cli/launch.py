@@ -36,6 +36,7 @@ def submit_and_follow(
     slots: int = DEFAULT_WORKER_SLOTS,
     gpus_per_worker: int = DEFAULT_GPUS_PER_WORKER,
     wait_for_workers: bool = False,
+    all_rows: bool = False,
 ) -> api.RunHandle:
     """Submit where the tasks can run (the broker, `fedqueue up`'s cluster, or workers started here) and
     follow the run (its lease, repairs, bars) to the end; then print what its kind shows of it."""
@@ -53,7 +54,7 @@ def submit_and_follow(
             handle = api.submit(submission, place, services)
             if not place.workers_known:
                 warn_if_no_workers(place.settings)
-            follow_to_end(handle, place, services)
+            follow_to_end(handle, place, services, all_rows=all_rows)
         finally:
             services.close()
     return handle
@@ -72,8 +73,9 @@ def submit_detached(submission: api.Submission, settings: Settings) -> str:
     return handle.id
 
 
-def follow_to_end(handle: api.RunHandle, place: api.Placement, services: Any = None) -> None:
-    """Schedule the run (lease, repairs) and show its progress until it ends; then its summary.
+def follow_to_end(handle: api.RunHandle, place: api.Placement, services: Any = None, all_rows: bool = False) -> None:
+    """Schedule the run (lease, repairs) and show its progress until it ends; then its summary (a long table of it
+    folded, unless `all_rows`).
 
     With the cluster of `fedqueue up` running the workers, following stops if that cluster stops. Through
     a broker outage it waits, saying when the broker goes and comes back, up to FEDQUEUE_BROKER_WAIT_S; through
@@ -97,7 +99,7 @@ def follow_to_end(handle: api.RunHandle, place: api.Placement, services: Any = N
             interrupted(handle.id, supervisor.services, place)
         if ended == CANCELLED:  # from another shell: its tasks leave this broker too (that shell may not reach it)
             _drop_queued(place.settings, handle.id)
-    show_run(handle.store, handle.id, as_json=False)
+    show_run(handle.store, handle.id, as_json=False, all_rows=all_rows)
 
 
 def interrupted(run_id: str, services: Any, place: api.Placement) -> NoReturn:
@@ -188,11 +190,11 @@ def _while_up(tick: Callable[[], list[str]], pid: int, run_id: str) -> Callable[
     return checked
 
 
-def show_run(store: Any, run_id: str, as_json: bool) -> None:
+def show_run(store: Any, run_id: str, as_json: bool, all_rows: bool = False) -> None:
     """What `fedqueue status` prints: the kind's own view of the run, else the tasks' summary."""
     kind = jobs.kinds().get(store.get_run(run_id).kind)
     if kind is not None and kind.show_status is not None:
-        kind.show_status(store, run_id, as_json)
+        kind.show_status(store, run_id, as_json, all_rows)
         return
     summary = run_summary(store, run_id)
     if as_json:

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import shlex
 from pathlib import Path
 
-from rich.markup import escape
+from rich.text import Text
 
 from fedqueue.cli.common import console
 from fedqueue.core import jobs
@@ -20,4 +21,9 @@ def write_tensorboard(store: Store, run_id: str, root: Path) -> None:
     if kind.tensorboard is None:
         raise ConfigError(f"--tensorboard: {run.kind} runs have no TensorBoard scalars")
     folder, written = kind.tensorboard(store, run_id, writable_folder(root, "--tensorboard"))
-    console.print(escape(f"{written} scalars written to {folder}"), highlight=False)
+    console.print(Text(f"{written} scalars written · {tensorboard_line(folder, folder.parent)}"), soft_wrap=True)
+
+
+def tensorboard_line(folder: Path, root: Path) -> str:
+    """Where a run's event files are, and the command that shows them: the whole folder, its runs side by side."""
+    return f"TensorBoard files in {folder} · to see them: tensorboard --logdir {shlex.quote(str(root))}"

@@ -115,8 +115,9 @@ class JobKind:
     # Writes a run's scalars as TensorBoard event files for `fedqueue report RUN --tensorboard DIR`: (store, run id,
     # DIR) -> (the run's folder of event files, how many scalars were written).
     tensorboard: Callable[[Any, str, Path], tuple[Path, int]] | None = None
-    # Prints a run of this kind for `fedqueue status RUN [--json]`: (store, run id, as JSON).
-    show_status: Callable[[Any, str, bool], None] | None = None
+    # Prints a run of this kind for `fedqueue status RUN [--json] [--all]`: (store, run id, as JSON, every row of
+    # a long table instead of its first and last ones).
+    show_status: Callable[[Any, str, bool, bool], None] | None = None
     # The kind's numbers of a run for `fedqueue report`, merged over the core's (its own section goes under "job"):
     # (store, the run's fedqueue.report.RunData, the core's numbers) -> JSON-able dict.
     report_numbers: Callable[[Any, Any, dict[str, Any]], dict[str, Any]] | None = None

@@ -10,18 +10,33 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
+from rich.text import Text
 
-from fedqueue.cli.common import PluginPathOpt, ProcsOpt, SlotsOpt, console, error_console, friendly_errors
+from fedqueue.cli.common import (
+    AllRowsOpt,
+    PluginPathOpt,
+    ProcsOpt,
+    SlotsOpt,
+    console,
+    error_console,
+    friendly_errors,
+)
 from fedqueue.cli.launch import exit_unless_finished, say_where_results_are, submit_and_follow, submit_detached
+from fedqueue.cli.tensorboard import tensorboard_line
 from fedqueue.config import DEFAULT_WORKER_SLOTS, Settings
 from fedqueue.errors import FedqueueError
 from fedqueue.fl.api import RunSubmission, check_tensorboard_dir
 from fedqueue.fl.config import LoadedConfig, RunConfig, parse_override, read_run_config
 from fedqueue.fl.config_files.explain import marked_toml, missing_data_line, stop_lines
+from fedqueue.fl.view.tensorboard import run_folder
 from fedqueue.report.summary import run_summary
 from fedqueue.store import Store
 
 app = typer.Typer(no_args_is_help=True, pretty_exceptions_enable=False)
+# A run's table of rounds (versions) keeps its first and last this many rows, when that leaves out at least
+# FOLD_MIN_LEFT_OUT: a 200-round run's status fits a screen, the demo's 10 rounds are shown whole.
+FOLD_KEPT = 5
+FOLD_MIN_LEFT_OUT = 3
 
 ConfigArg = Annotated[
     Path, typer.Argument(help="Run config (TOML, or FedRevive's JSON); see examples/.", show_default=False)
@@ -99,6 +114,9 @@ def _announce(run_id: str, run_config: RunConfig) -> None:
     if run_config.max_sim_time is not None:
         shape += f", until simulated time {run_config.max_sim_time:g}"
     console.print(f"run [bold]{escape(run_id)}[/bold] submitted ({shape})", highlight=False)
+    if run_config.tensorboard_dir is not None:  # resolved at submit: the folder this command writes into
+        root = Path(run_config.tensorboard_dir)
+        console.print(Text(tensorboard_line(run_folder(root, run_id), root)), soft_wrap=True)
 
 
 def _print_stop(out: Console, summary: dict[str, Any]) -> None:
@@ -125,13 +143,14 @@ def run(
     slots: SlotsOpt = DEFAULT_WORKER_SLOTS,
     plugin_path: PluginPathOpt = None,
     tensorboard: TensorBoardOpt = None,
+    all_rows: AllRowsOpt = False,
 ) -> None:
     """Submit a run and follow it to the end. With no broker configured, start Redis and workers here."""
     run_config = _config(config, set_, rounds, seed, tensorboard)
     check_tensorboard_dir(run_config)  # before any worker starts
     submission = RunSubmission(run_config, announce=_announce)
     settings = Settings.from_env().with_plugin_path(plugin_path)
-    handle = submit_and_follow(submission, settings, procs=procs, slots=slots)
+    handle = submit_and_follow(submission, settings, procs=procs, slots=slots, all_rows=all_rows)
     say_where_results_are(handle)
     exit_unless_finished(handle)
 
@@ -166,36 +185,43 @@ def submit(
     print(submit_detached(submission, Settings.from_env().with_plugin_path(plugin_path)))
 
 
-def show_status(store: Store, run_id: str, as_json: bool) -> None:
+def show_status(store: Store, run_id: str, as_json: bool, all_rows: bool = False) -> None:
     """What `fedqueue status` prints for an FL run."""
     summary = run_summary(store, run_id)
     if as_json:
         print(json.dumps(summary, indent=2))
     else:
-        print_summary(console, summary)
+        print_summary(console, summary, all_rows)
 
 
-def print_summary(out: Console, summary: dict[str, Any]) -> None:
+def print_summary(out: Console, summary: dict[str, Any], all_rows: bool = False) -> None:
+    """The run's rounds (versions) as a table, folded to its first and last rows unless `all_rows`; then its
+    updates, times, stop rule, failures and accuracy."""
     buffered = summary.get("buffered")
     # Simulated time is shown where the run models it: async runs, and sync runs given device speeds.
     simulated = buffered is not None or summary.get("simulated_speeds", False)
+    word = "version" if buffered else "round"
     table = Table(title=escape(f"run {summary['id']} ({summary['state']})"))
-    table.add_column("version" if buffered else "round", justify="right")
+    table.add_column(word, justify="right")
     table.add_column("seconds", justify="right")
     if simulated:
         table.add_column("sim s", justify="right")
     table.add_column("accuracy", justify="right")
     table.add_column("loss", justify="right")
-    for index, seconds in summary["round_seconds"].items():
-        accuracy = summary["accuracy"].get(index)
-        loss = summary["loss"].get(index)
-        sim = summary["sim_time"].get(index)
-        cells = [index, f"{seconds:.2f}"]
-        if simulated:
-            cells.append("" if sim is None else f"{sim:.1f}")
-        cells += ["" if accuracy is None else f"{accuracy:.4f}", "" if loss is None else f"{loss:.4f}"]
-        table.add_row(*cells)
+    head, left_out, tail = fold(list(summary["round_seconds"]), all_rows)
+    for index in head:
+        table.add_row(*_round_cells(summary, index, simulated))
+    if left_out:
+        table.add_row(f"… {len(left_out)} …", *[""] * (len(table.columns) - 1), style="dim")
+    for index in tail:
+        table.add_row(*_round_cells(summary, index, simulated))
     out.print(table)
+    if left_out:
+        out.print(
+            f"{len(left_out)} {word}s ({left_out[0]}–{left_out[-1]}) left out:"
+            f" fedqueue status {escape(summary['id'])} --all shows every one",
+            highlight=False,
+        )
     if buffered:
         histogram = ", ".join(f"{s}: {n}" for s, n in buffered["staleness"].items()) or "none"
         out.print(
@@ -224,7 +250,26 @@ def print_summary(out: Console, summary: dict[str, Any]) -> None:
         )
     if len(summary["failures"]) > 5:
         out.print(f"... {len(summary['failures']) - 5} more failed devices (fedqueue status RUN --json)")
-    _print_accuracy(out, summary, "version" if buffered else "round")
+    _print_accuracy(out, summary, word)
+
+
+def fold(rows: list[str], all_rows: bool) -> tuple[list[str], list[str], list[str]]:
+    """A long table's first and last FOLD_KEPT rows, and those between them left out; every row with `all_rows`
+    or when leaving some out would save little."""
+    if all_rows or len(rows) <= 2 * FOLD_KEPT + FOLD_MIN_LEFT_OUT - 1:
+        return rows, [], []
+    return rows[:FOLD_KEPT], rows[FOLD_KEPT:-FOLD_KEPT], rows[-FOLD_KEPT:]
+
+
+def _round_cells(summary: dict[str, Any], index: str, simulated: bool) -> list[str]:
+    accuracy = summary["accuracy"].get(index)
+    loss = summary["loss"].get(index)
+    sim = summary["sim_time"].get(index)
+    cells = [index, f"{summary['round_seconds'][index]:.2f}"]
+    if simulated:
+        cells.append("" if sim is None else f"{sim:.1f}")
+    cells += ["" if accuracy is None else f"{accuracy:.4f}", "" if loss is None else f"{loss:.4f}"]
+    return cells
 
 
 def _print_accuracy(out: Console, summary: dict[str, Any], word: str) -> None:

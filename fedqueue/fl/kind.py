@@ -145,10 +145,10 @@ def _tensorboard(store: Any, run_id: str, folder: Path) -> tuple[Path, int]:
     return write_run_scalars(store, run_id, folder)
 
 
-def _show_status(store: Any, run_id: str, as_json: bool) -> None:
+def _show_status(store: Any, run_id: str, as_json: bool, all_rows: bool) -> None:
     from fedqueue.fl.cli import show_status
 
-    show_status(store, run_id, as_json)
+    show_status(store, run_id, as_json, all_rows)
 
 
 # The FL parts of a run's status, report and `fedqueue runs` line (imported when asked for).

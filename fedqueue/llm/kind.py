@@ -54,7 +54,7 @@ def _report_numbers(store: Any, data: Any, numbers: dict[str, Any]) -> dict[str,
     return {"job": job_summary(store, data.run.id)}
 
 
-def _show_status(store: Any, run_id: str, as_json: bool) -> None:
+def _show_status(store: Any, run_id: str, as_json: bool, all_rows: bool) -> None:  # its tables are short
     from fedqueue.llm.cli import show_status
 
     show_status(store, run_id, as_json)
@@ -67,8 +67,19 @@ def _progress(services: Services, run_id: str) -> RunProgress:
 
 
 def _run_columns(store: Any, runs: Sequence[Any]) -> dict[str, dict[str, Any]]:
-    """`fedqueue runs`: a job's input file and model (it runs in no rounds)."""
-    return {run.id: {"dataset": run.config.get("input"), "model": run.config.get("model")} for run in runs}
+    """`fedqueue runs`: chat or plain prompts, prompts generated of all, the input file and model."""
+    from fedqueue.llm.results import done_counts
+
+    counts = done_counts(store, [run.id for run in runs])
+    return {
+        run.id: {
+            "type": "llm chat" if run.config.get("chat") else "llm",
+            "progress": f"{counts[run.id][0]}/{counts[run.id][1]} prompts",
+            "dataset": run.config.get("input"),
+            "model": run.config.get("model"),
+        }
+        for run in runs
+    }
 
 
 KIND = JobKind(

@@ -172,6 +172,22 @@ def job_counts(store: Store, run_id: str) -> dict[str, int]:
 
 
 @retry_transient
+def done_counts(store: Store, run_ids: Sequence[str]) -> dict[str, tuple[int, int]]:
+    """(prompts generated, prompts in all) of each job, in one query: `fedqueue runs` lists many."""
+    query = (
+        select(LlmPromptRow.run_id, LlmPromptRow.state, func.count())
+        .where(LlmPromptRow.run_id.in_(run_ids))
+        .group_by(LlmPromptRow.run_id, LlmPromptRow.state)
+    )
+    counts = {run_id: (0, 0) for run_id in run_ids}
+    with store.engine.connect() as connection:
+        for run_id, state, count in connection.execute(query):
+            done, total = counts[run_id]
+            counts[run_id] = (done + (int(count) if state == "done" else 0), total + int(count))
+    return counts
+
+
+@retry_transient
 def batch_timings(store: Store, run_id: str) -> list[TaskTimingRow]:
     """The job's generation tasks as the shared timing table holds them."""
     return [row for row in store.task_timings(run_id) if row.task_type == "generate"]

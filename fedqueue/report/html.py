@@ -31,6 +31,7 @@ class KindPage:
 
     headline: Sequence[tuple[str, Any]] = ()  # rows of the headline table, after the run's state
     breakdown: Sequence[tuple[str, float | None]] = ()  # phases run in one process while every slot waits
+    top: str = ""  # HTML right under the headline, before the timeline: what a reader looks for first
     sections: str = ""  # HTML after the time breakdown and the job's own numbers
     rounds: Sequence[RoundMark] = ()  # marked on the timeline and concurrency pictures
     words: RoundWords = RoundWords()  # how those pictures name the rounds (FL's buffered runs: versions)
@@ -125,7 +126,7 @@ def _breakdown(report: dict[str, Any], page: KindPage) -> str:
             spent["between_tasks_s"],
             share(spent["between_tasks_s"]),
         ),
-        ("slots idle: nothing queued for them", spent["slots_idle_s"], share(spent["slots_idle_s"])),
+        *_idle_rows(spent, share),
         # A kind's phases (FL's aggregation, evaluation) run in one process while every slot waits: they cost
         # slots x their time.
         *((label, seconds, share(None if seconds is None else seconds * slots)) for label, seconds in page.breakdown),
@@ -136,6 +137,17 @@ def _breakdown(report: dict[str, Any], page: KindPage) -> str:
         table + f'<p class="note">{escape(waits)}. Slot time = wall time × slots; '
         "task phases add up over slots running side by side.</p>"
     )
+
+
+def _idle_rows(spent: dict[str, Any], share: Callable[[float | None], str]) -> list[tuple[str, Any, str]]:
+    """The slots' idle time by what it waited on: workers starting while tasks were queued, tasks queued but not
+    yet taken, nothing queued."""
+    parts = [
+        ("slots starting: before their first task, tasks queued", spent["slots_starting_s"]),
+        ("slots idle while tasks waited in the queue", spent["idle_tasks_waiting_s"]),
+        ("slots idle: nothing queued for them", spent["idle_nothing_queued_s"]),
+    ]
+    return [(label, seconds, share(seconds)) for label, seconds in parts]
 
 
 def _job(report: dict[str, Any]) -> str:
@@ -210,7 +222,7 @@ def render_html(report: dict[str, Any], page: KindPage | None = None) -> str:
 {error}
 {_headline(report, page)}
 <p class="note">{escape(report["slots_note"])}. {escape(report["efficiency_note"])}.</p>
-<h2>Timeline</h2>
+{page.top}<h2>Timeline</h2>
 <img src="timeline.png" alt="tasks per worker slot over time, coloured by {escape(page.words.colour)}, aggregations dark">
 <img src="concurrency.png" alt="tasks running at once against the number of slots">
 <h2>Where the time went</h2>

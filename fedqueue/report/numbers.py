@@ -22,6 +22,7 @@ from fedqueue.report.timeline import (
     Span,
     concurrency_steps,
     dispatch_gaps,
+    idle_while_queued,
     mean,
     merge_vmapped_packs,
     pack_lanes,
@@ -101,6 +102,7 @@ def compute_report(data: RunData) -> dict[str, Any]:
     wall_s = max(0.0, data.end - run.created_at)
     done = [span for span in spans if span.state == "done"]
     busy_s = sum(span.busy_s for span in done)
+    breakdown = time_breakdown(done, lanes, wall_s * slots)
     return {
         "id": run.id,
         "name": run.name,
@@ -120,7 +122,7 @@ def compute_report(data: RunData) -> dict[str, Any]:
         "parallel_efficiency": rounded(parallel_efficiency(busy_s, wall_s, slots), 4),
         "efficiency_note": EFFICIENCY_NOTE,
         "tasks_per_s": rounded(len(done) / wall_s if wall_s > 0 else None),
-        "time": time_breakdown(done, lanes, wall_s * slots),
+        "time": {**breakdown, **idle_breakdown(lanes, spans, run.created_at, run.created_at + wall_s, breakdown)},
         "slowest": slowest(done, TOP_SLOWEST),
         "lanes": [
             {
@@ -159,8 +161,24 @@ def time_breakdown(done: Sequence[Span], lanes: Sequence[Lane], capacity_s: floa
         # Between two tasks of a slot with work waiting: result write, round check, ack, next fetch.
         "between_tasks_s": rounded(sum(gaps)),
         "between_tasks_mean_ms": rounded(None if not gaps else 1000 * sum(gaps) / len(gaps)),
-        # Slots with nothing to run: start-up, enqueueing, aggregation and evaluation, the end of a round.
+        # Slots not running a task of the run: start-up, enqueueing, aggregation and evaluation, a round's end
+        # (split for the run as a whole by `idle_breakdown`).
         "slots_idle_s": rounded(max(0.0, capacity_s - busy - sum(gaps))),
+    }
+
+
+def idle_breakdown(
+    lanes: Sequence[Lane], spans: Sequence[Span], start: float, end: float, breakdown: dict[str, Any]
+) -> dict[str, float | None]:
+    """The slots' idle time of a run split three ways: before each slot's first task while tasks waited (its
+    worker starting), idle later while tasks waited (dispatch gaps aside), and idle with nothing queued."""
+    starting, after = idle_while_queued(lanes, spans, start, end)
+    waiting = max(0.0, after - (breakdown["between_tasks_s"] or 0.0))
+    idle = breakdown["slots_idle_s"] or 0.0
+    return {
+        "slots_starting_s": rounded(min(starting, idle)),
+        "idle_tasks_waiting_s": rounded(min(waiting, max(0.0, idle - starting))),
+        "idle_nothing_queued_s": rounded(max(0.0, idle - starting - waiting)),
     }
 
 

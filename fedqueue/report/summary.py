@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
+import time
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+from fedqueue.config import DEFAULT_LEASE_TTL_S
 from fedqueue.core import jobs
 from fedqueue.report.timeline import merge_vmapped_packs, span_of
 from fedqueue.store import Store
 from fedqueue.store.schema import RunRow
+
+# A launcher looks for unfollowed runs every 2 s: a run just past the grace may wait that long for one.
+ADOPTION_SLACK_S = 5.0
 
 
 def max_concurrency(intervals: Iterable[tuple[float, float]]) -> int:
@@ -55,13 +60,23 @@ def run_summary(store: Store, run_id: str) -> dict[str, Any]:
     return summary
 
 
-def run_lines(store: Store, runs: Sequence[RunRow]) -> list[dict[str, Any]]:
-    """`fedqueue runs`: a line per run, in the order given; each kind fills its columns (`JobKind.run_columns`)."""
+def run_lines(
+    store: Store, runs: Sequence[RunRow], now: float | None = None, lease_ttl_s: float = DEFAULT_LEASE_TTL_S
+) -> list[dict[str, Any]]:
+    """`fedqueue runs`: a line per run, in the order given; each kind fills its columns (`JobKind.run_columns`):
+    `type` (its kind, or what kind of job within it), `progress`, `accuracy`, and the older `rounds`, `dataset`,
+    `model`."""
+    now = time.time() if now is None else now
     lines = {
         run.id: {
             "id": run.id,
             "name": run.name,
+            "kind": run.kind,
+            "type": run.kind,
             "state": run.state,
+            "stalled": stalled(run, now, lease_ttl_s),
+            "progress": "",
+            "accuracy": None,
             "rounds": "",  # blank for kinds without rounds
             "dataset": None,
             "model": None,
@@ -79,3 +94,15 @@ def run_lines(store: Store, runs: Sequence[RunRow]) -> list[dict[str, Any]]:
             for run_id, columns in kind.run_columns(store, mine).items():
                 lines[run_id].update(columns)
     return list(lines.values())
+
+
+def stalled(run: RunRow, now: float, lease_ttl_s: float) -> bool:
+    """A running run that nothing schedules: no follower (`run`, `resume`) nor worker launcher holds its lease.
+
+    Its workers may still finish the tasks they hold, but lost work is repaired by no one, and after a Ctrl-C
+    with the command's own workers gone, nothing runs at all. A run younger than the launchers' grace (they
+    adopt an unfollowed run once it is a lease's length old) is not stalled yet.
+    """
+    if run.state != "running" or run.created_at > now - lease_ttl_s - ADOPTION_SLACK_S:
+        return False
+    return run.lease_owner is None or (run.lease_expires_at or 0.0) < now

@@ -214,3 +214,65 @@ def percentile(values: Sequence[float], q: float) -> float | None:
 
 def mean(values: Sequence[float]) -> float | None:
     return sum(values) / len(values) if values else None
+
+
+def idle_while_queued(lanes: Sequence[Lane], spans: Iterable[Span], start: float, end: float) -> tuple[float, float]:
+    """Slot-seconds in [start, end] that slots sat idle while a task of the run waited in the queue: (before each
+    slot's first task, as its worker started; after it, the slot's dispatch gaps included).
+
+    A task waits from its enqueue to its start. An idle slot with nothing waiting is left out of both: the run
+    was being planned, or a round's last tasks, its aggregation or evaluation ran elsewhere.
+    """
+    waiting = _merged((span.enqueued_at, span.started_at) for span in spans)
+    starting = after = 0.0
+    for lane in lanes:
+        if not lane.spans:
+            continue
+        first = max(start, min(span.started_at for span in lane.spans))
+        idle = _gaps(_merged((span.started_at, span.finished_at) for span in lane.spans), start, end)
+        starting += _overlap(idle, waiting, start, first)
+        after += _overlap(idle, waiting, first, end)
+    return starting, after
+
+
+def _merged(intervals: Iterable[tuple[float, float]]) -> list[tuple[float, float]]:
+    """Sorted, disjoint intervals covering the same time; empty ones dropped."""
+    out: list[tuple[float, float]] = []
+    for low, high in sorted(interval for interval in intervals if interval[1] > interval[0]):
+        if out and low <= out[-1][1]:
+            out[-1] = (out[-1][0], max(out[-1][1], high))
+        else:
+            out.append((low, high))
+    return out
+
+
+def _gaps(covered: Sequence[tuple[float, float]], start: float, end: float) -> list[tuple[float, float]]:
+    """The parts of [start, end] that sorted, disjoint `covered` intervals leave free."""
+    free: list[tuple[float, float]] = []
+    cursor = start
+    for low, high in covered:
+        if low > cursor:
+            free.append((cursor, min(low, end)))
+        cursor = max(cursor, high)
+        if cursor >= end:
+            break
+    if cursor < end:
+        free.append((cursor, end))
+    return [(low, high) for low, high in free if high > low]
+
+
+def _overlap(
+    first: Sequence[tuple[float, float]], second: Sequence[tuple[float, float]], start: float, end: float
+) -> float:
+    """Seconds within [start, end] that two sorted, disjoint interval lists share."""
+    total = 0.0
+    i = j = 0
+    while i < len(first) and j < len(second):
+        low = max(first[i][0], second[j][0], start)
+        high = min(first[i][1], second[j][1], end)
+        total += max(0.0, high - low)
+        if first[i][1] < second[j][1]:
+            i += 1
+        else:
+            j += 1
+    return total

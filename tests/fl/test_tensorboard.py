@@ -96,6 +96,10 @@ def test_run_writes_each_round_as_stored_and_report_writes_the_same(
         assert found, result.stdout
         run = store.get_run(found.group(1))
         assert run.config["tensorboard_dir"] == str(live.resolve())
+        # Where it writes, and how to look, said once as the run starts.
+        said = f"TensorBoard files in {live.resolve() / run.id} · to see them: tensorboard --logdir {live.resolve()}"
+        assert said in result.stdout.splitlines(), result.stdout
+        assert result.stdout.index(said) < result.stdout.index("final accuracy")
         rows = list_rounds(store, run.id)
         accuracy = stored_accuracy(store, run.id)
         assert sorted(accuracy) == [1, 2, 3]
@@ -116,6 +120,13 @@ def test_run_writes_each_round_as_stored_and_report_writes_the_same(
         # Afterwards, from the store: the same accuracies in a folder of its own; nothing again in the run's.
         again = fedqueue_cli("report", run.id, "--tensorboard", str(tmp_path / "after"), cwd=tmp_path, env=env)
         assert again.returncode == 0, again.stderr
+        after = tmp_path / "after"
+        (line,) = again.stdout.splitlines()
+        assert re.fullmatch(
+            rf"\d+ scalars written · TensorBoard files in {re.escape(str(after / run.id))}"
+            rf" · to see them: tensorboard --logdir {re.escape(str(after))}",
+            line,
+        ), line
         assert by_step(scalars(run_folder(tmp_path / "after", run.id))["test/accuracy"]) == approx(accuracy)
         assert write_run_scalars(store, run.id, live) == (run_folder(live, run.id), 0)
     finally:

@@ -178,6 +178,7 @@ def report_page(report: dict[str, Any]) -> KindPage:
             ("of which aggregation (one process)", spent["aggregation_s"]),
             ("of which evaluation (one process)", spent["evaluation_s"]),
         ],
+        top=_curves(report),
         sections=_rounds_section(report) + _simulated(report),
         rounds=[RoundMark(r["round"], r["enqueued_at"], r["aggregated_at"]) for r in report["rounds"]],
         words=BUFFERED_WORDS if report.get("buffered") else RoundWords(),
@@ -279,11 +280,19 @@ def _rounds(report: dict[str, Any]) -> str:
 def _rounds_section(report: dict[str, Any]) -> str:
     if not report["rounds"]:  # a job kind without rounds (LLM batches)
         return ""
-    word = _word(report)
-    return f"""<h2>{word.capitalize()}s</h2>
+    return f"""<h2>{_word(report).capitalize()}s</h2>
 {_rounds(report)}
-<img src="accuracy.png" alt="accuracy and loss per {word}">
 """
+
+
+def _curves(report: dict[str, Any]) -> str:
+    """The accuracy curves, under the headline: per round (version), and against simulated time where modelled."""
+    if not report["rounds"]:
+        return ""
+    simulated = '<img src="simulated.png" alt="accuracy against simulated time">\n' if report.get("simulated") else ""
+    return f"""<h2>Accuracy</h2>
+<img src="accuracy.png" alt="accuracy and loss per {_word(report)}">
+{simulated}"""
 
 
 def _simulated(report: dict[str, Any]) -> str:
@@ -305,6 +314,5 @@ def _simulated(report: dict[str, Any]) -> str:
     return f"""<h2>Simulated time</h2>
 {html_table(["", "value"], rows, (0,))}
 <p class="note">Device speeds and delays are modelled from the seed, never slept: workers train back to back
-while the run's clock advances by the modelled times.</p>
-<img src="simulated.png" alt="accuracy against simulated time">
+while the run's clock advances by the modelled times (accuracy against simulated time: at the top).</p>
 """

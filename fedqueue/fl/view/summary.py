@@ -78,18 +78,44 @@ def _sim_time_used(store: Store, run: RunRow, rounds: Sequence[RoundRow]) -> flo
 
 
 def run_columns(store: Store, runs: Sequence[RunRow]) -> dict[str, dict[str, Any]]:
-    """`fedqueue runs` columns of FL runs: rounds done of the total, dataset and model."""
+    """`fedqueue runs` columns of FL runs: the mode (or a sync run's own aggregation), rounds or versions made and
+    the bound they run to, the latest accuracy, dataset and model."""
     rounds = round_rows_for(store, [run.id for run in runs])
-    done = {run_id: sum(1 for row in rows if row.state == "done") for run_id, rows in rounds.items()}
-    return {
-        run.id: {
+    columns: dict[str, dict[str, Any]] = {}
+    for run in runs:
+        done = [row for row in rounds[run.id] if row.state == "done"]
+        scored = [row for row in done if row.accuracy is not None]
+        columns[run.id] = {
             # No total: a buffered run bounded by max_sim_time alone.
-            "rounds": f"{done[run.id]}/{run.rounds_total}" if run.rounds_total else str(done[run.id]),
+            "rounds": f"{len(done)}/{run.rounds_total}" if run.rounds_total else str(len(done)),
+            "type": run_type(run.config),
+            "progress": progress(run, len(done)),
+            "accuracy": max(scored, key=lambda row: row.round_index).accuracy if scored else None,
             "dataset": run.config.get("dataset"),
             "model": run.config.get("model"),
         }
-        for run in runs
-    }
+    return columns
+
+
+def run_type(config: dict[str, Any]) -> str:
+    """fedavg, fedbuff or fedrevive; a synchronous run with an aggregation of its own is named by it."""
+    mode = str(config.get("mode", "fedavg"))
+    aggregate = str(config.get("aggregate", "fedavg"))
+    if mode != "fedavg" or aggregate == "fedavg":
+        return mode
+    return aggregate.rsplit(":", 1)[-1].rsplit(".", 1)[-1]  # a plugin by its own name, not its module's
+
+
+def progress(run: RunRow, made: int) -> str:
+    """Rounds or versions made of those the run makes ("7/10 rounds", "312/500 v"). Under max_sim_time, the
+    simulated time it ends at: a buffered run's version bound is then a ceiling it is not meant to reach, so
+    only its count is shown ("471 v · t≤200"); a sync run keeps its rounds ("7/10 r · t≤200")."""
+    buffered = is_buffered(run)
+    count = f"{made}/{run.rounds_total}" if run.rounds_total else str(made)
+    limit = run.config.get("max_sim_time")
+    if limit is None:
+        return f"{count} {'v' if buffered else 'rounds'}"
+    return f"{made} v · t≤{limit:g}" if buffered else f"{count} r · t≤{limit:g}"
 
 
 def simulated_speeds(run: RunRow) -> bool:
