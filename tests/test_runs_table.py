@@ -69,6 +69,9 @@ def set_run(store: Store, run_id: str, **values: Any) -> None:
         session.execute(update(RunRow).where(RunRow.id == run_id).values(**values))
 
 
+LEASE_TTL_S = 600
+
+
 def fill(store: Store) -> dict[str, str]:
     """The runs a user meets, by what each is: ids as fedqueue makes them."""
     now = time.time()
@@ -86,7 +89,8 @@ def fill(store: Store) -> dict[str, str]:
     set_run(store, ids["fedavg"], created_at=now - 3 * 86400)
     fl_run(store, ids["fedbuff"], "digits-fedbuff", {"mode": "fedbuff", "buffer_size": 10}, 500, 31)
     set_run(store, ids["fedbuff"], created_at=now - 2 * 3600)
-    assert store.acquire_lease(ids["fedbuff"], "host:123", 15)  # a follower holds it: running
+    # A follower holds it (running) for as long as the test can take on a loaded machine.
+    assert store.acquire_lease(ids["fedbuff"], "host:123", LEASE_TTL_S)
     config = {"mode": "fedrevive", "max_sim_time": 200.0, "dataset": "cifar10", "model": "resnet18_fedrevive"}
     fl_run(store, ids["fedrevive"], "fedrevive-cifar10-shifted-delays-seed-10", config, 50000, 47)
     store.finish_run(ids["fedrevive"], "finished")
@@ -108,7 +112,8 @@ def test_runs_at_80_columns_tells_each_run_apart(tmp_path: Path) -> None:
         ids = fill(store)
     finally:
         store.close()
-    env = cli_env(FEDQUEUE_DATABASE_URL=f"sqlite:///{database}", COLUMNS="80")
+    # A lease long enough that the fresh run is not yet stalled however slowly the commands start.
+    env = cli_env(FEDQUEUE_DATABASE_URL=f"sqlite:///{database}", COLUMNS="80", FEDQUEUE_LEASE_TTL_S=str(LEASE_TTL_S))
     result = fedqueue_cli("runs", cwd=tmp_path, env=env)
     assert result.returncode == 0, result.stderr
     lines = result.stdout.splitlines()
