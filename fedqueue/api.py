@@ -148,6 +148,7 @@ def placement(
     Redis and local workers for the block (waited for with `wait`, else started beside it)."""
     from fedqueue.core import cluster_file
 
+    settings.check_lasting_store()  # a store the workers cannot share: refused before anything starts
     if settings.broker_url:
         yield Placement(settings)
         return
@@ -199,6 +200,7 @@ def submit(submission: Submission, place: Placement, services: Services | None =
         raise ConfigError(
             "FEDQUEUE_BROKER_URL: not set (use fedqueue.run(), or submit inside fedqueue.local_cluster())"
         )
+    place.settings.check_lasting_store()
     with _client(place, services) as client:
         return RunHandle(submission.submit(client), place.settings)
 
@@ -288,6 +290,7 @@ def local_cluster(
     from fedqueue.queue.workers import detect_gpus, plan_workers
 
     settings = with_plugins(settings, plugin_path)
+    settings.check_lasting_store()
     specs = plan_workers(detect_gpus(), procs, slots, gpus_per_worker, procs_per_gpu)
     cluster = LocalCluster.start(settings, specs) if wait else LocalCluster.launch(settings, specs)
     try:
