@@ -14,7 +14,7 @@ import contextlib
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, Self
 
 from fedqueue.config import DEFAULT_GPUS_PER_WORKER, DEFAULT_PROCS_PER_GPU, DEFAULT_WORKER_SLOTS, Settings
 from fedqueue.errors import ConfigError, FedqueueError
@@ -51,6 +51,15 @@ class RunHandle:
         self.id = run_id
         self.settings = settings
         self._store: Store | None = None
+        # The broker error that cut its submit short after the run was stored: its follower starts out waiting.
+        self.submit_cut: BaseException | None = None
+
+    @classmethod
+    def of(cls, handle: RunHandle) -> Self:
+        """The same run behind a kind's own handle."""
+        same = cls(handle.id, handle.settings)
+        same.submit_cut = handle.submit_cut
+        return same
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.id!r})"
@@ -148,6 +157,7 @@ def placement(
     Redis and local workers for the block (waited for with `wait`, else started beside it)."""
     from fedqueue.core import cluster_file
 
+    settings.check_lasting_store()  # a store the workers cannot share: refused before anything starts
     if settings.broker_url:
         yield Placement(settings)
         return
@@ -199,8 +209,41 @@ def submit(submission: Submission, place: Placement, services: Services | None =
         raise ConfigError(
             "FEDQUEUE_BROKER_URL: not set (use fedqueue.run(), or submit inside fedqueue.local_cluster())"
         )
+    place.settings.check_lasting_store()
     with _client(place, services) as client:
         return RunHandle(submission.submit(client), place.settings)
+
+
+def submit_through_outage(
+    submission: Submission,
+    place: Placement,
+    services: Services | None = None,
+    say: Callable[[str], object] | None = None,
+) -> RunHandle:
+    """`submit`, for a caller that follows the run: through a broker outage, as the follower waits through one.
+
+    Cut short before anything of the run was stored, the submit waits for the broker (starting this process's
+    embedded Redis again if it exited), then starts again; BrokerGone past FEDQUEUE_BROKER_WAIT_S, with nothing
+    stored. Cut short after its row was stored, the run is returned with `submit_cut` set: its follower starts out
+    waiting for the broker, and its repair pass sends what the submit did not. Lines go to `say`, else the log.
+    """
+    from fedqueue.core.outage import SubmitCutShort, SubmitWatch, is_broker_error
+
+    revive = None if place.cluster is None else place.cluster.restart_exited_broker
+    with _client(place, services) as client:
+        while True:
+            try:
+                return submit(submission, place, client)
+            except SubmitCutShort as cut:
+                handle = RunHandle(cut.run_id, place.settings)
+                handle.submit_cut = cut.cause
+                return handle
+            except Exception as err:
+                if not is_broker_error(err):
+                    raise
+                watch = SubmitWatch.of(place.settings, say=say)
+                watch.went(err)
+                watch.wait_back(revive)
 
 
 @contextlib.contextmanager
@@ -215,13 +258,19 @@ def scheduling(
     `store_watch` does the same for the store (fedqueue.core.store_watch): the caller's polls go through it.
     Its ticks also say when the run's queues have tasks waiting and no worker reads them (fedqueue.core.unread).
     """
-    from fedqueue.core.outage import BrokerWatch
+    from fedqueue.core.outage import BrokerWatch, reason
     from fedqueue.core.store_watch import StoreWatch
     from fedqueue.core.supervisor import RunSupervisor
     from fedqueue.core.unread import UnreadQueues
 
     with _client(Placement(handle.settings), services) as client:
         watch = BrokerWatch.of(client.settings, handle.id, say)
+        if handle.submit_cut is not None:  # the follower starts out waiting for the broker its submit lost
+            watch.went(
+                handle.submit_cut,
+                f"broker unreachable ({reason(handle.submit_cut)}) while run {handle.id} was submitted: waiting for"
+                " it; the run is stored, and what its submit did not send is sent when the broker is back",
+            )
         store_watch = StoreWatch.of(client.settings, handle.id, say)
         unread = UnreadQueues.of(client, handle.id, say)
         supervisor = RunSupervisor(client, handle.id, watch=watch, store_watch=store_watch, unread=unread).acquire()
@@ -262,7 +311,7 @@ def run(
     check_before_start(submission, settings)
     with placement(settings, procs, slots, gpus_per_worker=gpus_per_worker, wait=wait_for_workers) as place:
         check(submission, place.settings)
-        handle = submit(submission, place)
+        handle = submit_through_outage(submission, place)
         with scheduling(handle) as supervisor:
             handle.wait(timeout_s, tick=keep_running(supervisor, place.cluster), store_watch=supervisor.store_watch)
     return handle
@@ -288,6 +337,7 @@ def local_cluster(
     from fedqueue.queue.workers import detect_gpus, plan_workers
 
     settings = with_plugins(settings, plugin_path)
+    settings.check_lasting_store()
     specs = plan_workers(detect_gpus(), procs, slots, gpus_per_worker, procs_per_gpu)
     cluster = LocalCluster.start(settings, specs) if wait else LocalCluster.launch(settings, specs)
     try:

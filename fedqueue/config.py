@@ -62,6 +62,45 @@ def _url(env: Mapping[str, str], name: str) -> str | None:
     return raw
 
 
+DATABASE_URL_FORMS = "sqlite:///PATH or postgresql://USER@HOST/DB"
+
+
+def database_url_problem(url: str) -> str | None:
+    """What is wrong with a store URL as written (its scheme, SQLite's slashes), or None; read without
+    connecting, so that a typo is refused before any broker or worker starts."""
+    scheme, sep, rest = url.partition("://")
+    backend = scheme.split("+")[0].lower()
+    if not sep or not backend:
+        return f"not a database URL (expected {DATABASE_URL_FORMS})"
+    if backend == "postgres":
+        return "postgres:// is not understood: write postgresql://"
+    if backend not in ("sqlite", "postgresql"):
+        return f"unsupported database {backend!r} (use {DATABASE_URL_FORMS})"
+    host = urlsplit(url).netloc.rpartition("@")[2]  # no user or password repeated
+    if backend == "sqlite" and host:
+        return (
+            f"{scheme}://{host} makes {host!r} a host name; a SQLite file takes three slashes: {scheme}:///{host}"
+            f" (four for an absolute path: {scheme}:////path/to/{host})"
+        )
+    return None
+
+
+def memory_sqlite(url: str) -> bool:
+    """An in-memory SQLite database: it lives and dies with the one process that opens it."""
+    parts = urlsplit(url)
+    if not parts.scheme.lower().startswith("sqlite"):
+        return False
+    return parts.path in ("", "/", "/:memory:") or "mode=memory" in parts.query
+
+
+def _database_url(env: Mapping[str, str]) -> str:
+    url = _url(env, "FEDQUEUE_DATABASE_URL") or DEFAULT_DATABASE_URL
+    problem = database_url_problem(url)
+    if problem is not None:
+        raise ConfigError(f"FEDQUEUE_DATABASE_URL: {problem}")
+    return url
+
+
 def _plugin_path(env: Mapping[str, str]) -> tuple[str, ...]:
     """FEDQUEUE_PLUGIN_PATH's folders; one that is not a folder is refused (a typo would only show as a plugin
     that does not import)."""
@@ -158,7 +197,7 @@ class Settings:
         broker_url = _url(env, "FEDQUEUE_BROKER_URL")
         return cls(
             broker_url=with_password(broker_url, env.get("FEDQUEUE_REDIS_PASSWORD")),
-            database_url=_url(env, "FEDQUEUE_DATABASE_URL") or DEFAULT_DATABASE_URL,
+            database_url=_database_url(env),
             key_prefix=prefix,
             blob_dir=_blob_dir(env),
             blob_ttl_s=_int(env, "FEDQUEUE_BLOB_TTL_S", cls.blob_ttl_s),
@@ -177,6 +216,25 @@ class Settings:
             plugin_path=_plugin_path(env),
             jobs=env.get("FEDQUEUE_JOBS") or None,
         )
+
+    def check_lasting_store(self) -> None:
+        """Refuse, before anything starts, a store that the workers and later commands cannot share: a URL
+        written wrong, an in-memory SQLite database (the run would live only in this process), a SQLite file
+        in a folder that does not exist."""
+        name = "FEDQUEUE_DATABASE_URL"
+        problem = database_url_problem(self.database_url)
+        if problem is not None:
+            raise ConfigError(f"{name}: {problem}")
+        if memory_sqlite(self.database_url):
+            raise ConfigError(
+                f"{name}: {mask_url(self.database_url)} is an in-memory SQLite database, seen only by the process"
+                " that opens it: the workers and later commands would never see the run; use a file"
+                " (sqlite:///fedqueue.db) or Postgres"
+            )
+        path = urlsplit(self.database_url).path[1:] if self.database_url.lower().startswith("sqlite") else ""
+        folder = os.path.dirname(os.path.abspath(path)) if path else ""
+        if folder and not os.path.isdir(folder):
+            raise ConfigError(f"{name}: the folder {folder!r} of the SQLite file does not exist")
 
     def with_broker(self, broker_url: str) -> Settings:
         return replace(self, broker_url=broker_url)

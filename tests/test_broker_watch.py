@@ -8,7 +8,9 @@ from kombu.exceptions import OperationalError
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from fedqueue.core.outage import BrokerGone, BrokerWatch, is_broker_error, ping_probe
+from fedqueue.api import Placement, submit_through_outage
+from fedqueue.config import Settings
+from fedqueue.core.outage import BrokerGone, BrokerWatch, SubmitCutShort, is_broker_error, ping_probe, run_stored
 from fedqueue.queue.embedded import EmbeddedRedis
 
 
@@ -81,3 +83,52 @@ def test_broker_errors_are_told_through_their_causes() -> None:
         assert is_broker_error(wrapped)
     assert not is_broker_error(RuntimeError("repair failed"))
     assert not is_broker_error(redis.ResponseError("WRONGTYPE"))
+
+
+class _Submission:
+    """A submission whose submit fails as `outcomes` say, in turn (an exception), or returns a run id."""
+
+    def __init__(self, *outcomes: BaseException | str) -> None:
+        self.outcomes = list(outcomes)
+        self.calls = 0
+
+    def check(self, settings: Settings) -> None:
+        pass
+
+    def submit(self, services: object) -> str:
+        self.calls += 1
+        outcome = self.outcomes.pop(0)
+        if isinstance(outcome, BaseException):
+            raise outcome
+        return outcome
+
+
+def test_a_submit_cut_short_before_its_run_is_stored_waits_for_the_broker_and_starts_again() -> None:
+    server = EmbeddedRedis().start()
+    lines: list[str] = []
+    submission = _Submission(redis.ConnectionError("Connection refused"), "r1")
+    try:
+        handle = submit_through_outage(submission, Placement(Settings(broker_url=server.url)), object(), lines.append)
+    finally:
+        server.stop()
+    assert (handle.id, handle.submit_cut, submission.calls) == ("r1", None, 2)
+    assert lines[0] == "broker unreachable (Connection refused): waiting for it; nothing of the run is stored yet"
+    assert lines[1].startswith("broker back after ") and lines[1].endswith(" s: submitting again")
+
+
+def test_a_submit_cut_short_after_its_run_is_stored_hands_the_run_to_its_follower_waiting() -> None:
+    lost = redis.ConnectionError("Connection refused")
+    place = Placement(Settings(broker_url="redis://127.0.0.1:1/0"))
+    handle = submit_through_outage(_Submission(SubmitCutShort("r2", lost)), place, object())
+    assert (handle.id, handle.submit_cut) == ("r2", lost)  # `scheduling` starts its broker watch down
+    with pytest.raises(ValueError, match="not the broker"):
+        submit_through_outage(_Submission(ValueError("not the broker")), place, object())
+
+
+def test_a_run_stored_before_the_broker_failed_is_named_by_its_error() -> None:
+    with pytest.raises(SubmitCutShort) as cut, run_stored("r3"):
+        raise redis.ConnectionError("Connection refused")
+    assert cut.value.run_id == "r3" and cut.value.exit_code == 1  # `fedqueue submit`: it failed at run time
+    assert str(cut.value).startswith("broker unreachable (Connection refused) while run r3 was submitted: the run is")
+    with pytest.raises(KeyError), run_stored("r3"):  # not the broker's fault: as it is
+        raise KeyError("x")

@@ -82,3 +82,43 @@ def test_a_blob_folder_is_refused_where_it_could_not_be_made_and_nothing_is_made
     # A folder that exists, or one to make in a folder that does, is taken as it is.
     assert Settings.from_env({"FEDQUEUE_BLOB_DIR": str(tmp_path)}).blob_dir == str(tmp_path)
     assert Settings.from_env({"FEDQUEUE_BLOB_DIR": str(tmp_path / "blobs")}).blob_dir == str(tmp_path / "blobs")
+
+
+@pytest.mark.parametrize(
+    ("url", "expected"),
+    [
+        (
+            "sqlite://fedqueue.db",
+            "sqlite://fedqueue.db makes 'fedqueue.db' a host name; a SQLite file takes three slashes:"
+            " sqlite:///fedqueue.db (four for an absolute path: sqlite:////path/to/fedqueue.db)",
+        ),
+        ("postgres://u@h/db", "postgres:// is not understood: write postgresql://"),
+        ("mysql://u@h/db", "unsupported database 'mysql' (use sqlite:///PATH or postgresql://USER@HOST/DB)"),
+        ("fedqueue.db", "not a database URL (expected sqlite:///PATH or postgresql://USER@HOST/DB)"),
+    ],
+)
+def test_a_store_url_written_wrong_is_refused_when_read_with_its_fix(url: str, expected: str) -> None:
+    with pytest.raises(ConfigError) as refused:
+        Settings.from_env({"FEDQUEUE_DATABASE_URL": url})
+    assert str(refused.value) == f"FEDQUEUE_DATABASE_URL: {expected}"
+
+
+@pytest.mark.parametrize(
+    "url", ["sqlite:///fedqueue.db", "sqlite:////tmp/x.db", "sqlite+pysqlite:///x.db", "postgresql://u@h:5432/db"]
+)
+def test_store_urls_written_right_are_taken(url: str) -> None:
+    assert Settings.from_env({"FEDQUEUE_DATABASE_URL": url}).database_url == url
+
+
+@pytest.mark.parametrize("url", ["sqlite://", "sqlite:///:memory:", "sqlite:///file:x?mode=memory&uri=true"])
+def test_an_in_memory_sqlite_is_read_but_refused_for_work_that_outlives_the_command(url: str) -> None:
+    settings = Settings.from_env({"FEDQUEUE_DATABASE_URL": url})  # `status` or `runs` may read it: empty
+    with pytest.raises(ConfigError, match="^FEDQUEUE_DATABASE_URL: .* is an in-memory SQLite database"):
+        settings.check_lasting_store()
+
+
+def test_a_sqlite_file_in_a_folder_that_does_not_exist_is_refused_for_work(tmp_path: Path) -> None:
+    settings = Settings(database_url=f"sqlite:///{tmp_path}/nonexistent/fedqueue.db")
+    with pytest.raises(ConfigError, match="folder .*nonexistent' of the SQLite file does not exist"):
+        settings.check_lasting_store()
+    Settings(database_url=f"sqlite:///{tmp_path}/fedqueue.db").check_lasting_store()

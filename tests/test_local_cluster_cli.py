@@ -15,6 +15,7 @@ from fedqueue.config import Settings
 from fedqueue.core import cluster_file
 from tests.cli_runner import fedqueue_cli, start_fedqueue_cli
 from tests.reliability_support import wait_until
+from tests.service_support import free_port, http_get, running_flower
 from tests.test_cancel import active_tasks, queued_tasks
 from tests.test_cli import cli_env, write_config
 
@@ -85,3 +86,48 @@ def test_submit_status_cancel_and_logs_find_the_cluster_up_left(tmp_path: Path) 
     ]
     kept = fedqueue_cli("logs", "--lines", "1", cwd=tmp_path, env=env)  # the logs outlive their cluster
     assert kept.returncode == 0 and "\ncpu0 | " in kept.stdout, kept.stdout + kept.stderr
+
+
+def test_monitor_and_worker_find_the_cluster_up_left(tmp_path: Path) -> None:
+    """`monitor` (`flower` is the same command) watches the broker of `up -d`'s cluster, as `submit` and `status`
+    use it: once, Flower's own process read no broker and ended in a traceback. `worker` adds workers to that
+    cluster, named apart from its own."""
+    env = cli_env(FEDQUEUE_DATABASE_URL=f"sqlite:///{tmp_path / 'store.db'}", FLOWER_BASIC_AUTH="admin:pw")
+    settings = Settings.from_env(env)
+    alone = fedqueue_cli("monitor", cwd=tmp_path, env=env)
+    assert alone.returncode == 2 and alone.stderr.splitlines() == [
+        "error: FEDQUEUE_BROKER_URL: not set and no local cluster is up (fedqueue up -d starts one); Flower watches"
+        " the broker the workers use"
+    ], alone.stderr
+    up = fedqueue_cli("up", "--detach", "--procs", "1", cwd=tmp_path, env=env, timeout=180)
+    assert up.returncode == 0, up.stdout + up.stderr
+    extra = None
+    try:
+        standing = cluster_file.find(settings)
+        assert standing is not None
+        port = free_port()
+        with running_flower(env, port, tmp_path / "flower.log") as base:
+            wait_until(lambda: _flower_workers(base) == ["cpu0"], 60)
+            extra = start_fedqueue_cli(
+                "worker", "--procs", "1", cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
+            )
+            joined = Lines(extra)
+            # Flower sees the worker joining: both on the one broker, the new one named apart.
+            wait_until(lambda: _flower_workers(base) == ["cpu0", f"cpu0-{extra.pid}"] or extra.poll() is not None, 90)
+            assert extra.poll() is None, joined.text
+        assert f"joining the local cluster of fedqueue up (pid {standing.pid})" in joined.text
+        extra.send_signal(signal.SIGTERM)
+        assert extra.wait(timeout=60) == 0, joined.text
+        assert "Traceback" not in joined.text + (tmp_path / "flower.log").read_text()
+    finally:
+        if extra is not None and extra.poll() is None:
+            extra.kill()
+            extra.wait()
+        down = fedqueue_cli("down", cwd=tmp_path, env=env, timeout=120)
+    assert down.returncode == 0, down.stdout + down.stderr
+
+
+def _flower_workers(base: str) -> list[str]:
+    """The workers Flower knows, by name before '@'."""
+    status, workers = http_get(f"{base}/api/workers?refresh=1", auth=("admin", "pw"))
+    return sorted(name.split("@")[0] for name in workers) if status == 200 and isinstance(workers, dict) else []

@@ -62,6 +62,40 @@ def test_a_blob_folder_that_could_not_be_made_is_refused_and_nothing_is_made(tmp
 
 
 @pytest.mark.parametrize(
+    ("url", "expected"),
+    [
+        ("sqlite://fedqueue.db", "makes 'fedqueue.db' a host name; a SQLite file takes three slashes"),
+        ("sqlite://", "sqlite:// is an in-memory SQLite database, seen only by the process that opens it"),
+    ],
+)
+def test_a_store_url_written_wrong_or_in_memory_is_refused_before_redis_and_workers_start(
+    tmp_path: Path, url: str, expected: str
+) -> None:
+    """Once a 67-line traceback after Redis and the workers had started (two slashes), or a run that waited
+    forever on workers writing to stores of their own (in memory)."""
+    line = refused(tmp_path, str(write_config(tmp_path, SMALL)), FEDQUEUE_DATABASE_URL=url)
+    assert line.startswith("error: FEDQUEUE_DATABASE_URL: ") and expected in line, line
+
+
+@pytest.mark.parametrize("command", [("up", "-d"), ("worker",), ("submit", "run.toml")])
+def test_an_in_memory_store_is_refused_by_every_command_whose_work_outlives_it(
+    tmp_path: Path, command: tuple[str, ...]
+) -> None:
+    write_config(tmp_path, SMALL)
+    env = cli_env(FEDQUEUE_DATABASE_URL="sqlite:///:memory:", FEDQUEUE_BROKER_URL="redis://127.0.0.1:1/0")
+    if command[0] == "up":
+        env.pop("FEDQUEUE_BROKER_URL")  # its own embedded Redis
+    result = fedqueue_cli(*command, cwd=tmp_path, env=env, timeout=60)
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert result.stderr.strip().splitlines() == [
+        "error: FEDQUEUE_DATABASE_URL: sqlite:///:memory: is an in-memory SQLite database, seen only by the process"
+        " that opens it: the workers and later commands would never see the run; use a file (sqlite:///fedqueue.db)"
+        " or Postgres"
+    ], result.stderr
+    assert result.stdout == ""
+
+
+@pytest.mark.parametrize(
     ("plugin", "expected"),
     [
         (

@@ -160,8 +160,15 @@ def test_run_reuses_the_cluster_up_left_running_and_down_stops_it(tmp_path: Path
         assert submitted.returncode == 0, submitted.stdout + submitted.stderr
         wait_until(lambda: _state(submitted.stdout.strip(), elsewhere, exports) != "running", 120)
         assert _state(submitted.stdout.strip(), elsewhere, exports) == "finished"
+        # `up -d` again: what it promises holds (a cluster up and found), so exit 0 and nothing started; `up` in
+        # the foreground cannot be that cluster: refused (2), as a second scheduler on a run is.
         again = fedqueue_cli("up", "--detach", cwd=tmp_path, env=env)
-        assert again.returncode == 1 and f"already up (pid {pid}" in again.stderr
+        assert again.returncode == 0 and f"already up (pid {pid}, 1 workers)" in again.stdout, again.stderr
+        assert _children(pid) == cluster
+        foreground = fedqueue_cli("up", cwd=tmp_path, env=env)
+        assert foreground.returncode == 2 and foreground.stderr.strip() == (
+            f"error: a local cluster for these settings is already up (pid {pid}, 1 workers); fedqueue down stops it"
+        )
     finally:
         down = fedqueue_cli("down", cwd=tmp_path, env=env, timeout=120)
     assert down.returncode == 0 and f"local cluster (pid {pid}) stopped" in down.stdout, down.stdout + down.stderr

@@ -48,9 +48,9 @@ from fedqueue.core.services import connect_redis, no_workers_known
 from fedqueue.core.waiting import waiting_for
 from fedqueue.errors import ConfigError, FedqueueError
 from fedqueue.queue.client import open_client_services
-from fedqueue.queue.flower import check_basic_auth, flower_command
+from fedqueue.queue.flower import check_basic_auth, flower_command, flower_env
 from fedqueue.queue.local import LocalCluster
-from fedqueue.queue.workers import WorkerGroup, detect_gpus, named, plan_workers
+from fedqueue.queue.workers import WorkerGroup, beside, detect_gpus, named, plan_workers
 from fedqueue.report import build_report, write_report
 
 app = typer.Typer(
@@ -259,13 +259,22 @@ def worker(
     The launcher also adopts running runs that nobody follows and repairs them.
     """
 
-    settings = Settings.from_env().with_plugin_path(plugin_path).with_jobs(jobs)
+    settings = Settings.from_env().with_plugin_path(plugin_path)
+    # The configured broker, else that of the cluster `fedqueue up` runs for these settings: more workers for it.
+    standing = None if settings.broker_url else cluster_file.find(settings)
+    if standing is not None:
+        settings = cluster_file.worker_settings(settings).with_broker(standing.broker_url)
     if not settings.broker_url:
-        raise FedqueueError("FEDQUEUE_BROKER_URL: not set (or use `fedqueue up` for a local broker)")
+        raise ConfigError("FEDQUEUE_BROKER_URL: not set and no local cluster is up (fedqueue up -d starts one)")
+    settings = settings.with_jobs(jobs)
+    settings.check_lasting_store()
     warn_if_insecure(settings)
     job_kinds.select(settings.jobs)  # an unknown kind is refused before anything starts
     found = [g.strip() for g in gpus.split(",") if g.strip()] if gpus else detect_gpus()
     specs = named(plan_workers(found, procs, slots, gpus_per_worker, procs_per_gpu), name)
+    if standing is not None:
+        specs = beside(specs, standing.slots)
+        console.print(escape(f"joining the local cluster of fedqueue up (pid {standing.pid})"), highlight=False)
     services = open_client_services(settings)  # the broker answers, the store is current
     group = WorkerGroup(settings, specs).start()
     try:
@@ -294,10 +303,17 @@ def up(
     """
 
     settings = Settings.from_env().with_plugin_path(plugin_path)
+    settings.check_lasting_store()
     # With a broker configured, `run` goes to it anyway: only an embedded Redis is announced for reuse.
     announce = not settings.broker_url
     if announce and (running := cluster_file.find(settings)) is not None:
-        raise FedqueueError(f"a local cluster for these settings is already up (pid {running.pid}; fedqueue down)")
+        already = f"a local cluster for these settings is already up (pid {running.pid}, {len(running.slots)} workers)"
+        if not detach:  # this command cannot be that cluster: refused, as a second scheduler on a run is
+            raise ConfigError(f"{already}; fedqueue down stops it")
+        # What `up -d` promises holds: a cluster is up and ready, and the other commands find it.
+        console.print(escape(f"{already}: fedqueue run uses it, fedqueue down stops it"), highlight=False)
+        _say_where(settings, running.broker_url)
+        return
     if detach:
         args = [f"--procs={procs}"] if procs is not None else []
         args += [f"--slots={slots}", f"--gpus-per-worker={gpus_per_worker}", f"--procs-per-gpu={procs_per_gpu}"]
@@ -422,7 +438,8 @@ def monitor(
     console.print(
         escape(f"Flower on http://{address}:{port} watching {mask_url(settings.broker_url)}"), highlight=False
     )
-    os.execv(command[0], command)  # Flower becomes this process: signals reach it directly
+    # Flower becomes this process (signals reach it directly); its app reads the broker found here from its env.
+    os.execve(command[0], command, flower_env(settings, os.environ))
 
 
 # The name it had first: Celery's Flower, kept for scripts and compose files that start it so.

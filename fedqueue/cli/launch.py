@@ -51,8 +51,9 @@ def submit_and_follow(
         open_store(place.settings.database_url, migrate=True).close()  # a bad database before a bad broker
         services = open_client_services(place.settings, place.worker_slots)
         try:
-            handle = api.submit(submission, place, services)
-            if not place.workers_known:
+            # Through a broker outage, as the follower below waits through one: the command's first line to its last.
+            handle = api.submit_through_outage(submission, place, services, say=_say)
+            if not place.workers_known and handle.submit_cut is None:
                 warn_if_no_workers(place.settings)
             follow_to_end(handle, place, services, all_rows=all_rows)
         finally:

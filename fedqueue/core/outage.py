@@ -12,9 +12,10 @@ with `BrokerGone`, which names the command that picks the run up again.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import ParamSpec, TypeVar
 
 import redis
@@ -23,7 +24,7 @@ from redis.retry import Retry
 
 from fedqueue.config import Settings
 from fedqueue.core.infra_errors import infrastructure_fault
-from fedqueue.errors import ServiceUnavailable
+from fedqueue.errors import FedqueueError, ServiceUnavailable
 
 log = logging.getLogger(__name__)
 
@@ -36,6 +37,32 @@ LAST_PROBE_S = 2.0  # ... up to this: the follower's lease, renewed between prob
 
 class BrokerGone(ServiceUnavailable):
     """The broker stayed unreachable longer than the broker wait; the run goes on once it is back."""
+
+
+class SubmitCutShort(FedqueueError):
+    """The broker failed while a run was submitted, after its row was stored: the run is there, and its repair
+    pass (in its follower, or a worker launcher that adopts it) sends what the submit did not."""
+
+    def __init__(self, run_id: str, cause: BaseException) -> None:
+        super().__init__(
+            f"broker unreachable ({reason(cause)}) while run {run_id} was submitted: the run is stored; a worker"
+            f" launcher (fedqueue worker, fedqueue up) sends what was not sent once the broker is back, or"
+            f" `fedqueue resume {run_id}` does"
+        )
+        self.run_id = run_id
+        self.cause = cause
+
+
+@contextlib.contextmanager
+def run_stored(run_id: str) -> Iterator[None]:
+    """Around what a submit does once its run's row is stored: a broker that fails there leaves a run to finish
+    submitting (SubmitCutShort), which its follower waits for, not a failed command."""
+    try:
+        yield
+    except Exception as err:
+        if not is_broker_error(err):
+            raise
+        raise SubmitCutShort(run_id, err) from err
 
 
 def is_broker_error(err: BaseException) -> bool:
@@ -71,7 +98,7 @@ def ping_probe(url: str) -> Callable[[], None]:
     return probe
 
 
-def _reason(err: BaseException) -> str:
+def reason(err: BaseException) -> str:
     return (str(err) or type(err).__name__).strip().rstrip(".")
 
 
@@ -132,7 +159,7 @@ class BrokerWatch:
             if not is_broker_error(err):
                 raise
             if self._answers():  # a connection that dropped while the broker stayed (or came back at once)
-                log.info("run %s: a broker call failed (%s); the broker answers again", self.run_id, _reason(err))
+                log.info("run %s: a broker call failed (%s); the broker answers again", self.run_id, reason(err))
             else:
                 self._went(err, started)
             return fallback(*args, **kwargs)
@@ -146,11 +173,36 @@ class BrokerWatch:
             raise
         return True
 
-    def _went(self, err: BaseException, since: float) -> None:
+    def went(self, err: BaseException, line: str | None = None) -> None:
+        """The broker failed under a step run outside this watch (a submit): down from now, saying `line` (else
+        this watch's own)."""
+        self._went(err, self._clock(), line)
+
+    def wait_back(self, revive: Callable[[], object] | None = None) -> None:
+        """Block until the broker answers again (BrokerGone past the wait); `revive` runs before each probe (it
+        starts an embedded broker again)."""
+        while not self.check():
+            if revive is not None:
+                revive()
+            time.sleep(max(0.0, min(self._next_probe - self._clock(), LAST_PROBE_S)))
+
+    def _went(self, err: BaseException, since: float, line: str | None = None) -> None:
         self._down_since = since
         self._delay = FIRST_PROBE_S
         self._next_probe = self._clock() + self._delay
-        self._say(f"broker unreachable ({_reason(err)}): waiting for it; the workers keep their tasks")
+        self._say(line or self._went_line(err))
+
+    def _went_line(self, err: BaseException) -> str:
+        return f"broker unreachable ({reason(err)}): waiting for it; the workers keep their tasks"
+
+    def _back_line(self, waited: float) -> str:
+        return f"broker back after {waited:.0f} s: run {self.run_id} goes on"
+
+    def _gone(self, waited: float) -> BrokerGone:
+        return BrokerGone(
+            f"broker unreachable for {waited:.0f} s (FEDQUEUE_BROKER_WAIT_S is {self.limit_s:g}): run {self.run_id}"
+            f" continues when its workers and broker are back: `fedqueue resume {self.run_id}`"
+        )
 
     def _back(self) -> bool:
         """Whether the broker answers again (probed when due); raises BrokerGone once the wait is over."""
@@ -160,13 +212,31 @@ class BrokerWatch:
         if now >= self._next_probe or waited >= self.limit_s:
             if self._answers():
                 self._down_since = None
-                self._say(f"broker back after {waited:.0f} s: run {self.run_id} goes on")
+                self._say(self._back_line(waited))
                 return True
             self._delay = min(self._delay * 2, LAST_PROBE_S)
             self._next_probe = self._clock() + self._delay
         if waited >= self.limit_s:
-            raise BrokerGone(
-                f"broker unreachable for {waited:.0f} s (FEDQUEUE_BROKER_WAIT_S is {self.limit_s:g}): run {self.run_id}"
-                f" continues when its workers and broker are back: `fedqueue resume {self.run_id}`"
-            )
+            raise self._gone(waited)
         return False
+
+
+class SubmitWatch(BrokerWatch):
+    """Waits for a broker that failed while a run was submitted, before anything of it was stored: the submit
+    then starts again; given up, nothing is stored (exit 2: submit again)."""
+
+    @classmethod
+    def of(cls, settings: Settings, run_id: str = "", say: Callable[[str], object] | None = None) -> BrokerWatch:
+        return cls(run_id, settings.broker_wait_s, ping_probe(settings.broker_url or ""), say or log.warning)
+
+    def _went_line(self, err: BaseException) -> str:
+        return f"broker unreachable ({reason(err)}): waiting for it; nothing of the run is stored yet"
+
+    def _back_line(self, waited: float) -> str:
+        return f"broker back after {waited:.0f} s: submitting again"
+
+    def _gone(self, waited: float) -> BrokerGone:
+        return BrokerGone(
+            f"broker unreachable for {waited:.0f} s (FEDQUEUE_BROKER_WAIT_S is {self.limit_s:g}) while the run was"
+            " submitted: nothing was stored; submit it again once the broker answers"
+        )

@@ -13,10 +13,21 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from fedqueue.api import Placement, check, keep_running, local_cluster, placement, runs, scheduling, with_plugins
+from fedqueue.api import (
+    Placement,
+    check,
+    keep_running,
+    local_cluster,
+    placement,
+    runs,
+    scheduling,
+    submit_through_outage,
+    with_plugins,
+)
 from fedqueue.api import RunHandle as AnyRunHandle
 from fedqueue.api import submit as submit_job
 from fedqueue.config import DEFAULT_WORKER_SLOTS, Settings
+from fedqueue.core.outage import SubmitCutShort
 from fedqueue.errors import ConfigError
 from fedqueue.fl.config import RunConfig, load_run_config
 from fedqueue.fl.scheduler import submit_run
@@ -89,7 +100,12 @@ class RunSubmission:
         config = self.config
         if config.tensorboard_dir is not None:  # the folder named here, wherever `fedqueue resume` runs later
             config = replace(config, tensorboard_dir=str(Path(config.tensorboard_dir).expanduser().resolve()))
-        run_id = submit_run(services, config)
+        try:
+            run_id = submit_run(services, config)
+        except SubmitCutShort as cut:  # stored, its first tasks not all sent: its follower waits for the broker
+            if self.announce is not None:
+                self.announce(cut.run_id, config)
+            raise
         if self.announce is not None:
             self.announce(run_id, config)
         return run_id
@@ -165,7 +181,7 @@ def run(
     submission = RunSubmission(load_config(config, overrides))
     with placement(with_plugins(settings, plugin_path), procs, slots) as place:
         check(submission, place.settings)
-        handle = RunHandle(submit_job(submission, place).id, place.settings)
+        handle = RunHandle.of(submit_through_outage(submission, place))
         with scheduling(handle) as supervisor, following(handle.store, handle.id) as write_scalars:
             tick = keep_running(supervisor, place.cluster)
 

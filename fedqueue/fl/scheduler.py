@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import uuid
 
+from fedqueue.core.outage import run_stored
 from fedqueue.core.services import Services
 from fedqueue.fl.config import RunConfig
 from fedqueue.fl.messages import KIND_NAME
@@ -53,8 +54,9 @@ def submit_run(services: Services, config: RunConfig, run_id: str | None = None)
         kind=KIND_NAME,
         broker_id=services.ledger.broker_id(),
     )
-    checkpoint_version(services, run_id, 0, encoded)
-    strategy_for(config).start(services, run_id, config, encoded)
+    with run_stored(run_id):  # the broker failing from here leaves the run for its repair pass to start
+        checkpoint_version(services, run_id, 0, encoded)
+        strategy_for(config).start(services, run_id, config, encoded)
     return run_id
 
 

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from fedqueue.core.cancel import CANCELLED
+from fedqueue.core.outage import run_stored
 from fedqueue.core.services import Services
 from fedqueue.errors import ConfigError, NotFound
 from fedqueue.llm.context import TooLong, too_long
@@ -149,24 +150,25 @@ def submit_job(services: Services, request: JobRequest) -> Submitted:
     job_id = job_id_for(request, input_sha256)
     config = request.config(input_sha256)
     resumed = _open_job(services, job_id, config)
-    _, copies = deduplicate(prompts)
-    rows = [
-        *_prompt_rows(job_id, prompts, copies),
-        *_error_rows(job_id, input_errors),
-        *_too_long_rows(job_id, refused),
-    ]
-    insert_prompts(services.store, rows)
-    input_errors = sorted(
-        [*input_errors, *(InputError(item.prompt.line, item.prompt.input_id, item.message) for item in refused)],
-        key=lambda error: error.line,
-    )
-    settle_copies(services.store, job_id)
-    if job_counts(services.store, job_id).get("pending", 0) == 0:
-        services.store.finish_run(job_id, "finished")  # nothing left to generate (a finished job is left as it is)
-        return Submitted(job_id, resumed, len(prompts), input_errors, [], request.planned_slots)
-    services.store.reopen_run(job_id)
-    batches = plan_pending(services, job_id, request)
-    return Submitted(job_id, resumed, len(prompts), input_errors, batches, request.planned_slots)
+    with run_stored(job_id):  # the broker failing from here leaves the job for its repair pass to enqueue
+        _, copies = deduplicate(prompts)
+        rows = [
+            *_prompt_rows(job_id, prompts, copies),
+            *_error_rows(job_id, input_errors),
+            *_too_long_rows(job_id, refused),
+        ]
+        insert_prompts(services.store, rows)
+        input_errors = sorted(
+            [*input_errors, *(InputError(item.prompt.line, item.prompt.input_id, item.message) for item in refused)],
+            key=lambda error: error.line,
+        )
+        settle_copies(services.store, job_id)
+        if job_counts(services.store, job_id).get("pending", 0) == 0:
+            services.store.finish_run(job_id, "finished")  # nothing left to generate (a finished job is left as it is)
+            return Submitted(job_id, resumed, len(prompts), input_errors, [], request.planned_slots)
+        services.store.reopen_run(job_id)
+        batches = plan_pending(services, job_id, request)
+        return Submitted(job_id, resumed, len(prompts), input_errors, batches, request.planned_slots)
 
 
 def plan_pending(services: Services, job_id: str, request: JobRequest) -> list[PlannedBatch]:

@@ -28,6 +28,12 @@ def check_basic_auth(env: Mapping[str, str]) -> None:
             raise ConfigError(f"{AUTH_VARIABLE}: expected user:password[,user:password...], got a pair without both")
 
 
+def flower_env(settings: Settings, env: Mapping[str, str]) -> dict[str, str]:
+    """The environment Flower starts with: this one, with the broker that was found (`fedqueue up`'s cluster
+    where none is configured), since the app Flower loads reads its broker from there."""
+    return {**env, "FEDQUEUE_BROKER_URL": settings.broker_url or ""}
+
+
 def flower_command(settings: Settings, address: str, port: int, allow_actions: bool) -> list[str]:
     """`celery flower` for fedqueue's app and broker; read-only unless actions are allowed.
 
@@ -36,7 +42,10 @@ def flower_command(settings: Settings, address: str, port: int, allow_actions: b
     everyone who may look at the UI.
     """
     if not settings.broker_url:
-        raise ConfigError("FEDQUEUE_BROKER_URL: not set; Flower watches the broker the workers use")
+        raise ConfigError(
+            "FEDQUEUE_BROKER_URL: not set and no local cluster is up (fedqueue up -d starts one); Flower watches the"
+            " broker the workers use"
+        )
     if not 0 < port < 65536:
         raise ConfigError(f"--port: must be 1-65535, got {port}")
     command = [

@@ -16,6 +16,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import IO
@@ -117,6 +118,15 @@ def named(specs: list[WorkerSpec], name: str | None) -> list[WorkerSpec]:
     if len(specs) != 1:
         raise ConfigError(f"--name: names one worker process, but this host plans {len(specs)}")
     return [replace(specs[0], name=name)]
+
+
+def beside(specs: list[WorkerSpec], running: Mapping[str, int]) -> list[WorkerSpec]:
+    """The plan renamed where a name is taken by a running worker of this host (`running`: Celery hostnames),
+    so that workers joining a cluster on the same host are told apart from its own."""
+    host = socket.gethostname()
+    return [
+        replace(spec, name=f"{spec.name}-{os.getpid()}") if f"{spec.name}@{host}" in running else spec for spec in specs
+    ]
 
 
 def _gpu_worker_name(group: list[str], position: int) -> str:

@@ -13,7 +13,7 @@ from sqlalchemy.engine import URL, Connection, Engine, make_url
 from sqlalchemy.exc import ArgumentError, SQLAlchemyError
 from sqlalchemy.pool import NullPool
 
-from fedqueue.config import mask_url
+from fedqueue.config import database_url_problem, mask_url
 from fedqueue.errors import ConfigError, FedqueueError, ServiceUnavailable
 from fedqueue.store.migrate import (
     CORE_BRANCH,
@@ -55,6 +55,9 @@ def _enable_sqlite_wal(dbapi_connection: Any, _record: Any) -> None:
 
 
 def make_engine(url: str) -> Engine:
+    problem = database_url_problem(url)
+    if problem is not None:  # SQLAlchemy's own refusal is a page of traceback
+        raise ConfigError(f"FEDQUEUE_DATABASE_URL: {problem}")
     try:
         parsed = make_url(url)
     except ArgumentError:
