@@ -58,9 +58,7 @@ def new_run(store: Store, rounds_total: int = 3, **config: object) -> str:
     return run_id
 
 
-def round_row(
-    run_id: str, round_index: int, state: str = "training", selected: list[int] | None = None
-) -> RoundRow:
+def round_row(run_id: str, round_index: int, state: str = "training", selected: list[int] | None = None) -> RoundRow:
     return RoundRow(
         run_id=run_id,
         round_index=round_index,
