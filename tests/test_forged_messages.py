@@ -28,10 +28,11 @@ from fedqueue.fl.store.results import device_tasks, get_round
 from fedqueue.fl.strategy.common import final_state
 from fedqueue.queue.app import make_app
 from fedqueue.queue.client import open_client_services
+from tests.cli_runner import fedqueue_cli
 from tests.conftest import running_workers
 from tests.fl.test_buffered_async import buffered_config, reference
 from tests.helpers import assert_same_weights, reference_final_state, small_config, wait_finished
-from tests.reliability_support import wait_until
+from tests.reliability_support import cli_env, wait_until
 
 pytestmark = pytest.mark.faults
 
@@ -194,6 +195,10 @@ def test_poison_bytes_are_dead_lettered_once_and_the_worker_keeps_running(settin
     assert len(refused) == len(POISON), refused
     assert "Unrecoverable error" not in worker_log(logs)
     assert _client(settings).llen(_queue_key(settings)) == 0
+    shown = fedqueue_cli("status", cwd=tmp_path, env=cli_env(settings), timeout=60)
+    assert shown.returncode == 0 and f"dead letters: {len(POISON)} messages refused for good" in shown.stdout
+    as_json = json.loads(fedqueue_cli("status", "--json", cwd=tmp_path, env=cli_env(settings), timeout=60).stdout)
+    assert as_json["dead_letters"] == len(POISON) and len(as_json["latest"]) == 5
 
 
 def test_signed_deployments_refuse_unsigned_and_mis_signed_tasks(settings: Settings, tmp_path: Path) -> None:
