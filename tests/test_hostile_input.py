@@ -118,4 +118,3 @@ def test_malformed_unknown_and_pickled_messages_are_refused(settings: Settings, 
     assert client.llen(f"{settings.key_prefix}:{settings.queue('devices')}") == 0  # nothing bounced back
     count, records = recent_dead_letters(client, settings.key_prefix, last=10)
     assert count == 5, records  # each refused message dead-lettered once
-
