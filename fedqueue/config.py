@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import sys
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from urllib.parse import parse_qsl, quote, urlencode, urlsplit, urlunsplit
 
 from fedqueue.errors import ConfigError
@@ -132,6 +132,16 @@ def _blob_dir(env: Mapping[str, str]) -> str | None:
     return folder
 
 
+MESSAGE_KEY_MIN = 16  # characters of FEDQUEUE_MESSAGE_KEY: a short secret is guessed
+
+
+def _message_key(env: Mapping[str, str]) -> str | None:
+    key = env.get("FEDQUEUE_MESSAGE_KEY") or None
+    if key is not None and len(key) < MESSAGE_KEY_MIN:
+        raise ConfigError(f"FEDQUEUE_MESSAGE_KEY: at least {MESSAGE_KEY_MIN} characters, got {len(key)}")
+    return key
+
+
 @dataclass(frozen=True)
 class Settings:
     """Where the services are and how workers behave.
@@ -187,6 +197,10 @@ class Settings:
     jobs: str | None = None
     """FEDQUEUE_JOBS: the job kinds a worker serves, comma-separated (`fl,llm`); unset: every installed kind
     (`fedqueue worker --jobs`)."""
+    message_key: str | None = field(default=None, repr=False)
+    """FEDQUEUE_MESSAGE_KEY: a secret shared by every process of a deployment (at least 16 characters); set,
+    task messages are signed (HMAC-SHA256) and workers run only those whose signature matches, dead-lettering
+    the rest. Unset: messages are not signed, and anyone who can write to Redis can queue tasks."""
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
@@ -215,6 +229,7 @@ class Settings:
             ),
             plugin_path=_plugin_path(env),
             jobs=env.get("FEDQUEUE_JOBS") or None,
+            message_key=_message_key(env),
         )
 
     def check_lasting_store(self) -> None:
@@ -295,6 +310,8 @@ class Settings:
             env["FEDQUEUE_PLUGIN_PATH"] = os.pathsep.join(self.plugin_path)
         if self.jobs:
             env["FEDQUEUE_JOBS"] = self.jobs
+        if self.message_key:
+            env["FEDQUEUE_MESSAGE_KEY"] = self.message_key
         return env
 
 

@@ -10,6 +10,7 @@ from hypothesis import settings as hypothesis_settings
 from hypothesis import strategies as st
 
 from fedqueue.config import Settings
+from fedqueue.core.dead_letters import recent_dead_letters
 from fedqueue.errors import ConfigError, DataError
 from fedqueue.fl import api
 from fedqueue.fl.config import RunConfig, load_run_config
@@ -115,3 +116,5 @@ def test_malformed_unknown_and_pickled_messages_are_refused(settings: Settings, 
     assert not marker.exists()  # the pickle was never loaded
     client = redis.Redis.from_url(settings.broker_url or "")
     assert client.llen(f"{settings.key_prefix}:{settings.queue('devices')}") == 0  # nothing bounced back
+    count, records = recent_dead_letters(client, settings.key_prefix, last=10)
+    assert count == 5, records  # each refused message dead-lettered once

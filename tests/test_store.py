@@ -58,13 +58,13 @@ def new_run(store: Store, rounds_total: int = 3, **config: object) -> str:
     return run_id
 
 
-def round_row(run_id: str, round_index: int, state: str = "training") -> RoundRow:
+def round_row(run_id: str, round_index: int, state: str = "training", selected: list[int] | None = None) -> RoundRow:
     return RoundRow(
         run_id=run_id,
         round_index=round_index,
         version=round_index - 1,
         state=state,
-        selected=[3, 1, 2],
+        selected=[3, 1, 2] if selected is None else selected,
         model_key=f"{run_id}/model/{round_index}",
         model_sha256="a" * 64,
         model_nbytes=100 + round_index,
@@ -368,6 +368,7 @@ def test_claim_round_from_many_threads_has_one_winner(store: Store) -> None:
 def test_record_device_result_stores_once_keeping_first(store: Store) -> None:
     """A repeated (run, round, device) is not stored again and does not overwrite the first row."""
     run_id = new_run(store)
+    add_round(store, round_row(run_id, 1, selected=list(range(100))))
     assert not has_result(store, run_id, 1, 4)
     assert record_device_result(store, *device_result(run_id, 1, 4, worker="first", loss=0.25)) == 1
     assert record_device_result(store, *device_result(run_id, 1, 4, worker="second", loss=9.0, pid=99)) is None
@@ -384,7 +385,7 @@ def test_record_device_result_stores_once_keeping_first(store: Store) -> None:
 def test_results_sharing_a_summed_update_are_stored_all_or_none(store: Store) -> None:
     """A vmapped pack's rows share one pre-summed update: one device stored before stores none of them."""
     run_id = new_run(store)
-    add_round(store, round_row(run_id, 1))
+    add_round(store, round_row(run_id, 1, selected=[4, 5, 6]))
     assert record_device_result(store, *device_result(run_id, 1, 5, worker="alone")) == 1
     shared = {"update_key": f"{run_id}/update/1/pack-4-6/w2", "worker": "w2"}
     pack = [device_result(run_id, 1, device, **shared) for device in (4, 5, 6)]
@@ -424,6 +425,8 @@ def test_a_task_timing_is_its_latest_delivery_and_every_kind_shares_the_table(st
 def test_device_tasks_ordered_and_counted(store: Store) -> None:
     """device_tasks lists by round then device; count_done counts one round's rows."""
     run_id = new_run(store)
+    for round_index in (1, 2):
+        add_round(store, round_row(run_id, round_index, selected=list(range(100))))
     for round_index, device in [(2, 7), (1, 5), (1, 1), (2, 0), (1, 3)]:
         assert record_device_result(store, *device_result(run_id, round_index, device))
     assert [row.device for row in device_tasks(store, run_id, 1)] == [1, 3, 5]
@@ -447,9 +450,22 @@ def test_device_tasks_ordered_and_counted(store: Store) -> None:
     assert len(store.task_timings(run_id)) == 5 and len(store.task_timings(run_id, 2)) == 2
 
 
+def test_a_result_its_round_never_sent_out_is_refused_and_not_counted(store: Store) -> None:
+    """Only work the scheduler sent is taken: a device outside the round's selection, or a round never started."""
+    run_id = new_run(store)
+    add_round(store, round_row(run_id, 1, selected=[1, 3]))
+    assert record_device_result(store, *device_result(run_id, 1, 2)) is None  # not selected
+    assert record_device_result(store, *device_result(run_id, 2, 1)) is None  # no such round
+    pack = [device_result(run_id, 1, device, update_key=f"{run_id}/update/1/pack-1-2/x") for device in (1, 2)]
+    assert record_device_results(store, pack, all_or_nothing=True) == [None, None]
+    assert device_tasks(store, run_id) == [] and get_round(store, run_id, 1).stored == 0
+    assert record_device_result(store, *device_result(run_id, 1, 3)) == 1
+
+
 def test_concurrent_threads_lose_no_result(store: Store) -> None:
     """Eight threads recording distinct devices at once: every row arrives, none raises."""
     run_id = new_run(store)
+    add_round(store, round_row(run_id, 1, selected=list(range(100))))
     threads, per_thread = 8, 10
     barrier = threading.Barrier(threads)
 
@@ -486,6 +502,7 @@ def _record_in_child(url: str, run_id: str, worker: int, per_worker: int, start_
 def test_concurrent_processes_lose_no_result(store: Store, database_url: str) -> None:
     """Four spawned processes, each with its own store, write distinct devices at once: no row lost."""
     run_id = new_run(store)
+    add_round(store, round_row(run_id, 1, selected=list(range(100))))
     procs, per_worker = 4, 15
     context = multiprocessing.get_context("spawn")
     start_at = time.time() + 3.0  # spawned interpreters need a moment; they then start together
@@ -517,7 +534,7 @@ def test_round_counts_its_stored_results_once_each(store: Store) -> None:
 def test_concurrent_threads_count_each_result_once(store: Store) -> None:
     """Eight threads storing one round's results at once: the counts returned are exactly 1..N."""
     run_id = new_run(store)
-    add_round(store, round_row(run_id, 1))
+    add_round(store, round_row(run_id, 1, selected=list(range(100))))
     threads, per_thread = 8, 5
     barrier = threading.Barrier(threads)
 

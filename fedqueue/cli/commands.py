@@ -31,6 +31,7 @@ from fedqueue.cli.common import (
     friendly_errors,
     warn_if_insecure,
 )
+from fedqueue.cli.dead_letters import show_dead_letters
 from fedqueue.cli.launch import exit_unless_finished, follow_to_end, say_plain, show_run
 from fedqueue.cli.local import cluster_logs, say_ready, start_detached, stop_standing, with_local_broker
 from fedqueue.cli.logs import show_logs
@@ -126,9 +127,17 @@ def _retry_failed(settings: Settings, run_id: str) -> None:
 
 @app.command()
 @friendly_errors
-def status(run_id: RunArg, json_: JsonOpt = False, all_rows: AllRowsOpt = False) -> None:
-    """Show one run's progress, workers and overlap of tasks, and what its kind adds (accuracy, tokens)."""
+def status(
+    run_id: Annotated[str | None, typer.Argument(help="Run id; none: the deployment's dead letters.")] = None,
+    json_: JsonOpt = False,
+    all_rows: AllRowsOpt = False,
+) -> None:
+    """Show one run's progress, workers and overlap of tasks, and what its kind adds (accuracy, tokens); with no
+    run, the messages workers refused for good (dead letters): how many, and the latest."""
     settings = Settings.from_env()
+    if run_id is None:
+        show_dead_letters(with_local_broker(settings), json_)
+        return
     store = open_store(settings.database_url)
     try:
         show_run(store, run_id, json_, all_rows)

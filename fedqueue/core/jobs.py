@@ -60,6 +60,9 @@ class TaskHandler:
     run: Callable[[TaskContext, Any], None]
     # Attempts used up (or the task ran out of time): store the outcome so the job goes on.
     give_up: Callable[[TaskContext, Any, int, str], None]
+    # Why a well-formed message is not work its run sent (None: it is), read from the store before it runs:
+    # (services, the kind's per-process cache, the message). A refused message is dead-lettered, never run.
+    refusal: Callable[[Services, Any, Any], str | None] | None = None
 
 
 @dataclass(frozen=True)

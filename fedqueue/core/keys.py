@@ -93,6 +93,20 @@ def llm_stored(prefix: str, run_id: str) -> str:
     return f"{prefix}:llm-stored:{run_id}"
 
 
+# --- Messages refused for good.
+
+
+def dead_letters(prefix: str) -> str:
+    """Messages refused for good (not an envelope, malformed, forged, of an unknown run), newest first: a bounded
+    list of small JSON records, pushed by the worker that refused each (fedqueue.core.dead_letters)."""
+    return f"{prefix}:dead-letters"
+
+
+def dead_letter_count(prefix: str) -> str:
+    """How many messages were ever dead-lettered (the list keeps only the latest)."""
+    return f"{prefix}:dead-letters:count"
+
+
 # --- Worker processes.
 
 

@@ -17,7 +17,7 @@ from typing import Any, get_args, get_origin, get_type_hints
 from fedqueue.errors import ConfigError, DataError, did_you_mean
 from fedqueue.fl.clock.delays import CLOCKS, PHASE_KEYS, phase_delay
 from fedqueue.fl.clock.stops import StopRules, check_stop_rules
-from fedqueue.fl.config_files import read_config_file
+from fedqueue.fl.config_files import ConfigFile, read_config_file
 from fedqueue.fl.messages import PACK_MAX, PACK_MODES
 from fedqueue.fl.ml.plugins import describe_choices, is_valid_name
 from fedqueue.fl.strategy.fedbuff.staleness import STALENESS_WEIGHTS
@@ -725,21 +725,22 @@ def read_run_config(
     A file that sets nothing (empty, or only comments) is refused unless overrides set something: running
     every default is never what a config file was written for. `check_data=False`: see `RunConfig.from_dict`.
     """
-    raw: dict[str, Any] = {}
-    notes: list[str] = []
-    fedrevive_json = False
+    read = ConfigFile({})
     if path is not None:
         read = read_config_file(Path(path))
-        raw, notes, fedrevive_json = read.raw, read.notes, read.fedrevive
-        if not raw and not overrides:
+        if not read.raw and not overrides:
             raise ConfigError(
                 f"config: {str(path)!r} sets nothing, so every setting would be its default;"
                 " write the settings to run (e.g. rounds = 10; see examples/)"
             )
-    from_file = frozenset(raw)
-    raw.update(overrides or {})
-    config = RunConfig.from_dict(raw, check_data=check_data)
-    return LoadedConfig(config, notes, from_file, frozenset(overrides or {}), fedrevive_json)
+    for key in overrides or {}:
+        read.origins.pop(key, None)  # set on the command line: named as given there
+    raw = {**read.raw, **(overrides or {})}
+    try:
+        config = RunConfig.from_dict(raw, check_data=check_data)
+    except ConfigError as err:
+        raise read.named_as_written(err) from None
+    return LoadedConfig(config, read.notes, frozenset(read.raw), frozenset(overrides or {}), read.fedrevive)
 
 
 def config_toml(config: RunConfig) -> str:

@@ -22,6 +22,7 @@ from fedqueue.fl.strategy.base import Strategy
 from fedqueue.fl.strategy.choose import strategy_for
 from fedqueue.fl.strategy.fedbuff.fold import fold_updates
 from fedqueue.fl.strategy.sync.rounds import aggregate_round, fail_aggregation
+from fedqueue.fl.worker.admission import refusal
 from fedqueue.fl.worker.cache import WorkerCache
 from fedqueue.fl.worker.device_task import give_up_on, run_device_task
 from fedqueue.fl.worker.timing_rows import task_timing
@@ -182,7 +183,7 @@ KIND = JobKind(
     name=KIND_NAME,
     migrations=Path(__file__).parent / "store" / "migrations",
     handlers=(
-        TaskHandler(TRAIN_DEVICE, DEVICES_QUEUE, DeviceTask, _train, _device_failed),
+        TaskHandler(TRAIN_DEVICE, DEVICES_QUEUE, DeviceTask, _train, _device_failed, refusal=refusal),
         TaskHandler(AGGREGATE_ROUND, CONTROL_QUEUE, AggregateTask, _aggregate, _aggregation_failed),
         TaskHandler(FOLD_UPDATES, CONTROL_QUEUE, FoldTask, _fold, _fold_failed),
     ),

@@ -50,6 +50,8 @@ def make_app(settings: Settings) -> Celery:
         worker_send_task_events=True,
         task_send_sent_event=True,
         worker_hijack_root_logger=False,
+        # Envelopes Celery refuses are dead-lettered first (fedqueue.queue.poison).
+        worker_consumer="fedqueue.queue.poison:Consumer",
         enable_utc=True,
     )
     return app

@@ -15,8 +15,11 @@ from fedqueue.config import Settings
 from fedqueue.core import jobs
 from fedqueue.core.infra_errors import infrastructure_fault
 from fedqueue.core.services import Enqueue
+from fedqueue.core.signing import sign
 
 log = logging.getLogger(__name__)
+
+SIGNATURE_ARG = "signature"  # a task's keyword argument that carries its message's signature
 
 # Messages sent to Redis in one pipeline (kombu's publish batch) instead of a round trip each.
 PUBLISH_BATCH = 500
@@ -56,9 +59,11 @@ def _publish(app: Celery, settings: Settings, messages: Sequence[Any]) -> None:
             with producer.batch(max_size=PUBLISH_BATCH):
                 for message in messages:
                     handler = jobs.handler_for(message)
+                    body = message.to_dict()
                     app.send_task(
                         handler.name,
-                        args=[message.to_dict()],
+                        args=[body],
+                        kwargs=_signed(settings, handler.name, body),
                         queue=settings.queue(handler.queue),
                         producer=producer,
                         # What Flower shows for the task; also spares Celery a repr of every message.
@@ -74,6 +79,13 @@ def _publish(app: Celery, settings: Settings, messages: Sequence[Any]) -> None:
                 # kombu keeps a closed connection's channel as its default and would hand that out again.
                 connection._default_channel = None
             raise
+
+
+def _signed(settings: Settings, task: str, body: Any) -> dict[str, str]:
+    """The message's signature, as the task's one keyword argument, where the deployment signs (core.signing)."""
+    if settings.message_key is None:
+        return {}
+    return {SIGNATURE_ARG: sign(settings.message_key, task, body)}
 
 
 def _publish_retrying(app: Celery, settings: Settings, messages: Sequence[Any]) -> None:

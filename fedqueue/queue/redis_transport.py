@@ -13,10 +13,13 @@ import redis
 from kombu.transport import TRANSPORT_ALIASES
 from kombu.transport import redis as kombu_redis
 
+from fedqueue.queue.poison import DeadLetteringChannel
+
 ALIAS = "redis"
 
 
 class Transport(kombu_redis.Transport):
+    Channel = DeadLetteringChannel  # raw bytes that are not a message are dead-lettered (fedqueue.queue.poison)
     connection_errors = (*kombu_redis.Transport.connection_errors, redis.exceptions.OutOfMemoryError)
 
 

@@ -1,6 +1,7 @@
 """Celery tasks: one per job-kind handler. Decode the message, count the attempt, call the handler. Nothing else.
 
-The rules every kind gets here: a malformed message is rejected unread; a
+The rules every kind gets here: a message that is unsigned where the deployment signs, malformed, of a run
+the store does not know, or not work its run sent (the kind's `refusal`) is dead-lettered once and never run; a
 failure before the outcome is stored puts the message back (never an acked,
 lost task); a broker or store outage is waited out, never counted against the
 task; a handler that raises is retried up to `max_attempts`, and a task whose
@@ -19,6 +20,7 @@ import traceback
 from collections.abc import Callable
 from typing import Any
 
+import redis
 from celery import Celery, Task
 from celery.exceptions import Reject, Retry
 from celery.worker import state as worker_state
@@ -28,8 +30,10 @@ from fedqueue.core import jobs
 from fedqueue.core.cancel import is_cancelled, run_of
 from fedqueue.core.codec import MessageError
 from fedqueue.core.connect import open_services
+from fedqueue.core.dead_letters import dead_letter
 from fedqueue.core.infra_errors import infrastructure_fault
 from fedqueue.core.services import Services
+from fedqueue.core.signing import verify
 from fedqueue.core.waiting import note_waiting
 from fedqueue.core.watchdog import Watchdog
 from fedqueue.queue.publish import enqueue_with
@@ -55,6 +59,7 @@ class WorkerState:
         self._lock = threading.Lock()
         self._services: Services | None = None
         self._caches: dict[str, Any] = {}
+        self._dead_letters: redis.Redis | None = None
         self.watchdog = Watchdog(settings.task_time_limit_s)
 
     def services(self) -> Services:
@@ -62,6 +67,15 @@ class WorkerState:
             if self._services is None:
                 self._services = open_services(self._settings, enqueue_with(self._app, self._settings), migrate=False)
             return self._services
+
+    def dead_letter(self, queue: str, why: str, body: Any) -> None:
+        with self._lock:
+            if self._dead_letters is None:
+                self._dead_letters = redis.Redis.from_url(
+                    self._settings.broker_url or "", socket_connect_timeout=3, socket_timeout=10
+                )
+            client = self._dead_letters
+        dead_letter(client, self._settings.key_prefix, queue, why, body)
 
     def cache(self, kind: jobs.JobKind) -> Any:
         with self._lock:
@@ -86,20 +100,34 @@ def _register(
     app: Celery, settings: Settings, state: WorkerState, kind: jobs.JobKind, handler: jobs.TaskHandler
 ) -> None:
     @app.task(name=handler.name, bind=True, acks_late=True, ignore_result=True)
-    def run_task(self: Task, raw: Any) -> None:
+    def run_task(self: Task, raw: Any, signature: Any = None, **unexpected: Any) -> None:
+        def refuse(why: str) -> Reject:
+            """Refused for good: dead-lettered once, acknowledged, never run or put back."""
+            state.dead_letter(_queue_of(self), f"{handler.name}: {why}", raw)
+            return Reject(why, requeue=False)
+
+        if unexpected:
+            raise refuse(f"unexpected arguments {', '.join(sorted(unexpected))}")
+        if settings.message_key is not None and not verify(settings.message_key, handler.name, raw, signature):
+            raise refuse("unsigned, or not signed with this deployment's FEDQUEUE_MESSAGE_KEY")
         try:
             message = handler.message_type.from_dict(raw)  # type: ignore[attr-defined]
         except MessageError as err:
             log.error("rejected malformed task message: %s (%s)", err, handler.name)
-            raise Reject(str(err), requeue=False) from None
+            raise refuse(f"malformed: {err}") from None
         worker = self.request.hostname or "unknown"
         key = message.attempt_key
         try:
             services = state.services()
-            attempt = services.ledger.start_attempt(key, worker)
+            refused = _refusal(services, handler, state.cache(kind), message)
+            if refused is None:
+                attempt = services.ledger.start_attempt(key, worker)
         except Exception as err:  # nothing stored and nothing counted: the message must not be acked
             log.warning("%s %s: services unavailable (%s); message put back", handler.name, key, err)
             raise _requeue(str(err)) from None
+        if refused is not None:
+            log.error("%s %s: refused, not work its run sent: %s", handler.name, key, refused)
+            raise refuse(refused)
         context = jobs.TaskContext(services=services, worker=worker, attempt=attempt, cache=state.cache(kind))
 
         def on_timeout() -> None:
@@ -133,7 +161,24 @@ def _register(
                     lambda fault: note_waiting(services, run_id, fault) if run_id else None,
                 )
         except Exception as err:
-            _after_failure(self, services, settings, handler, context, message, err)
+            _after_failure(self, services, settings, handler, context, message, err, refuse)
+
+
+def _queue_of(task: Task) -> str:
+    info = task.request.delivery_info or {}
+    return str(info.get("routing_key") or info.get("exchange") or "?")
+
+
+def _refusal(services: Services, handler: jobs.TaskHandler, cache: Any, message: Any) -> str | None:
+    """Why a well-formed message is not work to run: its run unknown to the store, or its kind's own reason."""
+    run_id = run_of(message)
+    if run_id and services.store.run_state(run_id) is None:
+        return _unknown_run(run_id)
+    return None if handler.refusal is None else handler.refusal(services, cache, message)
+
+
+def _unknown_run(run_id: str) -> str:
+    return f"run {run_id} is not in the store (the store was reset, or the message was forged)"
 
 
 def _worker_stopping() -> bool:
@@ -187,11 +232,13 @@ def _after_failure(
     context: jobs.TaskContext,
     message: Any,
     err: Exception,
+    refuse: Callable[[str], Reject],
 ) -> None:
     """Retry a failed attempt, or store the failure once attempts are used up; never lose the message.
 
     An infrastructure error that outlasted the wait is not the task's: its attempt is given back and
     the message put back. Only errors the task's own code raised count towards `max_attempts`.
+    A run the store no longer knows is refused for good (`refuse`): put back, it would come back forever.
     """
     key = message.attempt_key
     fault = infrastructure_fault(err)
@@ -210,5 +257,11 @@ def _after_failure(
     except Retry:
         raise
     except Exception as storing:  # the outcome could not be stored: the next delivery tries again
+        run_id = run_of(message)
+        gone = False
+        with contextlib.suppress(Exception):  # a store that fails the look: put back as before
+            gone = bool(run_id) and services.store.run_state(run_id) is None
+        if gone:
+            raise refuse(_unknown_run(run_id)) from None
         log.warning("%s %s: outcome not stored (%s); message put back", handler.name, key, storing)
         raise _requeue(str(storing)) from None

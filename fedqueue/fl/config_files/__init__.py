@@ -21,6 +21,15 @@ class ConfigFile:
     raw: dict[str, Any]  # fedqueue's keys, before validation
     notes: list[str] = field(default_factory=list)  # keys read and ignored, one line each
     fedrevive: bool = False  # FedRevive's own JSON experiment file, translated
+    origins: dict[str, str] = field(default_factory=dict)  # a foreign file's key behind each fedqueue key
+
+    def named_as_written(self, err: ConfigError) -> ConfigError:
+        """RunConfig's refusal of a translated key, naming the key as the file wrote it."""
+        field_name, sep, rest = str(err).partition(":")
+        origin = self.origins.get(field_name)
+        if not sep or origin is None:
+            return err
+        return ConfigError(f"{origin} (fedqueue's {field_name}):{rest}")
 
 
 def read_config_file(path: Path) -> ConfigFile:
@@ -30,16 +39,20 @@ def read_config_file(path: Path) -> ConfigFile:
             return ConfigFile(tomllib.loads(text))
         except tomllib.TOMLDecodeError as err:
             raise ConfigError(f"config: {path}: invalid TOML: {err}") from None
+        except RecursionError:
+            raise ConfigError(f"config: {path}: TOML nested too deep to be a config") from None
     try:
         data = json.loads(text)
     except json.JSONDecodeError as err:
         raise ConfigError(f"config: {path}: invalid JSON: {err.msg} (line {err.lineno}, column {err.colno})") from None
+    except RecursionError:
+        raise ConfigError(f"config: {path}: JSON nested too deep to be a config") from None
     if not isinstance(data, dict):
         raise ConfigError(f"config: {path}: expected a JSON object, got {type(data).__name__}")
     if not is_fedrevive_json(data):
         return ConfigFile(data)
     translation = translate(data, name=path.stem)
-    return ConfigFile(translation.raw, translation.notes, fedrevive=True)
+    return ConfigFile(translation.raw, translation.notes, fedrevive=True, origins=translation.origins)
 
 
 def _text(path: Path) -> str:

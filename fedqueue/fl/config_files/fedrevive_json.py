@@ -8,6 +8,7 @@ docs/fedrevive-reference.md lists what each key means in their code. Pure: no I/
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -48,6 +49,8 @@ class Translation:
 
     raw: dict[str, Any] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
+    # Their key behind each fedqueue key copied as it is, so RunConfig's refusal names the key in their file.
+    origins: dict[str, str] = field(default_factory=dict)
 
 
 def is_fedrevive_json(data: Mapping[str, Any]) -> bool:
@@ -63,28 +66,29 @@ def translate(data: Mapping[str, Any], name: str = "") -> Translation:
         raw["name"] = name
     algorithm = _choice(data, "algorithm", ("sync_fl", "async_fl"), "sync_fl")
     kd = data.get("kd_augmentation")
-    if kd not in (None, "dfkd", "simple_kd"):
-        raise ConfigError(f"kd_augmentation: unknown value {kd!r} (their code knows null, dfkd and simple_kd)")
+    if kd is not None and kd not in ("dfkd", "simple_kd"):
+        raise ConfigError(f"kd_augmentation: unknown value {_shown(kd)} (their code knows null, dfkd and simple_kd)")
     downweighting = _bool(data, "async_downweighting", False)
     handled: set[str] = {"algorithm", "kd_augmentation", "async_downweighting"}
 
-    def take(key: str, to: str, convert: Callable[[Any], Any] = lambda value: value) -> None:
+    def take(key: str, to: str, convert: Callable[[str, Any], Any]) -> None:
         handled.add(key)
-        if key in data and data[key] is not None:
-            raw[to] = convert(data[key])
+        if key in data:
+            raw[to] = convert(key, data[key])
+            out.origins[to] = key
 
-    take("setup_random_seed", "seed", int)
+    take("setup_random_seed", "seed", _whole)
     handled.add("run_random_seed")
     if data.get("run_random_seed", data.get("setup_random_seed")) != data.get("setup_random_seed"):
         out.notes.append("run_random_seed: fedqueue draws everything from one seed, setup_random_seed")
-    take("num_clients", "num_devices", int)
-    take("local_batch_size", "local_batch_size", int)
-    take("local_iters", "local_iters", int)
-    take("local_optimizer", "local_optimizer", str)
-    take("local_momentum", "local_momentum", float)
-    take("eval_interval", "eval_every", int)
-    take("dirichlet_alpha", "alpha", float)
-    take("kd_split", "kd_split", float)
+    take("num_clients", "num_devices", _whole)
+    take("local_batch_size", "local_batch_size", _whole)
+    take("local_iters", "local_iters", _whole)
+    take("local_optimizer", "local_optimizer", _text)
+    take("local_momentum", "local_momentum", _real)
+    take("eval_interval", "eval_every", _whole)
+    take("dirichlet_alpha", "alpha", _real)
+    take("kd_split", "kd_split", _real)
     handled.add("local_learning_rate")
     local_lr = data.get("local_learning_rate", AUTO_LOCAL_LR)
     raw["local_lr"] = AUTO_LOCAL_LR if local_lr == "auto" else _number("local_learning_rate", local_lr)
@@ -92,16 +96,21 @@ def translate(data: Mapping[str, Any], name: str = "") -> Translation:
     _dataset(data, raw, handled, out.notes)
     _partition(data, raw, handled)
 
+    _block(data, "sync_fl_settings"), _block(data, "async_fl_settings")  # the unused one is an object too
     if algorithm == "sync_fl":
         raw["mode"] = "fedavg"
         settings = _block(data, "sync_fl_settings")
-        raw["devices_per_round"] = int(settings.get("nb_of_active_jobs", 100))
+        raw["devices_per_round"] = _whole("sync_fl_settings.nb_of_active_jobs", settings.get("nb_of_active_jobs", 100))
+        out.origins["devices_per_round"] = "sync_fl_settings.nb_of_active_jobs"
         handled |= {"sync_fl_settings", "async_fl_settings"}
         server_lr_rule = "sync"
     else:
         settings = _block(data, "async_fl_settings")
-        raw["concurrency"] = int(settings.get("nb_of_active_jobs", 100))
-        raw["buffer_size"] = int(settings.get("buffer_size", 1))
+        raw["concurrency"] = _whole("async_fl_settings.nb_of_active_jobs", settings.get("nb_of_active_jobs", 100))
+        raw["buffer_size"] = _whole("async_fl_settings.buffer_size", settings.get("buffer_size", 1))
+        out.origins.update(
+            concurrency="async_fl_settings.nb_of_active_jobs", buffer_size="async_fl_settings.buffer_size"
+        )
         handled |= {"sync_fl_settings", "async_fl_settings"}
         raw["mode"] = "fedbuff" if kd is None else "fedrevive"
         server_lr_rule = kd or "none"
@@ -111,8 +120,9 @@ def translate(data: Mapping[str, Any], name: str = "") -> Translation:
     server_lr = data.get("server_lr", "auto")
     raw["global_lr"] = AUTO_SERVER_LR[server_lr_rule] if server_lr == "auto" else _number("server_lr", server_lr)
 
-    _kd_settings(data, raw, kd, downweighting, algorithm, handled, out.notes)
+    _kd_settings(data, raw, kd, downweighting, algorithm, handled, out.notes, out.origins)
     _clock(data, raw, handled)
+    out.origins.update(local_lr="local_learning_rate", global_lr="server_lr", max_sim_time="max_wait_time")
     for key, why in IGNORED.items():
         handled.add(key)
         if key not in data:
@@ -137,13 +147,16 @@ def _stops(data: Mapping[str, Any], raw: dict[str, Any], handled: set[str]) -> N
         if value is not None and _number(key, value) > 0:
             raw[to] = float(value)
     rounds = data.get("max_rounds")
-    if rounds is not None and _number("max_rounds", rounds) > 0:
-        raw["max_rounds"] = int(rounds)
+    if rounds is not None and _whole("max_rounds", rounds) > 0:
+        raw["max_rounds"] = rounds
     floors = data.get("early_stop") or []
     if not isinstance(floors, list) or not all(isinstance(floor, Mapping) for floor in floors):
-        raise ConfigError(f"early_stop: expected a list of {{round, acc}} objects, got {floors!r}")
+        raise ConfigError(f"early_stop: expected a list of {{round, acc}} objects, got {_shown(floors)}")
     try:
-        raw["early_stop"] = [{"version": int(floor["round"]), "accuracy": float(floor["acc"])} for floor in floors]
+        raw["early_stop"] = [
+            {"version": _whole("early_stop.round", floor["round"]), "accuracy": _real("early_stop.acc", floor["acc"])}
+            for floor in floors
+        ]
     except KeyError as missing:
         raise ConfigError(f"early_stop: each entry needs round and acc, one lacks {missing}") from None
     if not raw["early_stop"]:
@@ -191,7 +204,7 @@ def _partition(data: Mapping[str, Any], raw: dict[str, Any], handled: set[str]) 
     if distribution != "non_iid_dirichlet":
         raise ConfigError(f"data_distribution: {distribution!r} is not supported (non_iid_dirichlet is)")
     raw["partition"] = "dirichlet_fixed"  # exactly client_data_size samples a device, shards overlapping
-    raw["client_data_size"] = int(data.get("client_data_size", 350))
+    raw["client_data_size"] = _whole("client_data_size", data.get("client_data_size", 350))
 
 
 def _kd_settings(
@@ -202,6 +215,7 @@ def _kd_settings(
     algorithm: str,
     handled: set[str],
     notes: list[str],
+    origins: dict[str, str],
 ) -> None:
     handled |= {"simple_kd_settings", "dfkd_settings"}
     simple, dfkd = _block(data, "simple_kd_settings"), _block(data, "dfkd_settings")
@@ -211,18 +225,20 @@ def _kd_settings(
         if dfkd.get("beta", "cosine") not in ("cosine", "adaptive"):
             raise ConfigError(f"dfkd_settings.beta: AFL-DW here follows the cosine schedule, got {dfkd.get('beta')!r}")
         raw["staleness_weight"] = "afl_dw"
-        raw["staleness_s_max"] = float(dfkd.get("adaptive_beta_factor", 75))
+        raw["staleness_s_max"] = _real("dfkd_settings.adaptive_beta_factor", dfkd.get("adaptive_beta_factor", 75))
     if kd == "simple_kd":
         for flag in ("weighted_avg", "weighted_class_loss"):
             if simple.get(flag):
                 raise ConfigError(f"simple_kd_settings.{flag}: true is not supported (false is)")
-        _copy(simple, raw, "simple_kd_settings", SIMPLE_KD_KEYS)
+        origins.update(_copy(simple, raw, "simple_kd_settings", SIMPLE_KD_KEYS))
     elif kd == "dfkd":
         unknown = [key for key in dfkd if key not in {**DFKD_KD_KEYS, **DFKD_TABLE_KEYS, **DFKD_INERT_KEYS}]
         if unknown:
             raise ConfigError(f"dfkd_settings.{unknown[0]}: not a FedRevive key fedqueue knows")
-        _copy({key: value for key, value in dfkd.items() if key in DFKD_KD_KEYS}, raw, "dfkd_settings", DFKD_KD_KEYS)
+        kd_keys = {key: value for key, value in dfkd.items() if key in DFKD_KD_KEYS}
+        origins.update(_copy(kd_keys, raw, "dfkd_settings", DFKD_KD_KEYS))
         raw["dfkd"] = {to: dfkd[key] for key, to in DFKD_TABLE_KEYS.items() if dfkd.get(key) is not None}
+        origins.update({f"dfkd.{to}": f"dfkd_settings.{key}" for key, to in DFKD_TABLE_KEYS.items()})
         notes += [f"dfkd_settings.{key}: ignored: {why}" for key, why in DFKD_INERT_KEYS.items() if key in dfkd]
     unused = {"simple_kd_settings": kd != "simple_kd", "dfkd_settings": kd != "dfkd" and not downweighting}
     notes += [
@@ -277,13 +293,17 @@ DFKD_INERT_KEYS = {
 }
 
 
-def _copy(block: Mapping[str, Any], raw: dict[str, Any], where: str, names: Mapping[str, str | None]) -> None:
+def _copy(block: Mapping[str, Any], raw: dict[str, Any], where: str, names: Mapping[str, str | None]) -> dict[str, str]:
+    """Copy a block's keys to fedqueue's (RunConfig checks their values); returns their key behind each."""
+    origins = {}
     for key, value in block.items():
         if key not in names:
             raise ConfigError(f"{where}.{key}: not a FedRevive key fedqueue knows")
         to = names[key]
         if to is not None and value is not None:
             raw[to] = value
+            origins[to] = f"{where}.{key}"
+    return origins
 
 
 CLOCK_PHASES = ("download_delay", "localtrain_delay", "upload_delay")
@@ -298,27 +318,60 @@ def _clock(data: Mapping[str, Any], raw: dict[str, Any], handled: set[str]) -> N
 
 
 def _block(data: Mapping[str, Any], key: str) -> Mapping[str, Any]:
-    value = data.get(key) or {}
+    value = data.get(key)
+    if value is None:
+        return {}
     if not isinstance(value, Mapping):
-        raise ConfigError(f"{key}: expected an object, got {type(value).__name__}")
+        raise ConfigError(f"{key}: expected an object, got {_shown(value)}")
     return value
 
 
 def _choice(data: Mapping[str, Any], key: str, choices: tuple[str, ...], default: str) -> str:
     value = data.get(key, default)
-    if value not in choices:
-        raise ConfigError(f"{key}: unknown value {value!r} (their code knows {', '.join(choices)})")
-    return str(value)
+    if not isinstance(value, str) or value not in choices:
+        raise ConfigError(f"{key}: unknown value {_shown(value)} (their code knows {', '.join(choices)})")
+    return value
 
 
 def _bool(data: Mapping[str, Any], key: str, default: bool) -> bool:
     value = data.get(key, default)
     if not isinstance(value, bool):
-        raise ConfigError(f"{key}: expected true or false, got {value!r}")
+        raise ConfigError(f"{key}: expected true or false, got {_shown(value)}")
     return value
 
 
 def _number(key: str, value: Any) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise ConfigError(f'{key}: expected a number or "auto", got {value!r}')
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise ConfigError(f'{key}: expected a number or "auto", got {_shown(value)}')
     return float(value)
+
+
+# Each value's type is checked as their file gives it: a float or a bool is never cast to an integer.
+
+
+def _whole(key: str, value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ConfigError(f"{key}: expected an integer, got {_shown(value)}")
+    return value
+
+
+def _real(key: str, value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise ConfigError(f"{key}: expected a number, got {_shown(value)}")
+    return float(value)
+
+
+def _text(key: str, value: Any) -> str:
+    if not isinstance(value, str):
+        raise ConfigError(f"{key}: expected a string, got {_shown(value)}")
+    return value
+
+
+def _shown(value: Any) -> str:
+    """A value as their JSON wrote it, short: null, true, a list, an object, or the value itself."""
+    if value is None or isinstance(value, bool):
+        return "null" if value is None else str(value).lower()
+    if isinstance(value, list | Mapping):
+        return "a list" if isinstance(value, list) else "an object"
+    shown = repr(value)
+    return shown if len(shown) <= 60 else f"{shown[:57]}..."

@@ -6,6 +6,7 @@ one aggregator at a time, and each device's result is stored once, counted in it
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
@@ -17,6 +18,8 @@ from sqlalchemy.exc import IntegrityError
 
 from fedqueue.fl.store.schema import CheckpointRow, DeviceTaskRow, RoundRow
 from fedqueue.store.repo import Store, TaskTiming, changed_one, dialect_insert, retry_transient
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -61,6 +64,7 @@ _STORED_UPDATE_KEY = select(DeviceTaskRow.update_key).where(
     DeviceTaskRow.device == bindparam("device"),
 )
 _STORED_COUNT = select(RoundRow.stored).where(*_THIS_ROUND)
+_SELECTED = select(RoundRow.selected).where(*_THIS_ROUND)
 
 
 # The result INSERT that leaves a row already there alone, by dialect name (built on first use of each).
@@ -189,7 +193,8 @@ def complete_round(
 
 @retry_transient
 def record_device_result(store: Store, result: DeviceResult, timing: TaskTiming) -> int | None:
-    """Insert the result and its timing unless another delivery's result is already stored.
+    """Insert the result and its timing unless another delivery's result is already stored, or its round
+    never sent the device out (refused and logged: only work the scheduler sent is taken).
 
     Returns how many results its round now has stored (counted in the same transaction,
     so the worker that stores a round's last result knows it), or None when another
@@ -197,7 +202,7 @@ def record_device_result(store: Store, result: DeviceResult, timing: TaskTiming)
     was lost finds its own row (the same update key, unique per delivery) and counts as stored.
     """
     with store.engine.begin() as connection:
-        return _record_one(store, connection, result, timing)
+        return _record_one(store, connection, result, timing, _Selection(connection))
 
 
 @retry_transient
@@ -211,7 +216,8 @@ def record_device_results(
     """
     try:
         with store.engine.begin() as connection:
-            counts = [_record_one(store, connection, result, timing) for result, timing in outcomes]
+            selection = _Selection(connection)
+            counts = [_record_one(store, connection, result, timing, selection) for result, timing in outcomes]
             if all_or_nothing and None in counts:
                 raise _StoredBefore()
             return counts
@@ -219,8 +225,34 @@ def record_device_results(
         return [None] * len(outcomes)
 
 
-def _record_one(store: Store, connection: Connection, result: DeviceResult, timing: TaskTiming) -> int | None:
+class _Selection:
+    """The devices each round sent out, read once per transaction: only their results are taken."""
+
+    def __init__(self, connection: Connection) -> None:
+        self._connection = connection
+        self._rounds: dict[tuple[str, int], frozenset[int]] = {}
+
+    def has(self, result: DeviceResult) -> bool:
+        key = (result.run_id, result.round_index)
+        if key not in self._rounds:
+            selected = self._connection.execute(_SELECTED, {"run": key[0], "round": key[1]}).scalar()
+            self._rounds[key] = frozenset(selected or ())
+        return result.device in self._rounds[key]
+
+
+def _record_one(
+    store: Store, connection: Connection, result: DeviceResult, timing: TaskTiming, selection: _Selection
+) -> int | None:
     where = {"run": result.run_id, "round": result.round_index}
+    if not selection.has(result):
+        # Never sent by the scheduler (a forged task got this far): neither stored nor counted.
+        log.error(
+            "run %s round %d: a result for device %d, which the round never sent out, refused",
+            result.run_id,
+            result.round_index,
+            result.device,
+        )
+        return None
     if connection.execute(_insert_result(connection.dialect), asdict(result)).first() is None:
         stored_key = connection.execute(_STORED_UPDATE_KEY, {**where, "device": result.device}).scalar()
         if result.update_key is None or stored_key != result.update_key:
@@ -229,8 +261,6 @@ def _record_one(store: Store, connection: Connection, result: DeviceResult, timi
     else:
         count = connection.execute(_COUNT_STORED, where).scalar()
     connection.execute(store.timing_upsert, asdict(timing))
-    if count is None:  # no round row (only in tests of the store alone): count the rows
-        count = connection.execute(_ROWS_STORED, where).scalar()
     return int(count or 0)
 
 

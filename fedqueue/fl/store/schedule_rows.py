@@ -7,7 +7,7 @@ while it works and taken over only once its holder stops renewing it (its worker
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any, cast
 
@@ -121,6 +121,25 @@ def save_pass(
     except _ClaimTaken:
         return False
     return True
+
+
+@retry_transient
+def open_dispatches(
+    store: Store, run_id: str, rounds: Sequence[RoundRow], selected: Mapping[int, Sequence[int]]
+) -> None:
+    """Before a pass sends devices off: the rounds they train in (new versions' ones) and their devices, so a
+    worker finds each task it takes in the store (only work the scheduler sent is taken). Idempotent: the pass's
+    save writes the same again, and a pass replayed after dying here sends the same trips."""
+    with store.engine.begin() as connection:
+        insert = dialect_insert(connection.dialect)
+        for row in rounds:
+            connection.execute(
+                insert(ROUNDS)
+                .values(_set_columns(row))
+                .on_conflict_do_nothing(index_elements=["run_id", "round_index"])
+            )
+        for round_index, devices in selected.items():
+            _extend(connection, run_id, round_index, devices)
 
 
 @retry_transient

@@ -387,11 +387,14 @@ class _FoldPass:
                 time.time(),
             )
         ]
-        if tasks:
-            self.services.enqueue(tasks)
         selected: dict[int, list[int]] = {}
         for dispatch in sends:
             selected.setdefault(dispatch.round_index, []).extend(trip.device for trip in dispatch.trips)
+        if tasks:
+            # Their rounds and devices in the store first: a worker takes only tasks the store knows were sent.
+            opened = [made.next_round for made in self._made if made.next_round is not None]
+            schedule_rows.open_dispatches(store, self.run_id, opened, selected)
+            self.services.enqueue(tasks)
         saved = schedule_rows.save_pass(
             store,
             self.run_id,
