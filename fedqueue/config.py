@@ -145,6 +145,10 @@ class Settings:
     plugin_path: tuple[str, ...] = ()
     """FEDQUEUE_PLUGIN_PATH: folders to import plugins from, by workers and by the submitting process, separated
     by `:` (`--plugin-path` adds to them)."""
+    model_cache: str | None = None
+    """FEDQUEUE_MODEL_CACHE: the folder where workers keep GGUF models converted for fast loading, one converted
+    copy per file, dtype and transformers version, made by the first load on the host; unset:
+    `~/.cache/fedqueue/models` (`$XDG_CACHE_HOME/fedqueue/models`); `off`: every load reads the GGUF file."""
     jobs: str | None = None
     """FEDQUEUE_JOBS: the job kinds a worker serves, comma-separated (`fl,llm`); unset: every installed kind
     (`fedqueue worker --jobs`)."""
@@ -176,6 +180,7 @@ class Settings:
             ),
             plugin_path=_plugin_path(env),
             jobs=env.get("FEDQUEUE_JOBS") or None,
+            model_cache=env.get("FEDQUEUE_MODEL_CACHE") or None,
         )
 
     def with_broker(self, broker_url: str) -> Settings:
@@ -237,6 +242,8 @@ class Settings:
             env["FEDQUEUE_PLUGIN_PATH"] = os.pathsep.join(self.plugin_path)
         if self.jobs:
             env["FEDQUEUE_JOBS"] = self.jobs
+        if self.model_cache:
+            env["FEDQUEUE_MODEL_CACHE"] = self.model_cache
         return env
 
 
