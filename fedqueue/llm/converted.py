@@ -19,7 +19,12 @@ import sys
 from dataclasses import dataclass
 from importlib.metadata import version
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+from fedqueue.errors import ConfigError
+
+if TYPE_CHECKING:
+    import torch
 
 MARKER = "fedqueue-source.json"  # written last, before the rename: a folder with it is whole
 OFF = "off"
@@ -111,12 +116,25 @@ def convert_in_background(model: str, dtype: str, env: dict[str, str]) -> subpro
     return subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
+def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
+    """float32 on a CPU; on a GPU bfloat16 where it is supported, else float16; or the dtype asked for."""
+    import torch
+
+    if dtype == "auto":
+        if device.type != "cuda":
+            return torch.float32
+        return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+    named = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+    if dtype not in named:
+        raise ConfigError(f"dtype: must be one of auto, {', '.join(named)}")
+    return named[dtype]
+
+
 def main(argv: list[str]) -> int:
     """Convert MODEL (a .gguf file) for DTYPE (a `--dtype` value) as a worker on this host would load it."""
     import torch
 
     from fedqueue.config import Settings
-    from fedqueue.llm.model import resolve_dtype
 
     root = cache_root(Settings.from_env().model_cache)
     if root is None:

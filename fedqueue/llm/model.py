@@ -10,6 +10,7 @@ from typing import Any
 import torch
 
 from fedqueue.errors import ConfigError
+from fedqueue.llm.converted import converted, resolve_dtype
 from fedqueue.llm.model_files import CONTEXT_FIELDS
 
 log = logging.getLogger(__name__)
@@ -90,8 +91,6 @@ def load_model(
 
 def _converted_folder(gguf: Path, dtype: torch.dtype, cache: Path) -> tuple[str, str | None]:
     """Where to load a GGUF file from: its converted folder, or the file itself where the cache cannot be written."""
-    from fedqueue.llm.converted import converted
-
     try:
         return str(converted(gguf, dtype, cache).folder), None
     except OSError as error:  # a full disk or a cache folder not ours: slower, but the job goes on
@@ -99,18 +98,6 @@ def _converted_folder(gguf: Path, dtype: torch.dtype, cache: Path) -> tuple[str,
         return str(gguf.parent), gguf.name
     except Exception as error:
         raise ConfigError(f"model {gguf}: cannot be loaded ({_one_line(error)})") from error
-
-
-def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
-    """float32 on a CPU; on a GPU bfloat16 where it is supported, else float16; or the dtype asked for."""
-    if dtype == "auto":
-        if device.type != "cuda":
-            return torch.float32
-        return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
-    named = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-    if dtype not in named:
-        raise ConfigError(f"dtype: must be one of auto, {', '.join(named)}")
-    return named[dtype]
 
 
 def context_length(config: Any) -> int:
