@@ -194,6 +194,10 @@ class Settings:
     plugin_path: tuple[str, ...] = ()
     """FEDQUEUE_PLUGIN_PATH: folders to import plugins from, by workers and by the submitting process, separated
     by `:` (`--plugin-path` adds to them)."""
+    model_cache: str | None = None
+    """FEDQUEUE_MODEL_CACHE: the folder where workers keep GGUF models converted for fast loading, one converted
+    copy per file, dtype and transformers version, made by the first load on the host; unset:
+    `~/.cache/fedqueue/models` (`$XDG_CACHE_HOME/fedqueue/models`); `off`: every load reads the GGUF file."""
     jobs: str | None = None
     """FEDQUEUE_JOBS: the job kinds a worker serves, comma-separated (`fl,llm`); unset: every installed kind
     (`fedqueue worker --jobs`)."""
@@ -230,6 +234,7 @@ class Settings:
             plugin_path=_plugin_path(env),
             jobs=env.get("FEDQUEUE_JOBS") or None,
             message_key=_message_key(env),
+            model_cache=env.get("FEDQUEUE_MODEL_CACHE") or None,
         )
 
     def check_lasting_store(self) -> None:
@@ -312,6 +317,8 @@ class Settings:
             env["FEDQUEUE_JOBS"] = self.jobs
         if self.message_key:
             env["FEDQUEUE_MESSAGE_KEY"] = self.message_key
+        if self.model_cache:
+            env["FEDQUEUE_MODEL_CACHE"] = self.model_cache
         return env
 
 

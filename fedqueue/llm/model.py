@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -9,7 +10,10 @@ from typing import Any
 import torch
 
 from fedqueue.errors import ConfigError
+from fedqueue.llm.converted import converted, resolve_dtype
 from fedqueue.llm.model_files import CONTEXT_FIELDS
+
+log = logging.getLogger(__name__)
 
 UNKNOWN_CONTEXT = 1_000_000_000  # a model that states no context length is not held to one here
 
@@ -28,9 +32,17 @@ class LoadedModel:
 
 
 def load_model(
-    name_or_path: str, dtype: str = "auto", device: str | None = None, device_map: str | None = None
+    name_or_path: str,
+    dtype: str = "auto",
+    device: str | None = None,
+    device_map: str | None = None,
+    cache: Path | None = None,
 ) -> LoadedModel:
-    """Load from local files only (never a download); raise ConfigError naming the model when that fails."""
+    """Load from local files only (never a download); raise ConfigError naming the model when that fails.
+
+    A GGUF file is read from its converted copy in `cache` (the model cache's folder), converted there first
+    where no process on this host has yet; without `cache`, from the file itself.
+    """
     path = Path(name_or_path).expanduser()
     gguf_file: str | None = None
     folder = str(path)
@@ -44,6 +56,8 @@ def load_model(
 
     target = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     torch_dtype = resolve_dtype(dtype, target)
+    if gguf_file is not None and cache is not None:
+        folder, gguf_file = _converted_folder(path, torch_dtype, cache)
     extra: dict[str, Any] = {"gguf_file": gguf_file} if gguf_file else {}
     try:
         from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -75,16 +89,15 @@ def load_model(
     )
 
 
-def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
-    """float32 on a CPU; on a GPU bfloat16 where it is supported, else float16; or the dtype asked for."""
-    if dtype == "auto":
-        if device.type != "cuda":
-            return torch.float32
-        return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
-    named = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-    if dtype not in named:
-        raise ConfigError(f"dtype: must be one of auto, {', '.join(named)}")
-    return named[dtype]
+def _converted_folder(gguf: Path, dtype: torch.dtype, cache: Path) -> tuple[str, str | None]:
+    """Where to load a GGUF file from: its converted folder, or the file itself where the cache cannot be written."""
+    try:
+        return str(converted(gguf, dtype, cache).folder), None
+    except OSError as error:  # a full disk or a cache folder not ours: slower, but the job goes on
+        log.warning("model cache %s: %s; reading %s directly", cache, _one_line(error), gguf)
+        return str(gguf.parent), gguf.name
+    except Exception as error:
+        raise ConfigError(f"model {gguf}: cannot be loaded ({_one_line(error)})") from error
 
 
 def context_length(config: Any) -> int:

@@ -188,7 +188,9 @@ def _parse_json_line(line: str, number: int) -> PromptLine:
     try:
         raw = json.loads(line)
     except json.JSONDecodeError as error:
-        raise _LineError(None, f"not valid JSON ({error.msg} at column {error.colno})") from None
+        # Some of json's messages end in "at" ("Unterminated string starting at"): the column completes them.
+        reason = error.msg.removesuffix(" at")
+        raise _LineError(None, f"not valid JSON ({reason} at column {error.colno})") from None
     if not isinstance(raw, dict):
         raise _LineError(None, f'expected a JSON object like {{"prompt": "..."}}, got {type(raw).__name__}')
     input_id = _input_id(raw.get("id"))

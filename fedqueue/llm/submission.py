@@ -7,6 +7,8 @@ only in how they name a field at fault (`--model` or `model`) and where warnings
 from __future__ import annotations
 
 import importlib.util
+import os
+import subprocess
 import warnings
 from collections.abc import Callable
 from concurrent.futures import Future
@@ -17,6 +19,7 @@ from fedqueue.config import Settings
 from fedqueue.core.database import open_store
 from fedqueue.core.services import Services
 from fedqueue.errors import ConfigError
+from fedqueue.llm.converted import convert_in_background
 from fedqueue.llm.job import JobRequest, Submitted, check_request, submit_job
 from fedqueue.llm.model_files import model_facts, model_folder, model_problem
 from fedqueue.llm.prompts import PromptLine
@@ -45,6 +48,7 @@ class JobSubmission:
     announce: Callable[[Submitted], object] | None = None
     warn: Warn = python_warning
     submitted: Submitted | None = None  # what the submit did, once it has
+    converting: subprocess.Popen[bytes] | None = None  # a GGUF model being converted into this host's model cache
 
     def check(self, settings: Settings) -> None:
         """The input, the model and the backend were checked before any worker started (`prepare`)."""
@@ -85,6 +89,11 @@ def prepare(
     check_model_here(request.model, workers_here, warn, option)
     if workers_here:
         open_store(settings.database_url, migrate=True).close()  # a bad database before any worker starts
+        if request.generation.backend == "transformers":
+            # The workers load here: a GGUF file starts converting into the model cache now, while they start and
+            # the batches are planned; their first load then waits for it rather than converting its own.
+            env = {**os.environ, **settings.to_env()}
+            submission.converting = convert_in_background(request.model, request.generation.dtype, env)
     hint = chat_hint(request, prompts, option)
     if hint is not None:
         warn(hint)

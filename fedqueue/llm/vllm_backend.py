@@ -25,8 +25,9 @@ import torch
 
 from fedqueue.core.gpus import visible_gpus
 from fedqueue.errors import ConfigError
+from fedqueue.llm.converted import resolve_dtype
 from fedqueue.llm.generate import BatchStats, Generation, PromptIn, encode_prompt, prompt_seed
-from fedqueue.llm.model import LoadedModel, resolve_dtype
+from fedqueue.llm.model import LoadedModel
 from fedqueue.llm.settings import GenerationSettings
 
 FINISH_REASONS = {"stop": "stop", "length": "length"}  # vLLM's names that mean what fedqueue's do

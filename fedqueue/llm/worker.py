@@ -6,11 +6,13 @@ import logging
 import threading
 import time
 from dataclasses import replace
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from fedqueue.core.gpus import visible_gpus
 from fedqueue.core.services import Services
 from fedqueue.core.timing import timing_of
+from fedqueue.llm.converted import cache_root
 from fedqueue.llm.messages import KIND_NAME, GenerateBatch
 from fedqueue.llm.results import Outcome, pending_prompts, record_outcomes
 from fedqueue.llm.settings import GenerationSettings
@@ -24,7 +26,8 @@ log = logging.getLogger(__name__)
 
 
 class ModelCache:
-    """Per worker process: each job's settings, and each model loaded once, lazily on its first batch.
+    """Per worker process: each job's settings, and each model loaded once, lazily on its first batch, and kept
+    for every later batch and job of it (a GGUF file through the host's model cache: converted once per host).
 
     Loading happens on the first task, not when the process starts: a worker that only
     trains FL devices never loads a model, and CUDA is first touched in the task's thread.
@@ -44,7 +47,7 @@ class ModelCache:
                 self._jobs[run_id] = config
         return config
 
-    def model(self, name: str, dtype: str, backend: str = "transformers") -> LoadedModel:
+    def model(self, name: str, dtype: str, backend: str = "transformers", cache: Path | None = None) -> LoadedModel:
         # One loader at a time: two threads of one worker must not load the same model twice. Everything a batch
         # imports is imported here, under the lock, so a second slot never imports beside the first one's load.
         with self._lock:
@@ -59,7 +62,7 @@ class ModelCache:
                 else:
                     from fedqueue.llm.model import load_model
 
-                    loaded = load_model(name, dtype=dtype, device_map=_device_map())
+                    loaded = load_model(name, dtype=dtype, device_map=_device_map(), cache=cache)
                 self._models[(name, dtype, backend)] = loaded
         return loaded
 
@@ -75,7 +78,7 @@ def run_batch(services: Services, cache: ModelCache, task: GenerateBatch, worker
         return
     config = cache.job(services, task.run_id)
     settings = GenerationSettings.from_dict(config["generation"])
-    loaded = cache.model(config["model"], settings.dtype, settings.backend)
+    loaded = cache.model(config["model"], settings.dtype, settings.backend, cache_root(services.settings.model_cache))
     load_ms = _elapsed_ms(clock)
     from fedqueue.llm.generate import PromptIn, generate_batch  # loaded by cache.model, under its lock
 

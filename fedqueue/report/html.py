@@ -119,10 +119,15 @@ def _breakdown(report: dict[str, Any], page: KindPage) -> str:
     rows = [
         ("model and data load (in tasks)", spent["load_s"], share(spent["load_s"])),
         ("computing (in tasks)", spent["compute_s"], share(spent["compute_s"])),
-        ("upload of updates (in tasks)", spent["upload_s"], share(spent["upload_s"])),
+        # Only kinds whose tasks upload what they made (FL's updates) have this row.
+        *(
+            (("upload of updates (in tasks)", spent["upload_s"], share(spent["upload_s"])),)
+            if spent["upload_s"]
+            else ()
+        ),
         ("other work inside tasks", spent["task_other_s"], share(spent["task_other_s"])),
         (
-            "between tasks: result write, round check, ack, next fetch",
+            "between tasks: result write, ack, next fetch",
             spent["between_tasks_s"],
             share(spent["between_tasks_s"]),
         ),
@@ -209,6 +214,13 @@ def _utilization(report: dict[str, Any]) -> str:
     )
 
 
+def _timeline_alt(page: KindPage) -> str:
+    """The timeline's description, naming rounds only for a kind that has them."""
+    if not page.rounds:
+        return "tasks per worker slot over time"
+    return f"tasks per worker slot over time, coloured by {page.words.colour}, {page.words.aggregation}s dark"
+
+
 def render_html(report: dict[str, Any], page: KindPage | None = None) -> str:
     page = page or KindPage()
     title = f"fedqueue run {report['id']}" + (f" ({report['name']})" if report["name"] else "")
@@ -223,7 +235,7 @@ def render_html(report: dict[str, Any], page: KindPage | None = None) -> str:
 {_headline(report, page)}
 <p class="note">{escape(report["slots_note"])}. {escape(report["efficiency_note"])}.</p>
 {page.top}<h2>Timeline</h2>
-<img src="timeline.png" alt="tasks per worker slot over time, coloured by {escape(page.words.colour)}, aggregations dark">
+<img src="timeline.png" alt="{escape(_timeline_alt(page))}">
 <img src="concurrency.png" alt="tasks running at once against the number of slots">
 <h2>Where the time went</h2>
 {_breakdown(report, page)}

@@ -180,7 +180,16 @@ def timeline_figure(
     if spans_rounds:
         colours.colour_bar(figure, ax, words.colour)
     packed = any(span.pack is not None for span in spans)
-    _timeline_legend(figure, bool(samples), failed, packed, words, unrounded=len(spans_rounds) < len(spans))
+    _timeline_legend(
+        figure,
+        bool(samples),
+        failed,
+        packed,
+        words,
+        unrounded=len(spans_rounds) < len(spans),
+        aggregated=any(span.task_type == "aggregate" for span in spans),
+        marked=bool(rounds),
+    )
     return figure
 
 
@@ -247,21 +256,33 @@ def _utilization(ax: Axes, samples: Sequence[Sample], origin: float, y: int) -> 
 
 
 def _timeline_legend(
-    figure: Figure, sampled: bool, failed: bool, packed: bool, words: RoundWords, unrounded: bool
+    figure: Figure,
+    sampled: bool,
+    failed: bool,
+    packed: bool,
+    words: RoundWords,
+    *,
+    unrounded: bool,
+    aggregated: bool,
+    marked: bool,
 ) -> None:
     """What the bars, lines and marks are, in one row under the plot: a handful of entries, however many rounds
-    (their colours are told by the colour bar)."""
-    handles: list[Patch | Line2D] = [Patch(color=AGGREGATION_COLOUR, label=words.aggregation)]
+    (their colours are told by the colour bar), and only those drawn (a job without rounds names none)."""
+    handles: list[Patch | Line2D] = []
+    if aggregated or marked:
+        handles.append(Patch(color=AGGREGATION_COLOUR, label=words.aggregation))
     if unrounded:
         handles.append(Patch(color=UNROUNDED_COLOUR, label="task"))
-    handles.append(Line2D([], [], color="0.45", linestyle="--", label=words.marked))
+    if marked:
+        handles.append(Line2D([], [], color="0.45", linestyle="--", label=words.marked))
     if sampled:
         handles.append(Patch(color=UTILIZATION_COLOUR, alpha=0.7, label="utilization (row = 0-100 %)"))
     if failed:
         handles.append(Line2D([], [], color=FAILED_COLOUR, marker="x", linestyle="none", label="failed task"))
     if packed:
         handles.append(Line2D([], [], color=PACK_COLOUR, linewidth=1.4, label="one pack of devices"))
-    figure.legend(handles=handles, loc="outside lower center", ncols=len(handles), fontsize=8, frameon=False)
+    if handles:
+        figure.legend(handles=handles, loc="outside lower center", ncols=len(handles), fontsize=8, frameon=False)
 
 
 def concurrency(

@@ -25,3 +25,12 @@ def loaded(tiny_model_path: Path) -> LoadedModel:
 def slow_model_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The ~25M benchmark model: a batch takes seconds on a CPU, long enough to kill a worker in the middle of it."""
     return build_bench_llama(tmp_path_factory.mktemp("bench-llama"))
+
+
+@pytest.fixture(scope="session")
+def tiny_gguf_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny Llama as a GGUF file (float32 tensors), read through transformers' GGUF loader like a real one."""
+    pytest.importorskip("gguf")
+    from fedqueue.llm.tiny import build_tiny_gguf
+
+    return build_tiny_gguf(tmp_path_factory.mktemp("tiny-gguf") / "tiny.gguf")

@@ -8,8 +8,9 @@ import pytest
 import torch
 
 from fedqueue.errors import ConfigError
+from fedqueue.llm.converted import resolve_dtype
 from fedqueue.llm.generate import Generation, PromptIn, generate_batch
-from fedqueue.llm.model import LoadedModel, load_model, resolve_dtype
+from fedqueue.llm.model import LoadedModel, load_model
 from fedqueue.llm.settings import GenerationSettings
 from fedqueue.llm.tiny import build_tokenizer
 

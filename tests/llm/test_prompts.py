@@ -57,6 +57,19 @@ def test_a_bad_line_is_an_error_naming_its_line(line: str, fragment: str) -> Non
     assert str(errors[0]).startswith("line 2: ")
 
 
+@pytest.mark.parametrize(
+    ("line", "message"),
+    [
+        ('{"prompt": "no end', "not valid JSON (Unterminated string starting at column 12)"),
+        ('{"prompt": "a"', "not valid JSON (Expecting ',' delimiter at column 15)"),
+        ('{"prompt": "tab\there"}', "not valid JSON (Invalid control character at column 16)"),
+    ],
+)
+def test_a_line_that_is_not_json_names_its_column_once(line: str, message: str) -> None:
+    _, errors = read_prompts([line])
+    assert [error.message for error in errors] == [message]
+
+
 def test_a_repeated_id_is_an_error_on_the_later_line() -> None:
     lines = [json.dumps({"id": "q", "prompt": "one"}), json.dumps({"id": "q", "prompt": "two"})]
     prompts, errors = read_prompts(lines)
