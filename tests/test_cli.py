@@ -49,6 +49,7 @@ def write_config(tmp_path: Path, text: str) -> Path:
 SMALL = "num_devices = 20\ndevices_per_round = 8\nrounds = 2\nlocal_iters = 5\nseed = 3\n"
 
 
+@pytest.mark.sessions
 def test_run_with_nothing_configured_uses_embedded_redis_and_leaves_nothing(tmp_path: Path) -> None:
     """`fedqueue run` with no broker: embedded Redis + local workers, default SQLite store, clean exit."""
     before = our_processes()
@@ -70,6 +71,7 @@ def test_run_with_nothing_configured_uses_embedded_redis_and_leaves_nothing(tmp_
     assert status["wall_s"] > 0
 
 
+@pytest.mark.sessions
 def test_up_then_submit_from_another_shell(tmp_path: Path) -> None:
     """`fedqueue up` serves a broker; `submit` from elsewhere returns an id; the run finishes."""
     env = cli_env(FEDQUEUE_DATABASE_URL=f"sqlite:///{tmp_path / 'shared.db'}")

@@ -11,6 +11,8 @@ import subprocess
 import time
 from pathlib import Path
 
+import pytest
+
 from fedqueue.config import Settings
 from fedqueue.fl import api
 from fedqueue.fl.store.results import device_tasks, get_round, list_rounds
@@ -50,6 +52,7 @@ def test_a_raising_aggregation_fails_a_plain_submit_with_its_traceback(settings:
     assert "this rule fails on purpose" in shown.stdout
 
 
+@pytest.mark.faults
 def test_a_hanging_step_is_stopped_at_the_time_limit(settings: Settings, tmp_path: Path) -> None:
     """The hung device is tried twice, each stopped at 4 s, then stored failed; its round closes without it."""
     limit_s = 4
@@ -83,6 +86,7 @@ def test_a_hanging_step_is_stopped_at_the_time_limit(settings: Settings, tmp_pat
     assert round_row.aggregated_at - began < 2 * limit_s + 45
 
 
+@pytest.mark.faults
 def test_a_killed_worker_is_repaired_by_the_launcher_with_no_follower(settings: Settings, tmp_path: Path) -> None:
     settings = reliable_settings(settings)
     config = slow_config(0.3, rounds=2, devices_per_round=6, local_iters=5)

@@ -109,6 +109,7 @@ def test_round_overlaps_on_two_workers(settings: Settings, tmp_path: Path) -> No
     services.close()
 
 
+@pytest.mark.faults
 def test_task_delivered_twice_is_stored_and_aggregated_once(settings: Settings, tmp_path: Path) -> None:
     config = small_config(rounds=2)
     services = open_client_services(settings)

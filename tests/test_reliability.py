@@ -79,6 +79,7 @@ def test_whole_worker_host_killed_mid_round(settings: Settings, tmp_path: Path) 
     assert_same_weights(handle.final_weights(), reference_final_state(config))
 
 
+@pytest.mark.faults
 def test_duplicate_delivery_runs_twice_but_counts_once(settings: Settings, tmp_path: Path) -> None:
     """A visibility timeout shorter than the task: Redis hands the task to an idle worker too.
 
@@ -132,6 +133,7 @@ def stored_result(task: Any) -> tuple[object, ...]:
     return (task.attempt, task.worker, task.update_key, task.update_sha256, task.samples, task.loss)
 
 
+@pytest.mark.faults
 @pytest.mark.parametrize("policy", ["skip", "abort"])
 def test_poisoned_device_fails_after_the_attempt_cap(settings: Settings, tmp_path: Path, policy: str) -> None:
     """A device that kills its worker every time: tried max_lost_attempts times, stored as failed, policy applied."""

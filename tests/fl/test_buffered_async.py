@@ -285,6 +285,7 @@ def test_duplicate_deliveries_are_folded_once_on_postgres(settings: Settings, po
     assert len({(row.round_index, row.device) for row in rows}) == len(rows)
 
 
+@pytest.mark.faults
 def test_sigkilled_workers_lose_nothing(settings: Settings, tmp_path: Path) -> None:
     """SIGKILL every worker process at once mid-run; fresh ones (and the scheduler's repairs) finish it the same."""
     settings = reliable_settings(settings)
@@ -302,6 +303,7 @@ def test_sigkilled_workers_lose_nothing(settings: Settings, tmp_path: Path) -> N
     assert_like_reference(handle, config)
 
 
+@pytest.mark.faults
 def test_killed_scheduler_is_resumed_to_the_same_versions(tmp_path: Path) -> None:
     """SIGKILL `fedqueue run` mid-run (its embedded Redis and workers go down with it); `fedqueue resume`
     republishes what Redis lost, sends the lost devices again and makes the same versions."""

@@ -127,6 +127,7 @@ def test_a_poisoned_device_fails_alone_and_its_pack_mates_are_stored(settings: S
     assert rows[selected[0]].attempt == 1
 
 
+@pytest.mark.faults
 def test_a_worker_killed_mid_pack_loses_nothing(settings: Settings, tmp_path: Path) -> None:
     """Devices stored before the kill are skipped when the pack comes back; the rest train on its second delivery."""
     settings = reliable_settings(settings)

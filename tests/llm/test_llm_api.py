@@ -143,6 +143,7 @@ def test_run_waits_exports_and_the_same_prompts_again_continue_the_job(
     assert again.rows() == rows
 
 
+@pytest.mark.sessions
 def test_run_with_nothing_configured_starts_and_stops_its_own_workers(
     settings: Settings, tiny_model_path: Path
 ) -> None:

@@ -19,6 +19,7 @@ def write_prompts(path: Path, lines: list[str]) -> Path:
     return path
 
 
+@pytest.mark.sessions
 def test_submit_with_nothing_configured_then_status_and_export(tmp_path: Path, tiny_model_path: Path) -> None:
     before = our_processes()
     prompts = [json.dumps({"id": f"q{i}", "prompt": "Say " + "a" * i}) for i in range(12)]

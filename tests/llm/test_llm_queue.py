@@ -7,6 +7,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from fedqueue.config import Settings
 from fedqueue.core.services import Services
 from fedqueue.fl.scheduler import submit_run
@@ -177,6 +179,7 @@ def pending_keys(services: Services, job_id: str) -> set[str]:
     return {row.key for row in prompt_rows(services.store, job_id) if row.state == "pending" and row.same_as is None}
 
 
+@pytest.mark.faults
 def test_a_batch_delivered_twice_is_stored_once(settings: Settings, tmp_path: Path, tiny_model_path: Path) -> None:
     input_path = write_input(tmp_path / "prompts.jsonl", 10)
     services = open_client_services(settings)

@@ -9,6 +9,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from fedqueue import api
 from fedqueue.config import Settings
 from fedqueue.core.services import connect_redis
@@ -97,6 +99,7 @@ def assert_the_killed_batch_ran_again(store: Any, killed: KilledMidBatch) -> lis
     return rows
 
 
+@pytest.mark.faults
 def test_a_worker_killed_mid_batch_loses_nothing(settings: Settings, tmp_path: Path, slow_model_path: Path) -> None:
     settings = reliable_settings(settings)
     input_path = tmp_path / "prompts.jsonl"
