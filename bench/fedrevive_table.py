@@ -1,6 +1,6 @@
 """FedRevive's published table, rerun: their five experiments on two delay schedules, each to the same simulated time.
 
-    .venv/bin/python bench/fedrevive_table.py [--reduced] [--seeds 10 11]     # the digits, about 20 min on 2 cores
+    .venv/bin/python bench/fedrevive_table.py [--reduced] [--seeds 10 11 12]  # the digits, 20-50 min on 2 cores
     .venv/bin/python bench/fedrevive_table.py --full --data-root data/cifar10  # their CIFAR-10 configs (a GPU)
 
 Their table (docs/fedrevive-reference.md section 8: seed 10, CIFAR-10) compares FedAvg, FedBuff and
@@ -17,9 +17,16 @@ MLP, 100 devices, 20 at once) to a tenth of their budgets (20 and 10 units), whe
 warm-up (10 and 20 versions) are passed within the first fifth of the budget on the default clock and the
 first twentieth on the shifted one (each run prints when).
 
-Prints a Markdown table (final and best test accuracy per experiment and schedule, the mean over seeds and
-each seed, versions made, wall seconds) and, per schedule and seed, whether FedAvg < FedBuff < FedRevive
-holds at the budget; draws accuracy against simulated time, one panel per schedule (PNG).
+One seed cannot carry such a table (their simulator and FLARE's port, on identical shards and device speeds,
+differ by 5 points on FedBuff's final accuracy; FedBuff on the shifted clock ends at 0.30 after a best of
+0.49), so each cell is read over seeds (3 by default: a seed draws the shards, the device speeds, the
+initial weights and the batches, and for the digits which 359 are the test set). Prints a Markdown table (per experiment and schedule: final accuracy, the last
+evaluation, and best, the highest, each as mean ± sample std (min–max) over seeds and per seed; versions
+made; wall seconds) and, per schedule and for final and best alike, their table's FedAvg < FedBuff <
+FedRevive and all five ranked by their means, each step with the seeds in which it holds and whether the
+gap is within the spread (the two ranges over seeds overlap); draws accuracy against simulated time, one
+panel per schedule (PNG: the mean over seeds, a band from the lowest seed to the highest). --raw FILE keeps
+each run's curve as it ends; --from-raw FILE draws the table and plot again from one without running.
 """
 
 from __future__ import annotations
