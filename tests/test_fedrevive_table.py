@@ -122,3 +122,5 @@ def test_the_table_gives_best_and_final_with_their_spread(bench: ModuleType) -> 
         "0.5000 / 0.6000 / 0.7000",
         "0.5000 / 0.9000 / 0.7000",
     ]
+    full = bench.table(results, ["fedbuff"], ["shifted"], full=True).splitlines()[-1]
+    assert full.endswith("| 0.3019 / 0.4886 | NO |")  # --full: every seed's final against their published one
