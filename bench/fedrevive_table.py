@@ -1,6 +1,6 @@
 """FedRevive's published table, rerun: their five experiments on two delay schedules, each to the same simulated time.
 
-    .venv/bin/python bench/fedrevive_table.py [--reduced] [--seeds 10 11]     # the digits, about 20 min on 2 cores
+    .venv/bin/python bench/fedrevive_table.py [--reduced] [--seeds 10 11 12]  # the digits, 20-50 min on 2 cores
     .venv/bin/python bench/fedrevive_table.py --full --data-root data/cifar10  # their CIFAR-10 configs (a GPU)
 
 Their table (docs/fedrevive-reference.md section 8: seed 10, CIFAR-10) compares FedAvg, FedBuff and
@@ -17,15 +17,24 @@ MLP, 100 devices, 20 at once) to a tenth of their budgets (20 and 10 units), whe
 warm-up (10 and 20 versions) are passed within the first fifth of the budget on the default clock and the
 first twentieth on the shifted one (each run prints when).
 
-Prints a Markdown table (final and best test accuracy per experiment and schedule, the mean over seeds and
-each seed, versions made, wall seconds) and, per schedule and seed, whether FedAvg < FedBuff < FedRevive
-holds at the budget; draws accuracy against simulated time, one panel per schedule (PNG).
+One seed cannot carry such a table (their simulator and FLARE's port, on identical shards and device speeds,
+differ by 5 points on FedBuff's final accuracy; FedBuff on the shifted clock ends at 0.30 after a best of
+0.49), so each cell is read over seeds (3 by default: a seed draws the shards, the device speeds, the
+initial weights and the batches, and for the digits which 359 are the test set). Prints a Markdown table (per experiment and schedule: final accuracy, the last
+evaluation, and best, the highest, each as mean ± sample std (min–max) over seeds and per seed; versions
+made; wall seconds) and, per schedule and for final and best alike, their table's FedAvg < FedBuff <
+FedRevive and all five ranked by their means, each step with the seeds in which it holds and whether the
+gap is within the spread (the two ranges over seeds overlap); draws accuracy against simulated time, one
+panel per schedule (PNG: the mean over seeds, a band from the lowest seed to the highest). --raw FILE keeps
+each run's curve as it ends; --from-raw FILE draws the table and plot again from one without running.
 """
 
 from __future__ import annotations
 
 import argparse
 import copy
+import dataclasses
+import json
 import os
 import statistics
 import sys
@@ -51,6 +60,13 @@ LABELS = {
     "fedrevive": "FedRevive (data-free KD)",
     "dd_fedrevive": "FedRevive, data-dependent KD",
     "afl_dw": "AFL-DW (async, cosine down-weight)",
+}
+SHORT = {
+    "fedavg": "FedAvg",
+    "fedbuff": "FedBuff",
+    "fedrevive": "FedRevive",
+    "dd_fedrevive": "DD-FedRevive",
+    "afl_dw": "AFL-DW",
 }
 # The ordering their table shows at an equal budget of simulated time.
 ORDER = ("fedavg", "fedbuff", "fedrevive")
@@ -92,6 +108,12 @@ class Result:
     stop: str | None
     # FedRevive: the simulated time at which its freeze (KD from then on) and warm-up (KD trains) counts were passed.
     milestones: dict[str, float | None]
+
+    @classmethod
+    def from_dict(cls, raw: dict[str, Any]) -> Result:
+        raw = dict(raw)
+        raw["points"] = [(float(t), float(a)) for t, a in raw["points"]]
+        return cls(**raw)
 
     @property
     def final(self) -> float:
@@ -171,6 +193,10 @@ def run_all(args: argparse.Namespace, configs: Path, budgets: dict[str, float], 
                                 milestones,
                             )
                             results.append(result)
+                            if args.raw is not None:
+                                # One line per run as it ends: a table can be drawn again, or a broken rerun kept.
+                                with args.raw.open("a") as raw:
+                                    raw.write(json.dumps(dataclasses.asdict(result)) + "\n")
                             print(
                                 f"{experiment:>12} {schedule:>7} seed {seed}: {versions} versions by"
                                 f" {points[-1][0] if points else 0:.2f}, final {result.final:.4f},"
@@ -190,13 +216,97 @@ def _seeds(values: list[float], digits: int = 4) -> str:
     return " / ".join(f"{value:.{digits}f}" for value in values)
 
 
+@dataclass(frozen=True)
+class Spread:
+    """One accuracy (final or best) of one experiment on one schedule, over seeds."""
+
+    values: tuple[float, ...]  # one per seed, in the order the seeds ran
+
+    @property
+    def mean(self) -> float:
+        return statistics.fmean(self.values)
+
+    @property
+    def std(self) -> float:
+        # The sample standard deviation (n - 1): the seeds are a sample of the shards and speeds one could draw.
+        return statistics.stdev(self.values) if len(self.values) > 1 else 0.0
+
+    @property
+    def low(self) -> float:
+        return min(self.values)
+
+    @property
+    def high(self) -> float:
+        return max(self.values)
+
+    def text(self) -> str:
+        if len(self.values) == 1:
+            return f"{self.values[0]:.4f}"
+        return f"{self.mean:.3f} ± {self.std:.3f} ({self.low:.3f}–{self.high:.3f})"
+
+
+def _found(results: list[Result], experiment: str, schedule: str) -> list[Result]:
+    return sorted((r for r in results if r.experiment == experiment and r.schedule == schedule), key=lambda r: r.seed)
+
+
+def spread(results: list[Result], experiment: str, schedule: str, metric: str) -> Spread | None:
+    """`metric` ("final": the last evaluation, "best": the highest) over the seeds that ran; None if none did."""
+    found = _found(results, experiment, schedule)
+    return Spread(tuple(getattr(r, metric) for r in found)) if found else None
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """Whether `lower` < `higher` in one metric on one schedule, seed by seed and as spreads."""
+
+    lower: str
+    higher: str
+    agreeing: int  # seeds in which lower's accuracy is strictly below higher's (the same seed: the same shards)
+    seeds: int  # seeds both ran
+    gap: float  # higher's mean minus lower's
+    within_spread: bool  # their ranges over seeds overlap: the means alone do not separate them
+
+    def text(self) -> str:
+        text = f"{self.agreeing}/{self.seeds} seeds, {self.gap * 100:+.1f} points"
+        if self.seeds == 1:
+            return text  # one seed has no spread to be within
+        return text + (", within the spread" if self.within_spread else ", ranges apart")
+
+
+def compare(results: list[Result], schedule: str, lower: str, higher: str, metric: str) -> Comparison | None:
+    a = {r.seed: getattr(r, metric) for r in _found(results, lower, schedule)}
+    b = {r.seed: getattr(r, metric) for r in _found(results, higher, schedule)}
+    seeds = sorted(a.keys() & b.keys())
+    if not seeds:
+        return None
+    low, high = Spread(tuple(a[s] for s in seeds)), Spread(tuple(b[s] for s in seeds))
+    return Comparison(
+        lower,
+        higher,
+        agreeing=sum(1 for s in seeds if a[s] < b[s]),
+        seeds=len(seeds),
+        gap=high.mean - low.mean,
+        within_spread=high.low <= low.high,
+    )
+
+
+def ranking(results: list[Result], schedule: str, experiments: list[str], metric: str) -> list[Comparison]:
+    """The experiments from lowest to highest mean, each step as a Comparison of neighbours."""
+    means = {e: found.mean for e in experiments if (found := spread(results, e, schedule, metric)) is not None}
+    ranked = sorted(means, key=means.__getitem__)  # ties keep the experiments' order
+    steps = (compare(results, schedule, a, b, metric) for a, b in zip(ranked, ranked[1:], strict=False))
+    return [c for c in steps if c is not None]
+
+
 def table(results: list[Result], experiments: list[str], schedules: list[str], full: bool) -> str:
+    seeds = sorted({r.seed for r in results})
+    over = f"mean ± std (min–max) over {len(seeds)} seeds" if len(seeds) > 1 else "one seed"
     headers = [
         "experiment",
         "schedule",
-        "final (mean)",
+        f"final: {over}",
+        f"best: {over}",
         "final per seed",
-        "best (mean)",
         "best per seed",
         "versions per seed",
         "wall s per seed",
@@ -206,17 +316,17 @@ def table(results: list[Result], experiments: list[str], schedules: list[str], f
     rows = []
     for schedule in schedules:
         for experiment in experiments:
-            found = [r for r in results if r.experiment == experiment and r.schedule == schedule]
-            if not found:
+            found = _found(results, experiment, schedule)
+            final, best = spread(results, experiment, schedule, "final"), spread(results, experiment, schedule, "best")
+            if final is None or best is None:
                 continue
-            finals, bests = [r.final for r in found], [r.best for r in found]
             row = [
                 experiment,
                 schedule,
-                f"{statistics.fmean(finals):.4f}",
-                _seeds(finals),
-                f"{statistics.fmean(bests):.4f}",
-                _seeds(bests),
+                final.text(),
+                best.text(),
+                _seeds(list(final.values)),
+                _seeds(list(best.values)),
                 " / ".join(str(r.versions) for r in found),
                 " / ".join(f"{r.wall_s:.0f}" for r in found),
             ]
@@ -225,33 +335,31 @@ def table(results: list[Result], experiments: list[str], schedules: list[str], f
                 if published is None:
                     row += ["–", "–"]
                 else:
-                    close = all(abs(final - published[0]) <= TOLERANCE for final in finals)
+                    close = all(abs(value - published[0]) <= TOLERANCE for value in final.values)
                     row += [f"{published[0]:.4f} / {published[1]:.4f}", "yes" if close else "NO"]
             rows.append(row)
     return markdown_table(headers, rows)
 
 
-def ordering(results: list[Result], schedules: list[str], seeds: list[int]) -> list[str]:
-    """Per schedule and seed: whether FedAvg < FedBuff < FedRevive holds in final accuracy at the budget."""
+def orderings(results: list[Result], schedules: list[str], experiments: list[str]) -> list[str]:
+    """Per schedule and metric: their table's FedAvg < FedBuff < FedRevive, then all five ranked by their means.
+
+    Each step says in how many seeds it holds, the gap between the means, and whether it is within the spread.
+    """
     lines = []
     for schedule in schedules:
-        for seed in seeds:
-            finals = {
-                r.experiment: r.final
-                for r in results
-                if r.schedule == schedule and r.seed == seed and r.experiment in ORDER
-            }
-            if len(finals) < len(ORDER):
-                continue
-            chain = " < ".join(f"{LABELS[name].split(' (')[0]} {finals[name]:.4f}" for name in ORDER)
-            holds = all(finals[a] < finals[b] for a, b in zip(ORDER, ORDER[1:], strict=False))
-            broken = [
-                f"{a} {finals[a]:.4f} >= {b} {finals[b]:.4f}"
-                for a, b in zip(ORDER, ORDER[1:], strict=False)
-                if finals[a] >= finals[b]
-            ]
-            verdict = "holds" if holds else "FAILS (" + "; ".join(broken) + ")"
-            lines.append(f"{schedule}, seed {seed}: {chain}: {verdict}")
+        for metric in ("final", "best"):
+            steps = [compare(results, schedule, a, b, metric) for a, b in zip(ORDER, ORDER[1:], strict=False)]
+            if all(step is not None for step in steps):
+                held = all(step.agreeing == step.seeds for step in steps if step is not None)
+                chain = " < ".join(SHORT[name] for name in ORDER)
+                detail = "; ".join(f"{SHORT[s.lower]} < {SHORT[s.higher]}: {s.text()}" for s in steps if s is not None)
+                verdict = "holds in every seed" if held else "does NOT hold in every seed"
+                lines.append(f"{schedule}, {metric}: {chain} {verdict} ({detail})")
+            ranked = ranking(results, schedule, experiments, metric)
+            if ranked:
+                chain = SHORT[ranked[0].lower] + "".join(f" < {SHORT[c.higher]} [{c.text()}]" for c in ranked)
+                lines.append(f"{schedule}, {metric}, ranked by mean: {chain}")
     return lines
 
 
@@ -309,7 +417,7 @@ def parse_args() -> argparse.Namespace:
     scale.add_argument("--reduced", dest="full", action="store_false", help="the small versions (default)")
     scale.add_argument("--full", dest="full", action="store_true", help="their CIFAR-10 configs (a GPU, CIFAR-10)")
     parser.set_defaults(full=False)
-    parser.add_argument("--seeds", type=int, nargs="+", default=[10, 11], help="10 is their table's")
+    parser.add_argument("--seeds", type=int, nargs="+", default=[10, 11, 12], help="10 is their table's")
     parser.add_argument("--experiments", nargs="+", choices=EXPERIMENTS, default=list(EXPERIMENTS))
     parser.add_argument("--schedules", nargs="+", choices=SCHEDULES, default=list(SCHEDULES))
     parser.add_argument("--budget-default", type=float, help="simulated time on the default clock")
@@ -318,6 +426,8 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--procs", type=int, default=os.cpu_count() or 1, help="worker processes")
     parser.add_argument("--plot", type=Path, help="where the PNG goes (default: bench/fedrevive_table[_full].png)")
     parser.add_argument("--run-timeout", type=float, default=3600.0, help="wall seconds one run may take")
+    parser.add_argument("--raw", type=Path, help="append each run's curve here (JSON lines) as it ends")
+    parser.add_argument("--from-raw", type=Path, help="run nothing: draw the table and plot from --raw's file")
     parser.add_argument("--no-wait", action="store_true", help="start without waiting for the machine to be idle")
     return parser.parse_args()
 
@@ -342,27 +452,39 @@ def main() -> None:
     plot = args.plot or REPO / "bench" / ("fedrevive_table_full.png" if args.full else "fedrevive_table.png")
 
     print(machine_line(machine()))
-    if not args.no_wait:
-        wait_for_quiet()
-    load = ForeignLoad()
-    began = time.monotonic()
-    results = run_all(args, configs, budgets, data_root)
-    wall = time.monotonic() - began
+    load: ForeignLoad | None = None
+    if args.from_raw is not None:
+        results = [Result.from_dict(json.loads(line)) for line in args.from_raw.read_text().splitlines() if line]
+        wall = sum(r.wall_s for r in results)  # the runs' own, without the cluster's start
+    else:
+        if not args.no_wait:
+            wait_for_quiet()
+        load = ForeignLoad()
+        began = time.monotonic()
+        results = run_all(args, configs, budgets, data_root)
+        wall = time.monotonic() - began
 
+    # What ran (a --raw file may hold fewer seeds or schedules than asked for, if its run was cut short).
+    seeds = sorted({r.seed for r in results})
+    schedules = [s for s in args.schedules if any(r.schedule == s for r in results)]
     shown = configs.relative_to(REPO)
-    budget_text = ", ".join(f"{s} {budgets[s]:g}" for s in args.schedules)
+    budget_text = ", ".join(f"{s} {budgets[s]:g}" for s in schedules)
     print(
-        f"\n{mode}: {shown}/*.toml, seeds {', '.join(map(str, args.seeds))}, simulated-time budget {budget_text};"
+        f"\n{mode}: {shown}/*.toml, seeds {', '.join(map(str, seeds))}, simulated-time budget {budget_text};"
         f" {args.procs} worker processes, {wall / 60:.1f} min in all\n"
     )
-    print(table(results, args.experiments, args.schedules, args.full))
-    print("\nFedAvg < FedBuff < FedRevive in final test accuracy at the budget:")
-    for line in ordering(results, args.schedules, args.seeds):
+    print(table(results, args.experiments, schedules, args.full))
+    print(
+        "\nOrderings at the budget (final: the last evaluation; best: the highest). Each step: the seeds in which"
+        " it holds, the gap between the means, and whether the ranges over seeds overlap (within the spread):"
+    )
+    for line in orderings(results, schedules, args.experiments):
         print(f"- {line}")
     title = "their CIFAR-10 configs" if args.full else "small versions (digits, MLP, 100 devices, 20 at once)"
     draw(plot, results, args.experiments, budgets, title)
     print(f"\nplot: {plot.relative_to(REPO) if plot.resolve().is_relative_to(REPO) else plot.name}")
-    print(load.report())
+    if load is not None:
+        print(load.report())
 
 
 if __name__ == "__main__":
