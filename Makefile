@@ -12,7 +12,8 @@ VLLM_EXTRA := $(if $(shell nvidia-smi -L 2>/dev/null | grep -m1 GPU),vllm-gpu,vl
 
 .PHONY: install vllm demo test test-sessions test-faults test-vllm lint docs bench bench-vllm clean images test-deploy
 
-# Each step says what it installs and how long it usually takes (a 2-core machine, about 3 minutes in all).
+# Each step says what it installs and how long it usually takes (an idle 2-core machine: about 3-4 minutes in
+# all; 8-9 while other work shares the cores).
 $(STAMP): pyproject.toml
 	@echo "install 1/4: a Python 3.11 venv in $(VENV) (about 5 s)"
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
