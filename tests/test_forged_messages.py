@@ -76,7 +76,7 @@ def first_task(services: Services, run_id: str, config: RunConfig, round_index: 
     row = get_round(services.store, run_id, round_index)
     assert row is not None
     model = {"key": row.model_key, "sha256": row.model_sha256, "nbytes": row.model_nbytes}
-    round_size = len(row.selected) if not config.is_buffered else 1
+    round_size = len(row.selected) if not config.strategy_mode.asynchronous else 1
     return DeviceTask.from_dict(
         {
             "run_id": run_id,
@@ -102,7 +102,7 @@ def forge(services: Services, run_id: str, config: RunConfig) -> dict[str, dict[
         "another model": dataclasses.replace(task, model=other_model),
         "unknown run": dataclasses.replace(task, run_id="no-such-run"),
     }
-    if not config.is_buffered:
+    if not config.strategy_mode.asynchronous:
         forged["round size"] = dataclasses.replace(task, round_size=1)
         forged["not a pack"] = dataclasses.replace(task, devices=tuple(row.selected[:2]))
     return {why: message.to_dict() for why, message in forged.items()}

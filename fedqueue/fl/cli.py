@@ -28,6 +28,7 @@ from fedqueue.errors import FedqueueError
 from fedqueue.fl.api import RunSubmission, check_tensorboard_dir
 from fedqueue.fl.config import LoadedConfig, RunConfig, parse_override, read_run_config
 from fedqueue.fl.config_files.explain import marked_toml, missing_data_line, stop_lines
+from fedqueue.fl.strategy.registry import strategy_for
 from fedqueue.fl.view.tensorboard import run_folder
 from fedqueue.report.summary import run_summary
 from fedqueue.store import Store
@@ -100,17 +101,7 @@ def _loaded(
 
 
 def _announce(run_id: str, run_config: RunConfig) -> None:
-    if run_config.is_buffered:
-        last = run_config.last_version
-        length = f"up to version {last}" if last is not None else "no version bound"
-        shape = (
-            f"{length}, {run_config.resolved_concurrency} of {run_config.num_devices} devices at once,"
-            f" {run_config.buffer_size} updates per version"
-        )
-    else:
-        shape = (
-            f"{run_config.rounds} rounds, {run_config.devices_per_round} of {run_config.num_devices} devices per round"
-        )
+    shape = strategy_for(run_config).describe(run_config)
     if run_config.max_sim_time is not None:
         shape += f", until simulated time {run_config.max_sim_time:g}"
     console.print(f"run [bold]{escape(run_id)}[/bold] submitted ({shape})", highlight=False)

@@ -21,13 +21,14 @@ from fedqueue.fl.config_files import ConfigFile, read_config_file
 from fedqueue.fl.messages import PACK_MAX, PACK_MODES
 from fedqueue.fl.ml.plugins import describe_choices, is_valid_name
 from fedqueue.fl.strategy.fedbuff.staleness import STALENESS_WEIGHTS
+from fedqueue.fl.strategy.mode import Mode
+from fedqueue.fl.strategy.modes import MODES as STRATEGY_MODES
 from fedqueue.store.schema import NAME_MAX
 
 PARTITIONS = ("iid", "dirichlet", "dirichlet_fixed")
 FAILURE_POLICIES = ("skip", "abort")
 OPTIMIZERS = ("sgd", "adam")
-MODES = ("fedavg", "fedbuff", "fedrevive")
-BUFFERED_MODES = ("fedbuff", "fedrevive")  # run by the buffered-async strategy
+MODES = tuple(STRATEGY_MODES)
 LOCAL_DATASETS = ("cifar10", "cifar100")  # read from data_root, never downloaded
 AUGMENTS = ("none", "crop_flip", "crop_flip_rotate")  # as fl/ml/augment.py
 # The built-in datasets' images (channels, height, width): the augmentations crop 32x32 images padded by 4 pixels,
@@ -298,16 +299,15 @@ class RunConfig:
     def last_version(self) -> int | None:
         """The most versions a run makes: `rounds` synchronous rounds, or fedbuff's `max_model_version` (`rounds`
         when unset; None when unset beside max_sim_time: that time bounds it). A stop rule may end it sooner."""
-        if self.mode in BUFFERED_MODES and self.max_model_version is not None:
+        if self.strategy_mode.bound == "rounds":
+            return self.rounds
+        if self.max_model_version is not None:
             return self.max_model_version
-        if self.mode in BUFFERED_MODES and self.max_sim_time is not None:
-            return None
-        return self.rounds
+        return None if self.max_sim_time is not None else self.rounds
 
     def stop_rules(self) -> StopRules:
         """The run's stops: its bound on versions and FedRevive's rules (fl/clock/stops.py)."""
-        own_bound = "max_model_version" if self.is_buffered else "rounds"
-        bound = "max_rounds" if self.max_rounds is not None else own_bound
+        bound = "max_rounds" if self.max_rounds is not None else self.strategy_mode.bound
         return StopRules(
             last_version=self.last_version,
             bound=bound,
@@ -331,9 +331,9 @@ class RunConfig:
         _check_clock(self.device_speed, self.communication_delay)
         self._check_trip_clock()
         check_stop_rules(self.max_sim_time, self.target_accuracy, self.early_stop, self.eval_every, self.max_rounds)
-        if self.mode in BUFFERED_MODES:
+        if self.strategy_mode.asynchronous:
             self._check_buffered_rules()
-        if self.mode == "fedrevive":
+        if self.strategy_mode.distills:
             self._check_revive_rules()
         self._check_data(check_data)
         self._check_fedrevive_data()
@@ -495,18 +495,19 @@ class RunConfig:
             )
 
     @property
-    def is_buffered(self) -> bool:
-        return self.mode in BUFFERED_MODES
+    def strategy_mode(self) -> Mode:
+        """What callers may know of the strategy that runs this config (fl/strategy/mode.py)."""
+        return STRATEGY_MODES[self.mode]
 
     @property
     def held_out(self) -> float:
         """The share of the training set no device gets (FedRevive's kd_split), else 0."""
-        return self.kd_split if self.mode == "fedrevive" and self.kd_augmentation == "simple_kd" else 0.0
+        return self.kd_split if self.strategy_mode.distills and self.kd_augmentation == "simple_kd" else 0.0
 
     @property
     def data_free(self) -> bool:
         """FedRevive distilling on synthesised images (kd_augmentation = "dfkd")."""
-        return self.mode == "fedrevive" and self.kd_augmentation == "dfkd"
+        return self.strategy_mode.distills and self.kd_augmentation == "dfkd"
 
     def _check_revive_rules(self) -> None:
         # torch: every command reads a run config; FedRevive's names load with its math, for a FedRevive config only
@@ -642,7 +643,9 @@ def _with_max_rounds(raw: dict[str, Any], values: dict[str, Any]) -> dict[str, A
         return values
     if limit <= 0:
         raise ConfigError(f"max_rounds: must be a positive integer, got {limit}")
-    own = "max_model_version" if values.get("mode", "fedavg") in BUFFERED_MODES else "rounds"
+    # An unknown mode is named by the mode check, after this.
+    mode = STRATEGY_MODES.get(str(values.get("mode", "fedavg")))
+    own = "rounds" if mode is None else mode.bound
     if raw.get(own) is not None and raw[own] != limit:
         raise ConfigError(f"max_rounds: {limit} sets {own}, which is {raw[own]}; set one of them")
     return {**values, own: limit}

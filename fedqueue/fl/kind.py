@@ -1,35 +1,29 @@
-"""The FL job kind, as the core sees it: its two tasks, its repair pass, its per-task process settings."""
+"""The FL job kind, as the core sees it: its device task and its strategies' control tasks, its repair pass, its
+per-task process settings."""
 
 from __future__ import annotations
 
 import contextlib
-import time
-import uuid
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 from fedqueue.config import Settings
-from fedqueue.core.jobs import CONTROL_QUEUE, JobKind, RunProgress, TaskContext, TaskHandler
+from fedqueue.core.jobs import JobKind, RunProgress, TaskContext, TaskHandler
 from fedqueue.core.services import Services
 from fedqueue.errors import ConfigError
 from fedqueue.fl.config import RunConfig
-from fedqueue.fl.messages import DEVICES_QUEUE, KIND_NAME, AggregateTask, DeviceTask, FoldTask
+from fedqueue.fl.messages import DEVICES_QUEUE, KIND_NAME, DeviceTask
 from fedqueue.fl.ml.warmup import warm_up
 from fedqueue.fl.scheduler import reconcile
 from fedqueue.fl.store.results import reopen_failed_rounds
 from fedqueue.fl.strategy.base import Strategy
-from fedqueue.fl.strategy.choose import strategy_for
-from fedqueue.fl.strategy.fedbuff.fold import fold_updates
-from fedqueue.fl.strategy.sync.rounds import aggregate_round, fail_aggregation
+from fedqueue.fl.strategy.registry import control_handlers, entry_for, strategy_for
 from fedqueue.fl.worker.admission import refusal
 from fedqueue.fl.worker.cache import WorkerCache
 from fedqueue.fl.worker.device_task import give_up_on, run_device_task
-from fedqueue.fl.worker.timing_rows import task_timing
 
 TRAIN_DEVICE = "fedqueue.train_device"
-AGGREGATE_ROUND = "fedqueue.aggregate_round"
-FOLD_UPDATES = "fedqueue.fold_updates"
 
 
 def _strategy(context: TaskContext, run_id: str) -> Strategy:
@@ -43,6 +37,10 @@ def _device_label() -> str:
     return device_label()
 
 
+def _refusal(services: Services, cache: WorkerCache, task: DeviceTask) -> str | None:
+    return refusal(services, cache, task, strategy_for(cache.run_config(services, task.run_id)))
+
+
 def _train(context: TaskContext, task: DeviceTask) -> None:
     strategy = _strategy(context, task.run_id)
     run_device_task(context.services, context.cache, task, context.worker, context.attempt, strategy)
@@ -53,46 +51,10 @@ def _device_failed(context: TaskContext, task: DeviceTask, attempts: int, error:
     give_up_on(context.services, task, context.worker, attempts, error, strategy, _device_label())
 
 
-def _aggregate(context: TaskContext, task: AggregateTask) -> None:
-    # A claim names this delivery, so a worker that lost its claim can never finish the round.
-    owner = f"{context.worker}#{uuid.uuid4().hex[:8]}"
-    # Timed from the round's completion: a wait through the round's tail (reading ahead) is not aggregating.
-    started_at = aggregate_round(context.services, task.run_id, task.round_index, owner)
-    if started_at is None:
-        # Nothing attempted (the round was taken, or its tail gave the slot back): attempts count
-        # failed and lost aggregations, not requests that found nothing to do.
-        context.services.ledger.take_back_attempt(task.attempt_key)
-    else:
-        took_ms = (time.time() - started_at) * 1000
-        timing = task_timing(
-            task, None, "done", context.worker, context.attempt, _device_label(), started_at, compute_ms=took_ms
-        )
-        context.services.store.record_timing(timing)
-
-
-def _aggregation_failed(context: TaskContext, task: AggregateTask, attempts: int, error: str) -> None:
-    fail_aggregation(context.services, task.run_id, task.round_index, attempts, error)
-    now = time.time()
-    timing = task_timing(task, None, "failed", context.worker, attempts, _device_label(), now, error=error[-4000:])
-    context.services.store.record_timing(timing)
-
-
-def _fold(context: TaskContext, task: FoldTask) -> None:
-    fold_updates(context.services, context.cache, task.run_id, context.worker, context.attempt)
-    # A run's fold passes share one attempt key: a pass that went through clears the failures before it.
-    context.services.ledger.reset_attempts(task.attempt_key)
-
-
-def _fold_failed(context: TaskContext, task: FoldTask, attempts: int, error: str) -> None:
-    reason = error.strip().splitlines()[-1:] or ["unknown error"]
-    if context.services.store.finish_run(task.run_id, "failed", f"fold pass failed {attempts} times: {reason[0]}"):
-        context.services.ledger.reset_attempts(task.attempt_key)
-
-
 def _retry_failed(services: Services, run_id: str) -> list[str]:
     run = services.store.get_run(run_id)
     config = RunConfig.from_dict(run.config)
-    if config.is_buffered and "on_failure = 'abort'" in (run.error or ""):
+    if entry_for(config).mode.asynchronous and "on_failure = 'abort'" in (run.error or ""):
         # The schedule already folded on without the device: a retry could not give the run's own weights.
         raise ConfigError(f"run {run_id} stopped on a failed device under on_failure = 'abort': submit it again")
     return [
@@ -183,9 +145,8 @@ KIND = JobKind(
     name=KIND_NAME,
     migrations=Path(__file__).parent / "store" / "migrations",
     handlers=(
-        TaskHandler(TRAIN_DEVICE, DEVICES_QUEUE, DeviceTask, _train, _device_failed, refusal=refusal),
-        TaskHandler(AGGREGATE_ROUND, CONTROL_QUEUE, AggregateTask, _aggregate, _aggregation_failed),
-        TaskHandler(FOLD_UPDATES, CONTROL_QUEUE, FoldTask, _fold, _fold_failed),
+        TaskHandler(TRAIN_DEVICE, DEVICES_QUEUE, DeviceTask, _train, _device_failed, refusal=_refusal),
+        *control_handlers(),
     ),
     repair=reconcile,
     new_cache=WorkerCache,

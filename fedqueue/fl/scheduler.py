@@ -1,6 +1,6 @@
 """The scheduler's two ways into a run: submitting it, and the repair pass that keeps its queue in line with its store.
 
-Both pick the run's strategy (fedqueue.fl.strategy.choose) and leave the rest to it. The repair pass
+Both pick the run's strategy (fedqueue.fl.strategy.registry) and leave the rest to it. The repair pass
 runs every few seconds in whoever holds the run's lease: the process that follows it (`fedqueue run`,
 `fedqueue resume`), or else a `fedqueue worker` launcher that adopted it.
 """
@@ -14,8 +14,8 @@ from fedqueue.core.services import Services
 from fedqueue.fl.config import RunConfig
 from fedqueue.fl.messages import KIND_NAME
 from fedqueue.fl.ml.weights import encode_state
-from fedqueue.fl.strategy.choose import strategy_for
 from fedqueue.fl.strategy.common import checkpoint_version
+from fedqueue.fl.strategy.registry import strategy_for
 
 
 def new_run_id() -> str:
@@ -50,7 +50,7 @@ def submit_run(services: Services, config: RunConfig, run_id: str | None = None)
         run_id,
         config.name,
         config.to_dict(),
-        rounds_total(config),
+        strategy_for(config).rounds_total(config),
         kind=KIND_NAME,
         broker_id=services.ledger.broker_id(),
     )
@@ -58,17 +58,6 @@ def submit_run(services: Services, config: RunConfig, run_id: str | None = None)
         checkpoint_version(services, run_id, 0, encoded)
         strategy_for(config).start(services, run_id, config, encoded)
     return run_id
-
-
-def rounds_total(config: RunConfig) -> int:
-    """The most rounds or versions the run makes: a synchronous run's rounds within max_sim_time are known
-    at submit; a buffered run bounded by max_sim_time alone has no total (0)."""
-    if config.is_buffered:
-        return config.last_version or 0
-    # torch, as above
-    from fedqueue.fl.strategy.sync.sim_bound import rounds_within
-
-    return rounds_within(config)
 
 
 def reconcile(services: Services, run_id: str) -> list[str]:

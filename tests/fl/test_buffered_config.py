@@ -146,7 +146,7 @@ def test_the_examples_load(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> N
         "cifar10_fedrevive_dfkd.toml",
     ):
         config = load_run_config(examples / name)
-        assert config.is_buffered
+        assert config.strategy_mode.asynchronous
         clock = device_clock(config, load_federated(data_spec(config)))
         assert all(clock.trip_seconds(1, device) > 0 for device in range(config.num_devices))
 
@@ -178,7 +178,7 @@ def test_bad_fedrevive_knobs_name_their_field(overrides: dict[str, Any], field: 
 
 def test_fedrevive_holds_out_its_kd_split() -> None:
     revive = config(mode="fedrevive", kd_beta="cosine", kd_beta_factor=75)
-    assert revive.held_out == 0.1 and revive.is_buffered and revive.kd_beta == "cosine"
+    assert revive.held_out == 0.1 and revive.strategy_mode.asynchronous and revive.kd_beta == "cosine"
     assert config().held_out == 0.0  # fedbuff's devices share the whole training set
 
 

@@ -335,7 +335,7 @@ def test_the_small_example_keeps_its_experiment_s_strategy_clock_and_stops(name:
     for key in KEPT:
         assert getattr(small, key) == getattr(full, key), key
     assert (small.dataset, small.num_devices, small.resolved_concurrency) == ("digits", 100, 20)
-    bound = "max_model_version" if small.is_buffered else "rounds"
+    bound = small.strategy_mode.bound
     assert getattr(small, bound) == getattr(full, bound) // 5
     assert small.early_stop == [{"version": 200, "accuracy": 0.15}] and small.max_sim_time == 40
     if small.staleness_weight == "afl_dw":

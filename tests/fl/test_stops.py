@@ -24,10 +24,10 @@ from fedqueue.fl.messages import AggregateTask, DeviceTask, FoldTask
 from fedqueue.fl.scheduler import submit_run
 from fedqueue.fl.store.results import list_rounds
 from fedqueue.fl.store.stop_rows import get_stop
-from fedqueue.fl.strategy.choose import strategy_for
 from fedqueue.fl.strategy.fedbuff import schedule
 from fedqueue.fl.strategy.fedbuff.fold import fold_updates
 from fedqueue.fl.strategy.fedbuff.schedule import NewVersion, Outcome, Rules
+from fedqueue.fl.strategy.registry import strategy_for
 from fedqueue.fl.strategy.sync.rounds import aggregate_round
 from fedqueue.fl.view.summary import run_status
 from fedqueue.fl.worker.cache import WorkerCache

@@ -25,7 +25,7 @@ def marks(loaded: LoadedConfig) -> dict[str, str]:
     given.update({key: COMMAND_MARK for key in loaded.from_command})
     if "max_rounds" in given and loaded.config.max_rounds is not None:
         # max_rounds is written out as the mode's own bound too: both were set by it.
-        given.setdefault("max_model_version" if loaded.config.is_buffered else "rounds", given["max_rounds"])
+        given.setdefault(loaded.config.strategy_mode.bound, given["max_rounds"])
     return given
 
 

@@ -8,7 +8,7 @@ from fedqueue.core.jobs import ProgressBar
 from fedqueue.fl.store.results import count_done, list_rounds
 from fedqueue.fl.store.schedule_rows import get_schedule
 from fedqueue.fl.store.schema import RoundRow
-from fedqueue.fl.view.summary import is_buffered
+from fedqueue.fl.view.summary import mode_of
 from fedqueue.store import Store
 
 
@@ -18,18 +18,18 @@ class RoundProgress:
         self.run_id = run_id
         run = store.get_run(run_id)
         # A buffered-async run shows a bar per version: the updates folded into it, of the buffer_size that make it.
-        self.buffered = is_buffered(run)
+        self.mode = mode_of(run)
         self.buffer_size = int(run.config.get("buffer_size") or 1)
 
     def bars(self) -> list[ProgressBar]:
         rows = list_rounds(self.store, self.run_id)
-        if self.buffered:
+        if self.mode.asynchronous:
             return self._version_bars(rows)
         return [self._round_bar(row) for row in rows]
 
     def _round_bar(self, row: RoundRow) -> ProgressBar:
         index = row.round_index
-        label = f"round {index:>3}"
+        label = f"{self.mode.unit.singular} {index:>3}"
         total = len(row.selected)
         if row.state != "done":
             return ProgressBar(str(index), label, count_done(self.store, self.run_id, index), total, "devices")
@@ -48,7 +48,7 @@ class RoundProgress:
         bars = []
         for row in rows:
             index = row.round_index
-            label = f"version {index:>3}"
+            label = f"{self.mode.unit.singular} {index:>3}"
             if row.state == "done":
                 note = _note(row, sim=True)
                 bars.append(ProgressBar(str(index), label, self.buffer_size, self.buffer_size, "updates", note, True))

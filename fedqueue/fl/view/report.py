@@ -12,7 +12,8 @@ from typing import Any
 from fedqueue.fl.store.results import device_tasks, list_rounds
 from fedqueue.fl.store.schema import DeviceTaskRow, RoundRow
 from fedqueue.fl.store.stop_rows import get_stop
-from fedqueue.fl.view.summary import buffered_of, is_buffered, packing_of
+from fedqueue.fl.strategy.mode import ROUNDS, VERSIONS, Unit
+from fedqueue.fl.view.summary import buffered_of, mode_of, packing_of
 from fedqueue.report.html import KindPage, fmt, html_table, percent
 from fedqueue.report.numbers import RunData, rounded, time_breakdown
 from fedqueue.report.timeline import Lane, RoundMark, RoundWords, Span, pack_lanes, parallel_efficiency
@@ -23,7 +24,7 @@ def report_numbers(store: Store, data: RunData, numbers: dict[str, Any]) -> dict
     """The FL keys of a run's report, read from its rounds and, for a buffered-async run, its updates."""
     run = data.run
     results = device_tasks(store, run.id)
-    buffered = buffered_of(run, results) if is_buffered(run) else {}
+    buffered = buffered_of(run, results)
     stop = get_stop(store, run.id)
     return {
         **rounds_report(data, list_rounds(store, run.id), buffered, numbers),
@@ -62,7 +63,7 @@ def rounds_report(
         "dataset": run.config.get("dataset"),
         "model": run.config.get("model"),
         # A buffered-async run's rounds are its versions: round r is made into version r.
-        "buffered": is_buffered(run),
+        "buffered": mode_of(run).asynchronous,
         **packing_of(run),
         "rounds_total": run.rounds_total,
         "rounds_done": sum(1 for row in rounds if row.state == "done"),
@@ -192,12 +193,17 @@ BUFFERED_WORDS = RoundWords(
 )
 
 
+def _unit(report: dict[str, Any]) -> Unit:
+    # The page reads the report's numbers alone (a saved report.json too), where "buffered" names the unit.
+    return VERSIONS if report.get("buffered") else ROUNDS
+
+
 def _word(report: dict[str, Any]) -> str:
-    return "version" if report.get("buffered") else "round"
+    return _unit(report).singular
 
 
 def _rounds_done(report: dict[str, Any]) -> str:
-    made = "made" if report.get("buffered") else "done"
+    made = _unit(report).made
     # No total: a buffered run bounded by max_sim_time alone.
     if not report["rounds_total"]:
         return f"{report['rounds_done']} {made}"

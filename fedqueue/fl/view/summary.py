@@ -14,6 +14,8 @@ from fedqueue.fl.store.results import device_tasks, list_rounds, round_rows_for
 from fedqueue.fl.store.schedule_rows import get_schedule
 from fedqueue.fl.store.schema import DeviceTaskRow, RoundRow
 from fedqueue.fl.store.stop_rows import get_stop
+from fedqueue.fl.strategy.mode import Mode
+from fedqueue.fl.strategy.modes import MODES
 from fedqueue.report.timeline import Span
 from fedqueue.store import Store
 from fedqueue.store.schema import RunRow
@@ -70,7 +72,7 @@ def stop_of(store: Store, run: RunRow, rounds: Sequence[RoundRow]) -> dict[str, 
 
 def _sim_time_used(store: Store, run: RunRow, rounds: Sequence[RoundRow]) -> float:
     """A buffered run's clock stands at its last arrival taken; a synchronous run's at its last round's end."""
-    if is_buffered(run):
+    if mode_of(run).asynchronous:
         schedule = get_schedule(store, run.id)
         if schedule is not None:
             return float(schedule.state.get("now", 0.0))
@@ -99,10 +101,10 @@ def run_columns(store: Store, runs: Sequence[RunRow]) -> dict[str, dict[str, Any
 
 def run_type(config: dict[str, Any]) -> str:
     """fedavg, fedbuff or fedrevive; a synchronous run with an aggregation of its own is named by it."""
-    mode = str(config.get("mode", "fedavg"))
+    mode = MODES[str(config.get("mode", "fedavg"))]
     aggregate = str(config.get("aggregate", "fedavg"))
-    if mode != "fedavg" or aggregate == "fedavg":
-        return mode
+    if not mode.takes_aggregate or aggregate == "fedavg":
+        return mode.name
     return aggregate.rsplit(":", 1)[-1].rsplit(".", 1)[-1]  # a plugin by its own name, not its module's
 
 
@@ -110,12 +112,12 @@ def progress(run: RunRow, made: int) -> str:
     """Rounds or versions made of those the run makes ("7/10 rounds", "312/500 v"). Under max_sim_time, the
     simulated time it ends at: a buffered run's version bound is then a ceiling it is not meant to reach, so
     only its count is shown ("471 v · t≤200"); a sync run keeps its rounds ("7/10 r · t≤200")."""
-    buffered = is_buffered(run)
+    mode = mode_of(run)
     count = f"{made}/{run.rounds_total}" if run.rounds_total else str(made)
     limit = run.config.get("max_sim_time")
     if limit is None:
-        return f"{count} {'v' if buffered else 'rounds'}"
-    return f"{made} v · t≤{limit:g}" if buffered else f"{count} r · t≤{limit:g}"
+        return f"{count} {mode.unit.counted}"
+    return f"{made if mode.asynchronous else count} {mode.unit.short} · t≤{limit:g}"
 
 
 def simulated_speeds(run: RunRow) -> bool:
@@ -129,17 +131,17 @@ def simulated_speeds(run: RunRow) -> bool:
 
 def models_sim_time(run: RunRow) -> bool:
     """Simulated time means something in this run: a buffered-async one, or one given device speeds."""
-    return is_buffered(run) or simulated_speeds(run)
+    return mode_of(run).asynchronous or simulated_speeds(run)
 
 
-def is_buffered(run: RunRow) -> bool:
-    """A buffered-async FL run (FedBuff or FedRevive), as its stored config says."""
-    return run.config.get("mode") in ("fedbuff", "fedrevive")
+def mode_of(run: RunRow) -> Mode:
+    """What the views may know of the strategy that ran a run, as its stored config names it."""
+    return MODES[str(run.config.get("mode", "fedavg"))]
 
 
 def buffered_of(run: RunRow, results: Iterable[DeviceTaskRow]) -> dict[str, Any]:
     """A buffered-async run's updates: how many were folded, dropped as stale or failed, and their staleness."""
-    if not is_buffered(run):
+    if not mode_of(run).asynchronous:
         return {}
     fates: Counter[str] = Counter()
     staleness: Counter[int] = Counter()

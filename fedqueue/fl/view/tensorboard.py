@@ -48,7 +48,7 @@ from fedqueue.core.jobs import ProgressBar, RunProgress
 from fedqueue.core.writable import writable_folder
 from fedqueue.fl.store.results import list_rounds
 from fedqueue.fl.store.schema import DeviceTaskRow, RoundRow
-from fedqueue.fl.view.summary import is_buffered, models_sim_time
+from fedqueue.fl.view.summary import mode_of, models_sim_time
 from fedqueue.report.timeline import Span, merge_vmapped_packs, pack_lanes
 from fedqueue.store import Store
 from fedqueue.store.schema import RunRow, TaskTimingRow
@@ -330,7 +330,7 @@ class RunScalars:
         points = [point for row in fresh_rows for point in row_points(row, models_sim_time(run))]
         self._rows.update(row.round_index for row in fresh_rows)
         made = [row.aggregated_at or row.enqueued_at for row in done]
-        if is_buffered(run):
+        if mode_of(run).asynchronous:
             fresh = {
                 row.round_index: at
                 for row, at in zip(done, made, strict=True)

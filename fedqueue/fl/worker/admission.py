@@ -16,11 +16,12 @@ from fedqueue.fl.packs.tasks import cut_packs
 from fedqueue.fl.store.results import get_round
 
 if TYPE_CHECKING:
+    from fedqueue.fl.strategy.base import Strategy
     from fedqueue.fl.worker.cache import WorkerCache
 
 
-def refusal(services: Services, cache: WorkerCache, task: DeviceTask) -> str | None:
-    """Why the task is not one its run sent (None: it is)."""
+def refusal(services: Services, cache: WorkerCache, task: DeviceTask, strategy: Strategy) -> str | None:
+    """Why the task is not one its run sent (None: it is); `strategy` runs the run (the kind hands it over)."""
     row = get_round(services.store, task.run_id, task.round_index)
     if row is None:
         return f"run {task.run_id} has no round {task.round_index}"
@@ -35,8 +36,8 @@ def refusal(services: Services, cache: WorkerCache, task: DeviceTask) -> str | N
     mode = config.resolved_pack_mode if len(task.devices) > 1 else "sequential"
     if task.mode != mode:
         return f"run {task.run_id} trains packs of {len(task.devices)} devices {mode}, not {task.mode}"
-    if config.is_buffered:
-        return None  # a dispatch's packs and size are the fold pass's, not kept once sent
+    if not strategy.keeps_rounds:
+        return None
     if task.round_size != len(row.selected):
         return f"run {task.run_id} round {task.round_index} has {len(row.selected)} devices, not {task.round_size}"
     if len(task.devices) > 1 and task.devices not in cut_packs(row.selected, config.resolved_pack_size):

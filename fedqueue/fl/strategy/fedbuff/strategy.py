@@ -12,7 +12,10 @@ from fedqueue.fl.config import RunConfig
 from fedqueue.fl.messages import DEVICES_QUEUE, DeviceTask, fold_key
 from fedqueue.fl.store import schedule_rows
 from fedqueue.fl.store.results import delete_result, get_round
+from fedqueue.fl.strategy.base import Entry
 from fedqueue.fl.strategy.common import checkpoint_bytes
+from fedqueue.fl.strategy.fedbuff import mode
+from fedqueue.fl.strategy.fedbuff.control import FOLD
 from fedqueue.fl.strategy.fedbuff.fold import (
     dispatch_tasks,
     oldest_needed,
@@ -32,6 +35,7 @@ class BufferedAsync:
 
     # A pack's devices may land in different versions: each stores its own update.
     presums_packs = False
+    keeps_rounds = False
 
     def start(self, services: Services, run_id: str, config: RunConfig, model: bytes) -> None:
         start_buffered(services, run_id, config, model)
@@ -44,8 +48,23 @@ class BufferedAsync:
     def repair(self, services: Services, run_id: str, config: RunConfig, broker_lost: bool) -> list[str]:
         return repair_buffered(services, run_id, config, broker_lost)
 
+    def rounds_total(self, config: RunConfig) -> int:
+        # No total: a run bounded by max_sim_time alone.
+        return config.last_version or 0
+
+    def describe(self, config: RunConfig) -> str:
+        last = config.last_version
+        length = f"up to version {last}" if last is not None else "no version bound"
+        return (
+            f"{length}, {config.resolved_concurrency} of {config.num_devices} devices at once,"
+            f" {config.buffer_size} updates per version"
+        )
+
 
 FEDBUFF = BufferedAsync()
+ENTRY = Entry(mode=mode.FEDBUFF, strategy=FEDBUFF, control=(FOLD,))
+# FedRevive: FedBuff's fold, mixing in its distilled model (revive.py).
+REVIVE_ENTRY = Entry(mode=mode.FEDREVIVE, strategy=FEDBUFF, control=(FOLD,))
 
 
 def repair_buffered(services: Services, run_id: str, config: RunConfig, broker_lost: bool) -> list[str]:

@@ -7,6 +7,9 @@ from typing import TYPE_CHECKING
 from fedqueue.core.services import Services
 from fedqueue.fl.config import RunConfig
 from fedqueue.fl.messages import DeviceTask
+from fedqueue.fl.strategy.base import Entry
+from fedqueue.fl.strategy.sync.control import AGGREGATE
+from fedqueue.fl.strategy.sync.mode import FEDAVG
 from fedqueue.fl.strategy.sync.read_ahead import tail_started
 from fedqueue.fl.strategy.sync.repair import repair_rounds
 from fedqueue.fl.strategy.sync.requests import request_aggregation
@@ -20,6 +23,7 @@ class SynchronousRounds:
     """Round r trains version r - 1 on its selected devices; the round's last result asks for its aggregation."""
 
     presums_packs = True
+    keeps_rounds = True
 
     def start(self, services: Services, run_id: str, config: RunConfig, model: bytes) -> None:
         start_round(services, run_id, config, 1, model)
@@ -38,5 +42,17 @@ class SynchronousRounds:
     def repair(self, services: Services, run_id: str, config: RunConfig, broker_lost: bool) -> list[str]:
         return repair_rounds(services, run_id, config, broker_lost, self)
 
+    def rounds_total(self, config: RunConfig) -> int:
+        """Its rounds; within max_sim_time, those that end in it (known at submit)."""
+        # torch: loaded by the process that submits, never by the repair pass.
+        from fedqueue.fl.strategy.sync.sim_bound import rounds_within
+
+        return rounds_within(config)
+
+    def describe(self, config: RunConfig) -> str:
+        return f"{config.rounds} rounds, {config.devices_per_round} of {config.num_devices} devices per round"
+
 
 SYNCHRONOUS = SynchronousRounds()
+
+ENTRY = Entry(mode=FEDAVG, strategy=SYNCHRONOUS, control=(AGGREGATE,))
