@@ -170,3 +170,16 @@ class BrokerWatch:
                 f" continues when its workers and broker are back: `fedqueue resume {self.run_id}`"
             )
         return False
+
+
+def wait_for_broker(settings: Settings, run_id: str, say: Callable[[str], object] | None = None) -> None:
+    """Return once the broker answers; while it does not, say so once, and once when it is back, as a follower
+    does mid-run (`fedqueue resume` of a run whose broker is still down). Raises BrokerGone past the broker wait."""
+    watch = BrokerWatch.of(settings, run_id, say)
+    watch.call(ping_probe(settings.broker_url or ""), _nothing)
+    while not watch.check():
+        time.sleep(FIRST_PROBE_S)
+
+
+def _nothing() -> None:
+    """What a probe gives while the broker is down."""
