@@ -70,8 +70,8 @@ def test_a_worker_thawed_into_a_full_broker_waits_for_room_and_the_run_ends_the_
             handle = api.submit(config, settings=settings)  # its first round waits on the queue
             junk = fill(client)
             os.kill(worker.pid, signal.SIGCONT)
-            # Thawed, it takes a message and meets the refusal (then retries as after a lost connection, with a
-            # growing pause): it must stay up through it.
+            # Thawed, it takes a message and meets the refusal (its delivery then waits for room, with a growing
+            # pause): it must stay up through it.
             with api.scheduling(handle) as scheduler:
                 refused = oom_replies(client)
                 wait_until(lambda: oom_replies(client) > refused, 60, scheduler.tick)
