@@ -43,18 +43,24 @@ T = TypeVar("T")
 OutOfMemory = redis.exceptions.OutOfMemoryError
 
 
-def when_room(what: str, write: Callable[[], T], wait_s: float, sleep: Callable[[float], None] = time.sleep) -> T:
+def when_room(
+    what: str,
+    write: Callable[[], T],
+    wait_s: float,
+    sleep: Callable[[float], None] = time.sleep,
+    clock: Callable[[], float] = time.monotonic,
+) -> T:
     """`write()`, tried again with a growing pause while Redis refuses it for want of memory.
 
     Raises the last refusal past `wait_s`, or at once when the worker is stopping.
     """
-    began = time.monotonic()
+    began = clock()
     pause = FIRST_PAUSE_S
     while True:
         try:
             result = write()
         except OutOfMemory:
-            waited = time.monotonic() - began
+            waited = clock() - began
             if waited >= wait_s or worker_stopping():
                 raise
             if pause == FIRST_PAUSE_S:
@@ -63,7 +69,7 @@ def when_room(what: str, write: Callable[[], T], wait_s: float, sleep: Callable[
             pause = min(pause * 2, MAX_PAUSE_S)
             continue
         if pause > FIRST_PAUSE_S:
-            log.warning("broker has room again: %s went through after %.0f s", what, time.monotonic() - began)
+            log.warning("broker has room again: %s went through after %.0f s", what, clock() - began)
         return result
 
 
