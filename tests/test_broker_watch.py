@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import redis
 from kombu.exceptions import OperationalError
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
+from fedqueue.core.database import open_store
 from fedqueue.core.outage import BrokerGone, BrokerWatch, is_broker_error, ping_probe
 from fedqueue.queue.embedded import EmbeddedRedis
+from tests.cli_runner import fedqueue_cli
+from tests.test_cli import cli_env
 
 
 def test_a_watch_says_once_each_way_falls_back_meanwhile_and_gives_up_after_its_wait() -> None:
@@ -81,3 +86,17 @@ def test_broker_errors_are_told_through_their_causes() -> None:
         assert is_broker_error(wrapped)
     assert not is_broker_error(RuntimeError("repair failed"))
     assert not is_broker_error(redis.ResponseError("WRONGTYPE"))
+
+
+def test_resume_with_a_broker_url_that_is_not_redis_is_one_line(tmp_path: Path) -> None:
+    """`resume` waits for its broker before anything else (fedqueue.core.outage.wait_for_broker): a URL that names
+    no Redis is still refused in one line, not waited for nor a traceback."""
+    database = f"sqlite:///{tmp_path / 'store.db'}"
+    store = open_store(database, migrate=True)
+    store.create_run("run-a", "a run", {}, 1, kind="fl")
+    store.close()
+    result = fedqueue_cli(
+        "resume", "run-a", env=cli_env(FEDQUEUE_BROKER_URL="http://x", FEDQUEUE_DATABASE_URL=database), cwd=tmp_path
+    )
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert result.stderr == "error: FEDQUEUE_BROKER_URL: expected a redis:// URL, got http://x\n", result.stderr

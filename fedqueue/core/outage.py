@@ -23,6 +23,7 @@ from redis.retry import Retry
 
 from fedqueue.config import Settings
 from fedqueue.core.infra_errors import infrastructure_fault
+from fedqueue.core.services import check_broker_url
 from fedqueue.errors import ServiceUnavailable
 
 log = logging.getLogger(__name__)
@@ -175,6 +176,7 @@ class BrokerWatch:
 def wait_for_broker(settings: Settings, run_id: str, say: Callable[[str], object] | None = None) -> None:
     """Return once the broker answers; while it does not, say so once, and once when it is back, as a follower
     does mid-run (`fedqueue resume` of a run whose broker is still down). Raises BrokerGone past the broker wait."""
+    check_broker_url(settings.broker_url or "")
     watch = BrokerWatch.of(settings, run_id, say)
     watch.call(ping_probe(settings.broker_url or ""), _nothing)
     while not watch.check():
