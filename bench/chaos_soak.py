@@ -10,6 +10,11 @@ Meanwhile a seeded injector, at random intervals (exponential, `--faults-per-min
     restart  stop Redis and start it again, empty, on its port
     fill     fill Redis with junk keys until it refuses a write (its maxmemory), hold 2-10 s, delete them
 
+Two fills are not left to chance: Redis is full when the launcher starts its workers (held
+`--fill-before-start-s`, then deleted), and a third of the way in it is filled mid-run and held
+`--midrun-fill-s` (the 10 s that once left a run standing still for good). Redis's clients are counted
+throughout: a worker that meets a full Redis must not open connection after connection.
+
 At the end each FedBuff run is compared with the same experiment computed in this process with no
 queue (the versions it made, from which updates, and the final weights bit for bit), and each LLM
 job's stored and exported outputs with a one-prompt-at-a-time generate() loop. It prints the faults by
@@ -123,6 +128,65 @@ class Broker:
         self.server.stop()
 
 
+@dataclass
+class Junk:
+    keys: list[str]  # written before Redis refused a write
+    refused: bool  # Redis refused a write: it is truly full
+    written_mb: float
+    used_mb: float  # what Redis used then
+
+
+def fill(broker: Broker) -> Junk:
+    """Junk keys until Redis refuses a write (1 MiB values, then 64 KiB ones to its very limit)."""
+    client = broker.client()
+    keys: list[str] = []
+    refused = False
+    try:
+        first = 0
+        for size in (2**20, 2**16):
+            first = first or len(keys)
+            value = os.urandom(size)
+            while len(keys) < 100_000:
+                key = f"{JUNK_PREFIX}{len(keys)}"
+                try:
+                    client.set(key, value)
+                except redis.ResponseError as err:  # noeviction's refusal: OutOfMemoryError
+                    if "maxmemory" not in str(err):
+                        raise
+                    refused = True
+                    break
+                keys.append(key)
+        written = sum(2**20 if i < first else 2**16 for i in range(len(keys))) / 2**20
+        used = int(client.info("memory")["used_memory"]) / 2**20
+    except BaseException:
+        empty(broker, keys)
+        raise
+    finally:
+        client.close()
+    return Junk(keys, refused, written, used)
+
+
+def empty(broker: Broker, keys: list[str]) -> None:
+    """The junk deleted (a broker restarted meanwhile holds none of it)."""
+    client = broker.client()
+    with contextlib.suppress(redis.RedisError):
+        for start in range(0, len(keys), 500):
+            client.delete(*keys[start : start + 500])
+    client.close()
+
+
+def redis_clients(broker: Broker) -> int:
+    """Redis's connected clients now (0 when it does not answer)."""
+    try:
+        client = broker.client()
+        try:
+            return int(client.info("clients")["connected_clients"])
+        finally:
+            client.close()
+    except redis.RedisError:
+        return 0
+
+
 # --- the fault injector -------------------------------------------------------------------------------------
 
 
@@ -133,6 +197,7 @@ class Faults:
     failed: list[str] = field(default_factory=list)  # faults the injector itself could not complete
     junk_mb: list[float] = field(default_factory=list)  # MiB of junk written by each fill before Redis refused
     oom_refusals: int = 0  # fill faults that ended with Redis refusing a write (Redis truly full)
+    peak_clients: int = 0  # Redis's connected clients, at most, sampled every second (this script's included)
 
 
 class Injector(threading.Thread):
@@ -146,8 +211,10 @@ class Injector(threading.Thread):
         launcher: subprocess.Popen[str],
         broker: Broker,
         began: float,
+        midrun_fill: tuple[float, float] | None = None,
     ) -> None:
         super().__init__(daemon=True)
+        self.midrun_fill = midrun_fill  # (seconds into the soak, held): one fill at that time, whatever the draw
         self.rng = random.Random(seed)
         self.per_minute = per_minute
         self.kinds = kinds
@@ -161,8 +228,12 @@ class Injector(threading.Thread):
     def run(self) -> None:
         while not self.stop_event.wait(self.rng.expovariate(self.per_minute / 60.0)):
             kind = self.rng.choice(self.kinds)
+            due = self.midrun_fill is not None and time.monotonic() - self.began >= self.midrun_fill[0]
+            if due and self.midrun_fill is not None:
+                kind, hold = "fill-mid", self.midrun_fill[1]
+                self.midrun_fill = None
             try:
-                detail = getattr(self, f"_{kind}")()
+                detail = self._fill(hold) if kind == "fill-mid" else getattr(self, f"_{kind}")()
             except Exception as err:  # the soak goes on; the injector's own failure is reported
                 self.faults.failed.append(f"{kind}: {type(err).__name__}: {err}")
                 continue
@@ -214,38 +285,20 @@ class Injector(threading.Thread):
         self.broker.restart(down_s)
         return f"down {down_s:.1f} s, back empty on port {self.broker.port}"
 
-    def _fill(self) -> str:
-        """Junk keys until Redis refuses a write (1 MiB values, then 64 KiB ones to its very limit), held, deleted."""
-        hold_s = self.rng.uniform(2.0, 10.0)
-        client = self.broker.client()
-        keys: list[str] = []
-        refused = False
+    def _fill(self, hold_s: float | None = None) -> str:
+        """Junk keys until Redis refuses a write, held (2-10 s unless told), deleted."""
+        hold_s = self.rng.uniform(2.0, 10.0) if hold_s is None else hold_s
+        junk = fill(self.broker)
         try:
-            first = 0
-            for size in (2**20, 2**16):
-                first = first or len(keys)
-                value = os.urandom(size)
-                while len(keys) < 100_000:
-                    key = f"{JUNK_PREFIX}{len(keys)}"
-                    try:
-                        client.set(key, value)
-                    except redis.ResponseError as err:  # noeviction's refusal: OutOfMemoryError
-                        if "maxmemory" not in str(err):
-                            raise
-                        refused = True
-                        break
-                    keys.append(key)
-            written = sum(2**20 if i < first else 2**16 for i in range(len(keys))) / 2**20
-            used = int(client.info("memory")["used_memory"]) / 2**20
             time.sleep(hold_s)
         finally:
-            with contextlib.suppress(redis.RedisError):  # a broker restarted meanwhile holds none of them
-                for start in range(0, len(keys), 500):
-                    client.delete(*keys[start : start + 500])
-            client.close()
-        self.faults.oom_refusals += refused
-        self.faults.junk_mb.append(written)
-        return f"{len(keys)} junk keys, Redis at {used:.1f} MiB (refused a write: {refused}), held {hold_s:.1f} s"
+            empty(self.broker, junk.keys)
+        self.faults.oom_refusals += junk.refused
+        self.faults.junk_mb.append(junk.written_mb)
+        return (
+            f"{len(junk.keys)} junk keys, Redis at {junk.used_mb:.1f} MiB (refused a write: {junk.refused}),"
+            f" held {hold_s:.1f} s"
+        )
 
     def finish(self) -> None:
         """Stop injecting (the fault in progress ends first) and continue any worker still stopped."""
@@ -485,6 +538,8 @@ def main() -> int:
     parser.add_argument("--kinds", default=",".join(FAULT_KINDS), help="faults to inject, of " + ",".join(FAULT_KINDS))
     parser.add_argument("--procs", type=int, default=2, help="worker processes under the launcher")
     parser.add_argument("--maxmemory-mb", type=int, default=64, help="Redis's maxmemory (noeviction)")
+    parser.add_argument("--fill-before-start-s", type=float, default=10.0, help="Redis held full as workers start")
+    parser.add_argument("--midrun-fill-s", type=float, default=10.0, help="the fill a third in is held (0: none)")
     parser.add_argument("--versions", type=int, default=30, help="model versions of each FedBuff run")
     parser.add_argument("--prompts", type=int, default=32, help="prompts of each LLM job")
     parser.add_argument("--batch-size", type=int, default=2, help="prompts per LLM batch")
@@ -517,17 +572,33 @@ def main() -> int:
     env = cli_env(settings)
     store = open_store(settings.database_url, migrate=True)
     launcher_log = (workdir / "launcher.log").open("w")
+    junk = fill(broker)  # Redis full when the workers start, until the hold below ends
     launcher = start_fedqueue_cli(
         "worker", "--procs", str(args.procs), cwd=workdir, env=env, stdout=launcher_log, stderr=subprocess.STDOUT
     )
     records: list[Followed] = []
     injector: Injector | None = None
     began = time.monotonic()
+    start_clients = 0
     try:
+        held_until = time.monotonic() + args.fill_before_start_s
+        try:
+            while time.monotonic() < held_until:  # the fault's length, Redis's clients counted meanwhile
+                start_clients = max(start_clients, redis_clients(broker))
+                time.sleep(0.5)
+        finally:
+            empty(broker, junk.keys)
+        print(
+            f"fill before start: {len(junk.keys)} junk keys (refused a write: {junk.refused}), held "
+            f"{args.fill_before_start_s:g} s while {args.procs} workers started: Redis clients at most {start_clients}",
+            flush=True,
+        )
         wait_until(lambda: ping_count(settings) >= args.procs, 120)
         began = time.monotonic()
         deadline = began + args.minutes * 60
-        injector = Injector(args.seed, args.faults_per_minute, kinds, launcher, broker, began)
+        midrun = (args.minutes * 60 / 3, args.midrun_fill_s) if args.midrun_fill_s > 0 else None
+        injector = Injector(args.seed, args.faults_per_minute, kinds, launcher, broker, began, midrun)
+        injector.faults.peak_clients = start_clients
         fl_records: list[Followed] = []
         llm_records: list[Followed] = []
         streams = [
@@ -597,6 +668,7 @@ def _progress(
     next_line = time.monotonic() + 60
     while any(stream.is_alive() for stream in streams):
         time.sleep(1.0)
+        injector.faults.peak_clients = max(injector.faults.peak_clients, redis_clients(injector.broker))
         if time.monotonic() >= next_line:
             next_line += 60
             ended = [r for r in fl_records + llm_records if r.rc is not None]
@@ -650,7 +722,7 @@ def report(
     followers_bad = [r for r in records if r.rc != 0 or r.traceback]
     refused = [(r, line, traceback) for r in records for line, traceback in r.refused]
     total = sum(faults.counts.values())
-    by_kind = ", ".join(f"{kind} {faults.counts.get(kind, 0)}" for kind in FAULT_KINDS)
+    by_kind = ", ".join(f"{kind} {faults.counts.get(kind, 0)}" for kind in (*FAULT_KINDS, "fill-mid"))
     print(machine_line(info) + "; CPU only")
     print(
         f"soak: {wall / 60:.1f} min (new work started for {args.minutes:g} min), seed {args.seed}, "
@@ -660,6 +732,7 @@ def report(
     print(f"faults injected: {total} ({by_kind})")
     if faults.junk_mb:
         print(f"fills: Redis refused a write (full) in {faults.oom_refusals} of {len(faults.junk_mb)}")
+    print(f"Redis clients at most (this script's included): {faults.peak_clients}")
     print(f"worker crashes ('Unrecoverable error' in the launcher's log): {crashes}")
     print(f"tasks stored: {verdict.tasks}; tasks redone (attempt > 1): {verdict.redone}")
     print(f"lost: {verdict.lost}")

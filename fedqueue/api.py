@@ -256,9 +256,11 @@ def scheduling(
     waits for it (its `watch` says when the broker goes and comes back, to `say`, else to the log) and
     raises BrokerGone after the broker wait (FEDQUEUE_BROKER_WAIT_S); see fedqueue.core.outage. Its
     `store_watch` does the same for the store (fedqueue.core.store_watch): the caller's polls go through it.
-    Its ticks also say when the run's queues have tasks waiting and no worker reads them (fedqueue.core.unread).
+    Its ticks also say when the run's queues have tasks waiting and no worker reads them (fedqueue.core.unread),
+    and when the broker is at its maxmemory (fedqueue.core.room).
     """
     from fedqueue.core.outage import BrokerWatch, reason
+    from fedqueue.core.room import BrokerRoom
     from fedqueue.core.store_watch import StoreWatch
     from fedqueue.core.supervisor import RunSupervisor
     from fedqueue.core.unread import UnreadQueues
@@ -273,7 +275,10 @@ def scheduling(
             )
         store_watch = StoreWatch.of(client.settings, handle.id, say)
         unread = UnreadQueues.of(client, handle.id, say)
-        supervisor = RunSupervisor(client, handle.id, watch=watch, store_watch=store_watch, unread=unread).acquire()
+        room = BrokerRoom.of(client.settings, handle.id, say)
+        supervisor = RunSupervisor(
+            client, handle.id, watch=watch, store_watch=store_watch, unread=unread, room=room
+        ).acquire()
         try:
             yield supervisor
         finally:

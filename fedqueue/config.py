@@ -24,7 +24,8 @@ DEFAULT_MAX_LOST_ATTEMPTS = 10
 # FEDQUEUE_HEARTBEAT_TTL_S: a running task's heartbeat key lives this long; a task whose key expired has lost its worker.
 DEFAULT_HEARTBEAT_TTL_S = 15
 DEFAULT_LEASE_TTL_S = 15  # FEDQUEUE_LEASE_TTL_S: how long a scheduler's lease on a run outlives its last renewal
-# FEDQUEUE_BROKER_WAIT_S: how long a command following a run waits for an unreachable broker before it gives up.
+# FEDQUEUE_BROKER_WAIT_S: how long a command following a run waits for an unreachable broker before it gives up,
+# and a worker's write for room in a broker at its maxmemory.
 DEFAULT_BROKER_WAIT_S = 600
 DEFAULT_STORE_WAIT_S = 600  # FEDQUEUE_STORE_WAIT_S: the same for a store that refuses it (disk full, read-only, down)
 # FEDQUEUE_NO_WORKER_S: how long a run's tasks wait on a queue no worker reads before its follower says so.

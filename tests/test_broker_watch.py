@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import redis
 from kombu.exceptions import OperationalError
@@ -10,8 +12,11 @@ from redis.retry import Retry
 
 from fedqueue.api import Placement, submit_through_outage
 from fedqueue.config import Settings
+from fedqueue.core.database import open_store
 from fedqueue.core.outage import BrokerGone, BrokerWatch, SubmitCutShort, is_broker_error, ping_probe, run_stored
 from fedqueue.queue.embedded import EmbeddedRedis
+from tests.cli_runner import fedqueue_cli
+from tests.test_cli import cli_env
 
 
 def test_a_watch_says_once_each_way_falls_back_meanwhile_and_gives_up_after_its_wait() -> None:
@@ -132,3 +137,17 @@ def test_a_run_stored_before_the_broker_failed_is_named_by_its_error() -> None:
     assert str(cut.value).startswith("broker unreachable (Connection refused) while run r3 was submitted: the run is")
     with pytest.raises(KeyError), run_stored("r3"):  # not the broker's fault: as it is
         raise KeyError("x")
+
+
+def test_resume_with_a_broker_url_that_is_not_redis_is_one_line(tmp_path: Path) -> None:
+    """`resume` waits for its broker before anything else (fedqueue.core.outage.wait_for_broker): a URL that names
+    no Redis is still refused in one line, not waited for nor a traceback."""
+    database = f"sqlite:///{tmp_path / 'store.db'}"
+    store = open_store(database, migrate=True)
+    store.create_run("run-a", "a run", {}, 1, kind="fl")
+    store.close()
+    result = fedqueue_cli(
+        "resume", "run-a", env=cli_env(FEDQUEUE_BROKER_URL="http://x", FEDQUEUE_DATABASE_URL=database), cwd=tmp_path
+    )
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert result.stderr == "error: FEDQUEUE_BROKER_URL: expected a redis:// URL, got http://x\n", result.stderr

@@ -22,9 +22,10 @@ from fedqueue.core.ledger import RedisLedger, TaskLedger
 from fedqueue.core.memory import ManualClock, MemoryLedger, RecordingEnqueuer, memory_services
 from fedqueue.core.services import Services, connect_redis
 from fedqueue.fl import scheduler as fl_scheduler
-from fedqueue.fl.messages import AggregateTask, DeviceTask, FoldTask, fold_key
+from fedqueue.fl.messages import AggregateTask, DeviceTask, FoldTask, aggregate_key, fold_key
 from fedqueue.fl.scheduler import submit_run
-from fedqueue.fl.store.results import device_tasks, list_rounds
+from fedqueue.fl.store.results import claim_round, complete_round, device_tasks, list_rounds
+from fedqueue.fl.strategy.common import checkpoint_bytes, checkpoint_version
 from fedqueue.fl.strategy.fedbuff.fold import on_result_stored, publish_head
 from fedqueue.fl.strategy.fedbuff.schedule import Trip
 from fedqueue.fl.strategy.sync.rounds import aggregate_round, round_key, select_devices
@@ -377,3 +378,18 @@ def test_llm_repair_enqueues_a_lost_batch_again_then_fails_its_prompts(
     assert services.store.get_run(job_id).state == "finished"  # every prompt has its outcome
     # Its follower is woken at once.
     assert services.ledger.wait_for_wake(keys.llm_stored(MEMORY_SETTINGS.key_prefix, job_id), 0.0)
+
+
+def test_fl_repair_leaves_the_next_round_to_an_aggregator_still_at_work(services: Services, clock: ManualClock) -> None:
+    """A round closed by an aggregator that has yet to record the next one (its model still being put) is not
+    reported as never started; once that aggregator is gone, the repair pass starts it."""
+    run_id = submit_run(services, small_config(devices_per_round=4))
+    services.ledger.start_attempt(aggregate_key(run_id, 1), "w1")  # the aggregator, at work
+    assert claim_round(services.store, run_id, 1, "w1#1", stale_before=0)
+    checkpoint_version(services, run_id, 1, checkpoint_bytes(services, run_id, 0))
+    assert complete_round(services.store, run_id, 1, "w1#1")
+    assert fl_scheduler.reconcile(services, run_id) == []
+    assert len(list_rounds(services.store, run_id)) == 1
+    clock.advance(HEARTBEAT_S + 1)  # it died before starting round 2: its mark expired
+    assert fl_scheduler.reconcile(services, run_id) == ["round 2 was never started: started"]
+    assert [row.round_index for row in list_rounds(services.store, run_id)] == [1, 2]

@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
 import threading
+import time
 from dataclasses import replace
 from pathlib import Path
 
@@ -21,8 +23,18 @@ import redis
 from fedqueue.config import Settings
 from fedqueue.fl import api
 from fedqueue.queue.embedded import EmbeddedRedis
+from tests.cli_runner import start_fedqueue_cli
 from tests.helpers import assert_same_weights, reference_final_state
-from tests.reliability_support import launcher, reliable_settings, slow_config, wait_until, worker_children
+from tests.reliability_support import (
+    cli_env,
+    launcher,
+    ping_count,
+    reliable_settings,
+    slow_config,
+    stop_launcher,
+    wait_until,
+    worker_children,
+)
 
 pytestmark = pytest.mark.faults
 
@@ -58,8 +70,8 @@ def test_a_worker_thawed_into_a_full_broker_waits_for_room_and_the_run_ends_the_
             handle = api.submit(config, settings=settings)  # its first round waits on the queue
             junk = fill(client)
             os.kill(worker.pid, signal.SIGCONT)
-            # Thawed, it takes a message and meets the refusal (then retries as after a lost connection, with a
-            # growing pause): it must stay up through it.
+            # Thawed, it takes a message and meets the refusal (its delivery then waits for room, with a growing
+            # pause): it must stay up through it.
             with api.scheduling(handle) as scheduler:
                 refused = oom_replies(client)
                 wait_until(lambda: oom_replies(client) > refused, 60, scheduler.tick)
@@ -102,5 +114,75 @@ def test_a_submit_into_a_full_broker_waits_for_room_and_the_run_ends_the_same(
     finally:
         client.close()
         server.stop()
+    assert status["state"] == "finished", status
+    assert_same_weights(handle.final_weights(), reference_final_state(config))
+
+
+PROCS = 2
+# A worker's, whatever Redis answers: consumer, publisher, events, ledger, blobs, marks (10 after a run, here).
+CONNECTIONS_PER_PROCESS = 16
+WATCH_FULL_S = 30.0  # the workers meet the full Redis this long (before the fix: ten more clients a second each)
+
+
+def connected_clients(client: redis.Redis) -> int:
+    return int(client.info("clients")["connected_clients"])
+
+
+def connections_to(port: int, launcher_process: subprocess.Popen[str]) -> dict[int, int]:
+    """Open TCP connections to the broker's port of the launcher and each of its worker processes, by pid."""
+    processes = [psutil.Process(launcher_process.pid), *worker_children(launcher_process)]
+    return {
+        process.pid: sum(
+            1
+            for connection in process.net_connections(kind="tcp")
+            if connection.raddr and connection.raddr.port == port and connection.status == psutil.CONN_ESTABLISHED
+        )
+        for process in processes
+    }
+
+
+def test_workers_started_against_a_full_broker_keep_their_connections_bounded_and_go_on_once_room_is_made(
+    settings: Settings, tmp_path: Path
+) -> None:
+    """Redis full before the workers start: each worker waits for room on the connections it has (no reconnect
+    loop, no connection left open behind it), and once the junk is deleted a run ends with the reference weights."""
+    server = EmbeddedRedis(extra_args=["--maxmemory", "32mb", "--maxmemory-policy", "noeviction"]).start()
+    client = redis.Redis.from_url(server.url)
+    settings = reliable_settings(replace(settings, broker_url=server.url))
+    config = slow_config(0.0, rounds=2, devices_per_round=4, local_iters=3)
+    log = (tmp_path / "launcher.log").open("w")
+    workers = start_fedqueue_cli(
+        "worker", "--procs", str(PROCS), cwd=tmp_path, env=cli_env(settings), stdout=log, stderr=subprocess.STDOUT
+    )
+    full_peak: dict[int, int] = {}
+
+    def within_bound(peak: dict[int, int]) -> None:
+        for pid, count in connections_to(server.port, workers).items():
+            peak[pid] = max(peak.get(pid, 0), count)
+            assert count <= CONNECTIONS_PER_PROCESS, f"process {pid}: {count} connections to Redis"
+
+    try:
+        junk = fill(client)
+        before = oom_replies(client)
+        # Each worker process has met the refusal (its consumer's first writes), then the count starts.
+        wait_until(lambda: oom_replies(client) >= before + PROCS and len(worker_children(workers)) == PROCS, 120)
+        began = time.monotonic()
+        while time.monotonic() - began < WATCH_FULL_S:  # the fault's length: a look every half second
+            within_bound(full_peak)
+            time.sleep(0.5)
+        clients_full = connected_clients(client) - 1  # less this test's own
+        client.delete(*[f"junk:{index}" for index in range(junk)])
+        wait_until(lambda: ping_count(settings) >= PROCS, 120)
+        handle = api.submit(config, settings=settings)
+        with api.scheduling(handle) as scheduler:
+            status = handle.wait(180, tick=scheduler.tick)
+        after: dict[int, int] = {}
+        within_bound(after)
+    finally:
+        stop_launcher(workers)
+        log.close()
+        client.close()
+        server.stop()
+    print(f"Redis clients while full ({WATCH_FULL_S:.0f} s): {clients_full}; per process {full_peak}, after {after}")
     assert status["state"] == "finished", status
     assert_same_weights(handle.final_weights(), reference_final_state(config))

@@ -44,6 +44,7 @@ from fedqueue.core.adopt import RunAdopter
 from fedqueue.core.cancel import CANCELLED
 from fedqueue.core.database import open_store
 from fedqueue.core.fast_exit import run_then_exit
+from fedqueue.core.outage import wait_for_broker
 from fedqueue.core.retry import retry_failed_run
 from fedqueue.core.services import connect_redis, no_workers_known
 from fedqueue.core.waiting import waiting_for
@@ -108,6 +109,8 @@ def resume(
         console.print(escape(f"run {run_id} is already {state}{hint}"))
         show_run(handle.store, run_id, as_json=False, all_rows=all_rows)
     else:
+        if settings.broker_url:  # a broker still down after the outage that stopped the run: waited for, as `run` does
+            wait_for_broker(settings, run_id, say_plain)
         with api.placement(settings, procs, slots, wait=True, say=say_plain) as place:
             if state == "failed":
                 _retry_failed(place.settings, run_id)

@@ -24,6 +24,7 @@ from redis.retry import Retry
 
 from fedqueue.config import Settings
 from fedqueue.core.infra_errors import infrastructure_fault
+from fedqueue.core.services import check_broker_url
 from fedqueue.errors import FedqueueError, ServiceUnavailable
 
 log = logging.getLogger(__name__)
@@ -240,3 +241,17 @@ class SubmitWatch(BrokerWatch):
             f"broker unreachable for {waited:.0f} s (FEDQUEUE_BROKER_WAIT_S is {self.limit_s:g}) while the run was"
             " submitted: nothing was stored; submit it again once the broker answers"
         )
+
+
+def wait_for_broker(settings: Settings, run_id: str, say: Callable[[str], object] | None = None) -> None:
+    """Return once the broker answers; while it does not, say so once, and once when it is back, as a follower
+    does mid-run (`fedqueue resume` of a run whose broker is still down). Raises BrokerGone past the broker wait."""
+    check_broker_url(settings.broker_url or "")
+    watch = BrokerWatch.of(settings, run_id, say)
+    watch.call(ping_probe(settings.broker_url or ""), _nothing)
+    while not watch.check():
+        time.sleep(FIRST_PROBE_S)
+
+
+def _nothing() -> None:
+    """What a probe gives while the broker is down."""

@@ -28,10 +28,14 @@ def no_workers_known() -> dict[str, int]:
     return {}
 
 
-def connect_redis(url: str) -> redis.Redis:
-    """A client for the broker's Redis, checked with a ping that fails within seconds."""
+def check_broker_url(url: str) -> None:
     if not url.startswith(("redis://", "rediss://", "unix://")):
         raise ConfigError(f"FEDQUEUE_BROKER_URL: expected a redis:// URL, got {mask_url(url)}")
+
+
+def connect_redis(url: str) -> redis.Redis:
+    """A client for the broker's Redis, checked with a ping that fails within seconds."""
+    check_broker_url(url)
     client = redis.Redis.from_url(url, socket_connect_timeout=3, socket_timeout=30, health_check_interval=30)
     try:
         client.ping()

@@ -9,6 +9,7 @@ import time
 
 from fedqueue.core import jobs
 from fedqueue.core.outage import BrokerWatch
+from fedqueue.core.room import BrokerRoom
 from fedqueue.core.services import Services
 from fedqueue.core.store_watch import StoreWatch, store_trouble
 from fedqueue.core.unread import UnreadQueues
@@ -44,7 +45,8 @@ class RunSupervisor:
     ticks through the same watch: fedqueue.core.store_watch), and letting it go is best effort.
 
     With `unread`, each tick also looks (every few seconds) for the run's queues that no worker reads, and
-    says so (fedqueue.core.unread).
+    says so (fedqueue.core.unread). With `room`, it says when the broker is at its maxmemory and when it has
+    room again (fedqueue.core.room).
     """
 
     def __init__(
@@ -55,6 +57,7 @@ class RunSupervisor:
         watch: BrokerWatch | None = None,
         store_watch: StoreWatch | None = None,
         unread: UnreadQueues | None = None,
+        room: BrokerRoom | None = None,
     ) -> None:
         self.services = services
         self.run_id = run_id
@@ -62,6 +65,7 @@ class RunSupervisor:
         self.watch = watch
         self.store_watch = store_watch
         self.unread = unread
+        self.room = room
         self._next_repair = 0.0
 
     def _take(self) -> bool:
@@ -87,11 +91,12 @@ class RunSupervisor:
 
     def tick(self) -> list[str]:
         """Renew the lease; every few seconds, repair the run. Returns the repairs made."""
-        if self.unread is not None:  # whoever holds the lease: this follower says when no worker reads its queues
-            if self.watch is None:
-                self.unread.check()
-            else:
-                self.watch.call(self.unread.check, _nothing)
+        # Whoever holds the lease, this follower says when no worker reads its queues and when the broker is full.
+        for look in (self.unread, self.room):
+            if look is not None and self.watch is not None:
+                self.watch.call(look.check, _nothing)
+            elif look is not None:
+                look.check()
         if not self._take():
             if self.watch is not None:
                 self.watch.check()  # the launcher repairs; this follower still says when the broker is back
@@ -113,6 +118,8 @@ class RunSupervisor:
         return repair(self.services, self.run_id)
 
     def release(self) -> None:
+        if self.room is not None:
+            self.room.close()
         try:
             self.services.store.release_lease(self.run_id, self.owner)
         except Exception as err:

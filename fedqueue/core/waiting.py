@@ -12,7 +12,7 @@ import contextlib
 import redis
 
 from fedqueue.core import keys
-from fedqueue.core.broker_memory import read_memory
+from fedqueue.core.broker_memory import MemoryReading, read_memory
 from fedqueue.core.services import Services
 
 NOTE_KEEP_S = 90  # a note outlives the longest pause between a waiting task's tries (30 s), and not much more
@@ -39,9 +39,15 @@ def waiting_for(client: redis.Redis, prefix: str, run_id: str) -> str | None:
     return note.decode() if isinstance(note, bytes) else None
 
 
+def full_reading(client: redis.Redis) -> MemoryReading | None:
+    """The broker's memory when it is at its limit (or close enough to refuse writes soon), else None."""
+    memory = read_memory(client)
+    return memory if memory.limit and memory.used >= memory.limit * FULL_SHARE else None
+
+
 def broker_full(client: redis.Redis) -> str | None:
     """'broker out of memory: maxmemory 64 MB, used 63.9 MB; waiting' when Redis is at its limit, else None."""
-    memory = read_memory(client)
-    if not memory.limit or memory.used < memory.limit * FULL_SHARE:
+    memory = full_reading(client)
+    if memory is None:
         return None
     return f"broker out of memory: maxmemory {memory.limit / MIB:.0f} MB, used {memory.used / MIB:.1f} MB; waiting"

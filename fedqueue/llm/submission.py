@@ -128,12 +128,13 @@ def check_model_here(model: str, must_exist: bool, warn: Warn = python_warning, 
 
     A model that is here must look loadable: a folder with a config, weights and a tokenizer, or a GGUF file
     (and the packages that read one). Workers elsewhere (a broker is configured) may hold a model this machine
-    lacks, or another copy of it: then only a warning.
+    lacks, or another copy of it: then only a warning. A path that is here and holds no model is refused
+    wherever the workers are: the workers name the same path.
     """
     problem = model_problem_here(model, needs_readers=must_exist)
     if problem is None:
         return
-    if must_exist:
+    if must_exist or Path(model).expanduser().exists():
         raise ConfigError(f"{option('model')} {model}: {problem}")
     warn(f"{option('model')} {model}: {problem}; the workers must have it")
 

@@ -21,6 +21,8 @@ def make_app(settings: Settings) -> Celery:
         # Queues are read in the order a worker lists them, control first: an aggregation
         # never waits behind a long queue of device tasks, only for the next free slot.
         "queue_order_strategy": "priority",
+        # A write refused by a Redis at its maxmemory waits this long for room (fedqueue.queue.redis_transport).
+        "room_wait_s": settings.broker_wait_s,
     }
     if settings.visibility_timeout_override_s is not None:
         # A short timeout only means something if Redis is swept for expired deliveries as often.
@@ -50,7 +52,8 @@ def make_app(settings: Settings) -> Celery:
         worker_send_task_events=True,
         task_send_sent_event=True,
         worker_hijack_root_logger=False,
-        # Envelopes Celery refuses are dead-lettered first (fedqueue.queue.poison).
+        # Envelopes Celery refuses are dead-lettered first (fedqueue.queue.poison); reconnects back off and close
+        # what they opened (fedqueue.queue.consumer, which poison's consumer extends).
         worker_consumer="fedqueue.queue.poison:Consumer",
         enable_utc=True,
     )

@@ -13,12 +13,12 @@ from queue import Empty
 from typing import Any
 
 import redis
-from celery.worker.consumer import Consumer as CeleryConsumer
 from kombu.transport import redis as kombu_redis
 from kombu.utils.encoding import bytes_to_str
 from kombu.utils.json import loads
 
 from fedqueue.core.dead_letters import dead_letter
+from fedqueue.queue.consumer import Consumer as BackingOffConsumer
 
 
 def dead_letter_on(channel: Any, queue: str, why: str, body: Any) -> None:
@@ -60,8 +60,9 @@ class DeadLetteringChannel(kombu_redis.Channel):
         return payload
 
 
-class Consumer(CeleryConsumer):
-    """Celery's consumer, dead-lettering the envelopes it refuses before refusing them as it does."""
+class Consumer(BackingOffConsumer):
+    """Celery's consumer (reconnecting with backoff), dead-lettering the envelopes it refuses before refusing
+    them as it does."""
 
     def on_decode_error(self, message: Any, exc: Exception) -> None:
         _dead_letter_message(message, f"body cannot be decoded ({type(exc).__name__}: {exc})")

@@ -23,7 +23,6 @@ from typing import Any
 import redis
 from celery import Celery, Task
 from celery.exceptions import Reject, Retry
-from celery.worker import state as worker_state
 
 from fedqueue.config import Settings
 from fedqueue.core import jobs
@@ -37,6 +36,7 @@ from fedqueue.core.signing import verify
 from fedqueue.core.waiting import note_waiting
 from fedqueue.core.watchdog import Watchdog
 from fedqueue.queue.publish import enqueue_with
+from fedqueue.queue.stopping import worker_stopping
 
 log = logging.getLogger(__name__)
 
@@ -181,14 +181,6 @@ def _unknown_run(run_id: str) -> str:
     return f"run {run_id} is not in the store (the store was reset, or the message was forged)"
 
 
-def _worker_stopping() -> bool:
-    """The worker was asked to stop (SIGTERM, its launcher gone): a task waiting out an outage gives up at once."""
-    # Celery's flags hold the exit code once set, and a warm stop's is 0: set means "not None, not False".
-    return any(
-        flag is not None and flag is not False for flag in (worker_state.should_stop, worker_state.should_terminate)
-    )
-
-
 def _through_outages(
     label: str, run_once: Callable[[], None], wait_limit_s: float, on_fault: Callable[[str], None]
 ) -> None:
@@ -208,7 +200,7 @@ def _through_outages(
             return
         except Exception as err:
             fault = infrastructure_fault(err)
-            if fault is None or waited >= wait_limit_s or _worker_stopping():
+            if fault is None or waited >= wait_limit_s or worker_stopping():
                 raise
             log.warning("%s: %s (%s); waiting %.0f s, then trying again (no attempt used)", label, fault, err, pause)
             on_fault(fault)
@@ -219,7 +211,7 @@ def _through_outages(
 def _pause_unless_stopping(pause_s: float) -> float:
     """Sleep `pause_s` in short steps, cut short if the worker is asked to stop; returns the time slept."""
     began = time.monotonic()
-    while time.monotonic() - began < pause_s and not _worker_stopping():
+    while time.monotonic() - began < pause_s and not worker_stopping():
         time.sleep(min(STOP_CHECK_S, pause_s))
     return time.monotonic() - began
 

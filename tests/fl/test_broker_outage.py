@@ -131,3 +131,34 @@ def test_run_starts_its_embedded_redis_again_when_it_exits(tmp_path: Path) -> No
     assert handle.state == "finished"
     one_result_per_device(handle)
     assert_same_weights(handle.final_weights(), reference_final_state(config))
+
+
+def test_resume_waits_for_a_broker_still_down_and_ends_with_the_same_weights(
+    settings: Settings, tmp_path: Path
+) -> None:
+    """`fedqueue resume` of a run whose broker is still down waits for it as `run` does (it exited 2 at once):
+    one line when it starts, one when the broker is back (empty, on its port), then exit 0 and the same weights."""
+    first = EmbeddedRedis().start()
+    settings = reliable_settings(replace(settings, broker_url=first.url))
+    config = slow_config(0.0, rounds=2, devices_per_round=4, local_iters=3)
+    handle = api.submit(config, settings=settings)  # no worker yet: round 1 waits on the queue
+    first.stop()
+    second = None
+    follower = None
+    try:
+        follower, log = start_follower(tmp_path, cli_env(settings), "resume", handle.id)
+        wait_until(lambda: BROKER_WENT in log.read_text() or follower.poll() is not None, 60)
+        assert follower.poll() is None, log.read_text()[-3000:]
+        second = EmbeddedRedis(port=first.port).start()
+        with launcher(settings, procs=2, cwd=tmp_path):
+            follower.wait(timeout=180)
+    finally:
+        if follower is not None:
+            stop_process(follower)
+        for server in (first, second):
+            if server is not None:
+                server.stop()
+    followed_through_the_outage(follower, log)
+    assert handle.state == "finished"
+    one_result_per_device(handle)
+    assert_same_weights(handle.final_weights(), reference_final_state(config))

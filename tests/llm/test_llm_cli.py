@@ -6,9 +6,11 @@ import json
 import os
 import shutil
 import stat
+import uuid
 from pathlib import Path
 
 import pytest
+import redis
 
 from tests.cli_runner import fedqueue_cli
 from tests.test_cli import cli_env, our_processes
@@ -167,19 +169,38 @@ def unloadable_model(kind: str, folder: Path, tiny_model_path: Path) -> Path:
         ("no-weights", "not a model folder: no weights (*.safetensors or pytorch_model.bin) in it"),
     ],
 )
+@pytest.mark.parametrize("placement", [(), ("--broker",), ("--broker", "--detach")])
 def test_an_unloadable_model_is_refused_at_submit(
-    tmp_path: Path, tiny_model_path: Path, kind: str, missing: str
+    request: pytest.FixtureRequest,
+    tmp_path: Path,
+    tiny_model_path: Path,
+    kind: str,
+    missing: str,
+    placement: tuple[str, ...],
 ) -> None:
-    """Not a job stored "finished" with 0 done once every batch failed on the workers: one line, exit 2."""
+    """Not a job stored "finished" with 0 done once every batch failed on the workers: one line, exit 2. With a
+    broker configured too (the workers elsewhere name the same path): not a warning and a job written."""
     model = unloadable_model(kind, tmp_path / "model", tiny_model_path)
     input_path = write_prompts(tmp_path / "in.jsonl", ['{"prompt": "a"}'])
     database = tmp_path / "store.db"
     env = cli_env(FEDQUEUE_DATABASE_URL=f"sqlite:///{database}")
-    result = fedqueue_cli("llm", "submit", str(input_path), "--model", str(model), cwd=tmp_path, env=env)
+    if "--broker" in placement:
+        prefix = f"fqtest-{uuid.uuid4().hex[:8]}"  # this test's own: nothing may be written under it
+        env.update(FEDQUEUE_BROKER_URL=request.getfixturevalue("redis_url"), FEDQUEUE_KEY_PREFIX=prefix)
+    flags = [flag for flag in placement if flag != "--broker"]
+    result = fedqueue_cli("llm", "submit", str(input_path), "--model", str(model), *flags, cwd=tmp_path, env=env)
     assert result.returncode == 2, result.stdout + result.stderr
     assert result.stderr.startswith(f"error: --model {model}: {missing}"), result.stderr
     assert len(result.stderr.strip().splitlines()) == 1 and "Traceback" not in result.stderr
     assert "embedded Redis" not in result.stdout and not database.exists()  # no worker started, no job row
+    if "--broker" in placement:
+        client = redis.Redis.from_url(env["FEDQUEUE_BROKER_URL"])
+        written = list(client.scan_iter(match=f"{prefix}*"))
+        if written:
+            client.delete(*written)
+        client.close()
+        # Only the bindings of the question asked of the workers (their slots), no task, no job.
+        assert all(b":_kombu." in key for key in written), written
 
 
 def test_export_of_an_fl_run_or_unknown_job_is_one_line(tmp_path: Path) -> None:

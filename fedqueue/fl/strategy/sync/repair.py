@@ -42,7 +42,11 @@ def repair_rounds(
         return ["round 1 was never started: started"]
     current = rounds[-1]
     if current.state == "done":
-        # Its aggregator died between closing the round and starting the next (or finishing the run).
+        # Its aggregator starts the next round (or finishes the run) right after closing this one, which may take
+        # a while (a model that goes to the store): the round was never started only once that aggregator is gone.
+        aggregator = aggregate_key(run_id, current.round_index)
+        if services.ledger.running_of([aggregator])[aggregator]:
+            return []
         if start_next(
             services, run_id, config, current.round_index, checkpoint_bytes(services, run_id, current.round_index)
         ):

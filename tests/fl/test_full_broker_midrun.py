@@ -1,0 +1,97 @@
+"""A broker that another client fills to its maxmemory in the middle of a run, then frees: the run waits for room
+and ends as an unfaulted run does.
+
+The issue's run (a CIFAR-shaped CNN, 60 devices, 40 a round, 3 rounds, packs of 4) under `fedqueue run` and a
+`fedqueue worker` launcher of two processes, on a 64 MB noeviction Redis of the test's own. Once round 1 has
+stored some devices, junk keys fill Redis until it refuses writes; tasks finish into it (their late acks, the
+next deliveries, the ledger's marks are refused) and it stays full a while before the junk is deleted. Before
+the fix a refused ack was logged ("Couldn't ack") and dropped: the worker kept the message as held and never
+took another task; a refused delivery was lost off its queue until a repair pass sent it again; with both
+workers stuck the run stood still forever, with nothing said.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+import redis
+
+from fedqueue.config import Settings
+from fedqueue.fl import api
+from fedqueue.fl.config import config_toml
+from fedqueue.fl.store.results import device_tasks
+from fedqueue.queue.embedded import EmbeddedRedis
+from tests.cli_runner import fedqueue_cli
+from tests.fl.test_full_broker import MAXMEMORY, SYNC
+from tests.helpers import assert_same_weights, reference_final_state
+from tests.reliability_support import (
+    cli_env,
+    launcher,
+    one_result_per_device,
+    printed_run_id,
+    start_follower,
+    stop_process,
+    wait_until,
+)
+from tests.test_worker_full_broker import fill, oom_replies
+
+pytestmark = pytest.mark.faults
+
+FULL_FOR_S = 10.0  # how long the other client keeps Redis at its limit (the fault's length, as in the issue)
+# What the follower says when its broker is at its limit, and when it has room again (fedqueue.core.room).
+FULL = "broker out of memory ("
+ROOM = "broker has room again after "
+
+
+def test_a_broker_filled_mid_run_is_waited_out_and_the_run_ends_with_the_reference_weights(
+    settings: Settings, tmp_path: Path
+) -> None:
+    server = EmbeddedRedis(extra_args=["--maxmemory", str(MAXMEMORY), "--maxmemory-policy", "noeviction"]).start()
+    client = redis.Redis.from_url(server.url)
+    settings = replace(settings, broker_url=server.url)
+    env = cli_env(settings)
+    (tmp_path / "run.toml").write_text(config_toml(SYNC))
+    follower = None
+    try:
+        with launcher(settings, procs=2, cwd=tmp_path):
+            follower, log = start_follower(tmp_path, env, "run", "run.toml")
+            handle = api.RunHandle(printed_run_id(follower, log), settings)
+            wait_until(lambda: len(device_tasks(handle.store, handle.id)) >= 12 or follower.poll() is not None, 300)
+            assert follower.poll() is None, log.read_text()[-3000:]
+            junk = fill(client)
+            filled_at, refused = time.monotonic(), oom_replies(client)
+            status = fedqueue_cli("status", handle.id, env=env, cwd=tmp_path).stdout
+            # Full for a while: the workers' own writes meet the limit and the follower says what it waits for.
+            wait_until(
+                lambda: (
+                    time.monotonic() - filled_at >= FULL_FOR_S
+                    and oom_replies(client) > refused
+                    and FULL in log.read_text()
+                ),
+                120,
+            )
+            client.delete(*[f"junk:{index}" for index in range(junk)])
+            freed_at = time.time()
+            follower.wait(timeout=420)
+    finally:
+        if follower is not None:
+            stop_process(follower)
+        client.close()
+        server.stop()
+    output = log.read_text()
+    workers = "".join(path.read_text() for path in tmp_path.glob("launcher-*.log"))
+    assert "waiting: broker out of memory: maxmemory 64 MB" in status, status
+    assert follower.returncode == 0, output[-3000:]
+    assert "Traceback" not in output, output[-3000:]
+    assert output.count(FULL) == 1 and output.count(ROOM) == 1, output[-3000:]
+    assert "Couldn't ack" not in workers and "Unrecoverable error" not in workers, workers[-3000:]
+    assert "repair:" not in output, output[-3000:]  # no delivery was lost, no round left unstarted
+    assert handle.state == "finished", handle.status()["error"]
+    one_result_per_device(handle)
+    # Both workers took tasks again once room was made (before the fix a worker whose ack was refused took none).
+    after = {t.worker for t in handle.store.task_timings(handle.id) if t.started_at > freed_at}
+    assert len(after) == 2, after
+    assert_same_weights(handle.final_weights(), reference_final_state(SYNC))
