@@ -48,7 +48,7 @@ SMALL = "num_devices = 20\ndevices_per_round = 8\nrounds = 2\nlocal_iters = 5\ns
 @pytest.mark.sessions
 def test_run_with_nothing_configured_uses_embedded_redis_and_leaves_nothing(tmp_path: Path) -> None:
     """`fedqueue run` with no broker: embedded Redis + local workers, default SQLite store, clean exit."""
-    mark = ProcessMark()
+    mark = ProcessMark(tmp_path)
     config = write_config(tmp_path, SMALL)
     result = fedqueue_cli("run", str(config), "--procs", "2", cwd=tmp_path, env=mark.env(cli_env()), timeout=240)
     assert result.returncode == 0, result.stdout + result.stderr
@@ -71,7 +71,7 @@ def test_run_with_nothing_configured_uses_embedded_redis_and_leaves_nothing(tmp_
 def test_up_then_submit_from_another_shell(tmp_path: Path) -> None:
     """`fedqueue up` serves a broker; `submit` from elsewhere returns an id; the run finishes."""
     env = cli_env(FEDQUEUE_DATABASE_URL=f"sqlite:///{tmp_path / 'shared.db'}")
-    mark = ProcessMark()
+    mark = ProcessMark(tmp_path)
     up = start_fedqueue_cli(
         "up", "--procs", "1", cwd=tmp_path, env=mark.env(env), stdout=subprocess.PIPE, stderr=subprocess.STDOUT
     )

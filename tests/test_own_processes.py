@@ -6,33 +6,37 @@ import os
 import signal
 import subprocess
 import sys
+from pathlib import Path
 
 from tests.own_processes import ProcessMark
 from tests.reliability_support import wait_until
 
 SLEEPER = [sys.executable, "-c", "import time; time.sleep(600)"]
 
+# A command that starts two children in sessions of their own and exits without stopping them, as a launcher
+# killed with its workers still running: init adopts them, outside the command's process group. The second
+# lost its environment, as Redis's is overwritten by its process title, and works in a temporary folder.
+LEAVES_TWO = f"""
+import subprocess, tempfile
+quiet = dict(start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+print(subprocess.Popen({SLEEPER!r}, **quiet).pid)
+print(subprocess.Popen({SLEEPER!r}, env={{}}, cwd=tempfile.mkdtemp(), **quiet).pid)
+"""
 
-def test_a_mark_finds_a_left_behind_grandchild_in_its_own_session_and_nothing_unmarked() -> None:
-    mark = ProcessMark()
-    # A command that starts a child in a session of its own and exits without stopping it, as a launcher
-    # killed with its worker still running: the child is adopted by init, outside the command's group.
-    leaves_one = (
-        "import subprocess, sys; "
-        f"child = subprocess.Popen({SLEEPER!r}, start_new_session=True, "
-        "stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL); "
-        "print(child.pid)"
-    )
+
+def test_a_mark_finds_what_a_command_left_behind_and_nothing_unmarked(tmp_path: Path) -> None:
+    mark = ProcessMark(tmp_path / "one")
     command = subprocess.run(
-        [sys.executable, "-c", leaves_one], env=mark.env(), capture_output=True, text=True, timeout=60
+        [sys.executable, "-c", LEAVES_TWO], env=mark.env(), capture_output=True, text=True, timeout=60
     )
-    left = int(command.stdout)
-    unmarked = subprocess.Popen(SLEEPER)  # another test's or user's process, alive at the same time
+    left = {int(pid) for pid in command.stdout.split()}
+    unmarked = subprocess.Popen(SLEEPER, cwd=tmp_path)  # another test's or user's process, alive meanwhile
     try:
-        assert mark.alive() == {left}
-        assert ProcessMark().alive() == set()
+        assert len(left) == 2 and mark.alive() == left
+        assert ProcessMark(tmp_path / "other").alive() == set()
     finally:
-        os.kill(left, signal.SIGKILL)
+        for pid in left:
+            os.kill(pid, signal.SIGKILL)
         unmarked.kill()
         unmarked.wait()
     wait_until(lambda: mark.alive() == set(), 30)

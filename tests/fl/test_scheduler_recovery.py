@@ -64,7 +64,7 @@ def killed_then_resumed(
     """`fedqueue run run.toml` in tmp_path, SIGKILLed once `kill_when(store, run_id)` holds (its embedded
     Redis and workers go down with it), then `fedqueue resume` once its lease has run out."""
     env = embedded_env(tmp_path)
-    mark = ProcessMark()
+    mark = ProcessMark(tmp_path)
     scheduler = start_fedqueue_cli(
         "run",
         "run.toml",

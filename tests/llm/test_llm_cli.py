@@ -22,7 +22,7 @@ def write_prompts(path: Path, lines: list[str]) -> Path:
 
 @pytest.mark.sessions
 def test_submit_with_nothing_configured_then_status_and_export(tmp_path: Path, tiny_model_path: Path) -> None:
-    mark = ProcessMark()
+    mark = ProcessMark(tmp_path)
     prompts = [json.dumps({"id": f"q{i}", "prompt": "Say " + "a" * i}) for i in range(12)]
     lines = [*prompts[:5], "{bad", *prompts[5:], json.dumps({"prompt": "No id here"})]
     lines.append(json.dumps({"id": "long", "prompt": "x" * 400}))  # over the tiny model's 256-token context
