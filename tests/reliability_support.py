@@ -29,8 +29,8 @@ SLOW_STEP = "fq_reliability:slow_step"
 
 
 def reliable_settings(settings: Settings, **changes: Any) -> Settings:
-    """Short heartbeats and leases, so lost work is noticed within seconds."""
-    return replace(settings.with_plugin_path([str(PLUGINS)]), heartbeat_ttl_s=3, lease_ttl_s=3, **changes)
+    """Short heartbeats and leases, so lost work is noticed within seconds; `changes` may set them too."""
+    return replace(settings.with_plugin_path([str(PLUGINS)]), **{"heartbeat_ttl_s": 3, "lease_ttl_s": 3, **changes})
 
 
 def slow_config(step_sleep: float, **overrides: Any) -> RunConfig:

@@ -137,7 +137,10 @@ def stored_result(task: Any) -> tuple[object, ...]:
 @pytest.mark.parametrize("policy", ["skip", "abort"])
 def test_poisoned_device_fails_after_the_attempt_cap(settings: Settings, tmp_path: Path, policy: str) -> None:
     """A device that kills its worker every time: tried max_lost_attempts times, stored as failed, policy applied."""
-    settings = reliable_settings(settings, max_lost_attempts=2)
+    # The cap of 2 lost attempts holds for every task, the rounds' aggregations too. A 3 s heartbeat or claim
+    # can lapse on a loaded machine while its task still runs: seen lost twice, an aggregation fails the run.
+    # 10 s outlasts such stalls; the poisoned device's worker is still lost on each attempt, only seen later.
+    settings = reliable_settings(settings, max_lost_attempts=2, heartbeat_ttl_s=10, lease_ttl_s=10)
     base = slow_config(0.0, rounds=2, devices_per_round=5, local_iters=3)
     poisoned = select_devices(base.seed, 1, base.num_devices, base.devices_per_round)[2]
     config = replace(

@@ -23,9 +23,16 @@ from fedqueue.fl.store.results import count_done, list_rounds, load_checkpoint
 from fedqueue.store import Store
 from tests.cli_runner import fedqueue_cli, start_fedqueue_cli
 from tests.conftest import running_workers
-from tests.helpers import assert_same_weights, reference_final_state
-from tests.reliability_support import PLUGINS, one_result_per_device, reliable_settings, slow_config, wait_until
-from tests.test_cli import our_processes
+from tests.helpers import assert_same_weights, reference_final_state, small_config
+from tests.own_processes import ProcessMark
+from tests.reliability_support import (
+    PLUGINS,
+    one_result_per_device,
+    reliable_settings,
+    slow_config,
+    stop_process,
+    wait_until,
+)
 
 
 def embedded_env(tmp_path: Path) -> dict[str, str]:
@@ -57,9 +64,16 @@ def killed_then_resumed(
     """`fedqueue run run.toml` in tmp_path, SIGKILLed once `kill_when(store, run_id)` holds (its embedded
     Redis and workers go down with it), then `fedqueue resume` once its lease has run out."""
     env = embedded_env(tmp_path)
-    before = our_processes()
+    mark = ProcessMark(tmp_path)
     scheduler = start_fedqueue_cli(
-        "run", "run.toml", "--procs", "2", cwd=tmp_path, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+        "run",
+        "run.toml",
+        "--procs",
+        "2",
+        cwd=tmp_path,
+        env=mark.env(env),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
     )
     database = env["FEDQUEUE_DATABASE_URL"]
     wait_until(lambda: submitted_store(database) is not None, 60)
@@ -70,7 +84,7 @@ def killed_then_resumed(
     scheduler.send_signal(signal.SIGKILL)
     scheduler.wait()
     # Its embedded Redis and workers stop with it: nothing is left running.
-    wait_until(lambda: our_processes() - before == set(), 60)
+    wait_until(lambda: mark.alive() == set(), 60)
     assert store.get_run(run_id).state == "running"
 
     lease_expires_at = store.get_run(run_id).lease_expires_at or 0.0
@@ -106,16 +120,26 @@ def test_killed_scheduler_is_resumed_to_the_same_weights(tmp_path: Path, moment:
 
 def test_second_scheduler_on_a_live_run_is_refused(settings: Settings, tmp_path: Path) -> None:
     settings = reliable_settings(settings)
-    config = slow_config(0.3, rounds=2, devices_per_round=4, local_iters=4)
-    with running_workers(settings, procs=2, log_dir=tmp_path / "logs"):
-        handle = api.submit(config, settings=settings)
-        with api.scheduling(handle) as scheduler:
-            scheduler.tick()
-            env = {key: value for key, value in os.environ.items() if not key.startswith("FEDQUEUE_")}
-            env.update(settings.to_env())
-            second = fedqueue_cli("resume", handle.id, cwd=tmp_path, env=env, timeout=60)
-            assert second.returncode == 2
-            assert second.stderr.startswith(f"error: run {handle.id} is already scheduled by ")
+    config = small_config(rounds=2, devices_per_round=4, local_iters=4)
+    # No worker until the second scheduler has tried: the run cannot finish first, however slowly it starts.
+    handle = api.submit(config, settings=settings)
+    with api.scheduling(handle) as scheduler:
+        scheduler.tick()
+        env = {key: value for key, value in os.environ.items() if not key.startswith("FEDQUEUE_")}
+        env.update(settings.to_env())
+        with (tmp_path / "resume.out").open("w+") as out, (tmp_path / "resume.err").open("w+") as err:
+            second = start_fedqueue_cli("resume", handle.id, cwd=tmp_path, env=env, stdout=out, stderr=err)
+            try:
+                # The first scheduler stays live meanwhile: it renews its lease, as one following a run does.
+                wait_until(lambda: second.poll() is not None, 120, tick=scheduler.tick)
+            finally:
+                stop_process(second)
+            out.seek(0)
+            err.seek(0)
+            stdout, stderr = out.read(), err.read()
+        assert second.returncode == 2, stdout + stderr
+        assert stderr.startswith(f"error: run {handle.id} is already scheduled by ")
+        with running_workers(settings, procs=2, log_dir=tmp_path / "logs"):
             status = handle.wait(120, tick=scheduler.tick)
     assert status["state"] == "finished"
 

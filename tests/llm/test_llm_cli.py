@@ -13,7 +13,8 @@ import pytest
 import redis
 
 from tests.cli_runner import fedqueue_cli
-from tests.test_cli import cli_env, our_processes
+from tests.own_processes import ProcessMark
+from tests.test_cli import cli_env
 
 
 def write_prompts(path: Path, lines: list[str]) -> Path:
@@ -23,7 +24,7 @@ def write_prompts(path: Path, lines: list[str]) -> Path:
 
 @pytest.mark.sessions
 def test_submit_with_nothing_configured_then_status_and_export(tmp_path: Path, tiny_model_path: Path) -> None:
-    before = our_processes()
+    mark = ProcessMark(tmp_path)
     prompts = [json.dumps({"id": f"q{i}", "prompt": "Say " + "a" * i}) for i in range(12)]
     lines = [*prompts[:5], "{bad", *prompts[5:], json.dumps({"prompt": "No id here"})]
     lines.append(json.dumps({"id": "long", "prompt": "x" * 400}))  # over the tiny model's 256-token context
@@ -33,7 +34,16 @@ def test_submit_with_nothing_configured_then_status_and_export(tmp_path: Path, t
     args = ("llm", "submit", str(input_path), "--model", str(tiny_model_path), "--max-new-tokens", "8")
     first_out = tmp_path / "first.jsonl"
     result = fedqueue_cli(
-        *args, "--batch-size", "4", "--procs", "2", "-o", str(first_out), cwd=tmp_path, env=cli_env(), timeout=240
+        *args,
+        "--batch-size",
+        "4",
+        "--procs",
+        "2",
+        "-o",
+        str(first_out),
+        cwd=tmp_path,
+        env=mark.env(cli_env()),
+        timeout=240,
     )
     # Finished, with failed prompts: its own exit code, and the count.
     assert result.returncode == 3, result.stdout + result.stderr
@@ -51,7 +61,7 @@ def test_submit_with_nothing_configured_then_status_and_export(tmp_path: Path, t
         result.stderr.replace("\n", " ")
     )
     assert "Traceback" not in result.stdout + result.stderr
-    assert our_processes() - before == set()
+    assert mark.alive() == set()  # its embedded Redis and workers stopped with it
     status = json.loads(fedqueue_cli("status", job, "--json", cwd=tmp_path, env=cli_env()).stdout)
     assert (status["kind"], status["state"], status["done"], status["failed"]) == ("llm", "finished", 13, 3)
     assert status["generated_tokens"] == 13 * 8 and len(status["workers"]) >= 1
