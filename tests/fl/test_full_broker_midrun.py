@@ -3,8 +3,8 @@ and ends as an unfaulted run does.
 
 The issue's run (a CIFAR-shaped CNN, 60 devices, 40 a round, 3 rounds, packs of 4) under `fedqueue run` and a
 `fedqueue worker` launcher of two processes, on a 64 MB noeviction Redis of the test's own. Once round 1 has
-stored some devices, junk keys fill Redis until it refuses writes; tasks finish into it (their late acks, the
-next deliveries, the ledger's marks are refused) and it stays full a while before the junk is deleted. Before
+stored some devices, another client fills Redis with junk keys and keeps it at its limit a while; tasks finish
+into it (their late acks, the next deliveries, the ledger's marks are refused) until the junk is deleted. Before
 the fix a refused ack was logged ("Couldn't ack") and dropped: the worker kept the message as held and never
 took another task; a refused delivery was lost off its queue until a repair pass sent it again; with both
 workers stuck the run stood still forever, with nothing said.
@@ -12,6 +12,7 @@ workers stuck the run stood still forever, with nothing said.
 
 from __future__ import annotations
 
+import threading
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -36,7 +37,7 @@ from tests.reliability_support import (
     stop_process,
     wait_until,
 )
-from tests.test_worker_full_broker import fill, oom_replies
+from tests.test_worker_full_broker import oom_replies
 
 pytestmark = pytest.mark.faults
 
@@ -44,6 +45,36 @@ FULL_FOR_S = 10.0  # how long the other client keeps Redis at its limit (the fau
 # What the follower says when its broker is at its limit, and when it has room again (fedqueue.core.room).
 FULL = "broker out of memory ("
 ROOM = "broker has room again after "
+
+
+class Filler(threading.Thread):
+    """Another client of the broker: junk keys whenever Redis has room (as the run's own deletes make some),
+    so it stays at its limit until `stop`, which deletes them all."""
+
+    def __init__(self, url: str) -> None:
+        super().__init__(daemon=True)
+        self.client = redis.Redis.from_url(url)
+        self.junk: list[str] = []
+        self.refused = 0  # its own writes Redis refused (counted apart from the workers')
+        self.done = threading.Event()
+        self.start()
+
+    def run(self) -> None:
+        while not self.done.is_set():
+            key = f"junk:{len(self.junk)}"
+            try:
+                self.client.set(key, b"x" * 65536)
+                self.junk.append(key)
+            except redis.exceptions.OutOfMemoryError:
+                self.refused += 1
+                self.done.wait(0.05)
+
+    def stop(self) -> None:
+        self.done.set()
+        self.join()
+        for start in range(0, len(self.junk), 500):
+            self.client.delete(*self.junk[start : start + 500])
+        self.client.close()
 
 
 def test_a_broker_filled_mid_run_is_waited_out_and_the_run_ends_with_the_reference_weights(
@@ -54,29 +85,33 @@ def test_a_broker_filled_mid_run_is_waited_out_and_the_run_ends_with_the_referen
     settings = replace(settings, broker_url=server.url)
     env = cli_env(settings)
     (tmp_path / "run.toml").write_text(config_toml(SYNC))
-    follower = None
+    follower = filler = None
     try:
         with launcher(settings, procs=2, cwd=tmp_path):
             follower, log = start_follower(tmp_path, env, "run", "run.toml")
             handle = api.RunHandle(printed_run_id(follower, log), settings)
             wait_until(lambda: len(device_tasks(handle.store, handle.id)) >= 12 or follower.poll() is not None, 300)
             assert follower.poll() is None, log.read_text()[-3000:]
-            junk = fill(client)
-            filled_at, refused = time.monotonic(), oom_replies(client)
+            refused = oom_replies(client)
+            filler = Filler(server.url)
+            filled_at = time.monotonic()
+            wait_until(lambda: oom_replies(client) > refused, 60)  # at its limit
             status = fedqueue_cli("status", handle.id, env=env, cwd=tmp_path).stdout
             # Full for a while: the workers' own writes meet the limit and the follower says what it waits for.
             wait_until(
                 lambda: (
                     time.monotonic() - filled_at >= FULL_FOR_S
-                    and oom_replies(client) > refused
+                    and oom_replies(client) - filler.refused > refused
                     and FULL in log.read_text()
                 ),
                 120,
             )
-            client.delete(*[f"junk:{index}" for index in range(junk)])
+            filler.stop()
             freed_at = time.time()
             follower.wait(timeout=420)
     finally:
+        if filler is not None and not filler.done.is_set():
+            filler.stop()
         if follower is not None:
             stop_process(follower)
         client.close()
