@@ -9,6 +9,9 @@ Meanwhile a seeded injector, at random intervals (exponential, `--faults-per-min
     stop     SIGSTOP a random worker process for 2-10 s, then SIGCONT
     restart  stop Redis and start it again, empty, on its port
     fill     fill Redis with junk keys until it refuses a write (its maxmemory), hold 2-10 s, delete them
+    forge    as any client of Redis could: a device task for a running FedBuff run that its scheduler never
+             sent (its latest version's model, a device that version did not send out), or raw bytes that
+             are no message at all; each must be dead-lettered once, never trained or folded
 
 Two fills are not left to chance: Redis is full when the launcher starts its workers (held
 `--fill-before-start-s`, then deleted), and a third of the way in it is filled mid-run and held
@@ -54,12 +57,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.common import machine, machine_line, markdown_table  # noqa: E402
 from fedqueue.config import Settings  # noqa: E402
+from fedqueue.core import keys  # noqa: E402
 from fedqueue.core.database import open_store  # noqa: E402
 from fedqueue.fl.config import RunConfig  # noqa: E402
-from fedqueue.fl.store.results import device_tasks  # noqa: E402
+from fedqueue.fl.kind import TRAIN_DEVICE  # noqa: E402
+from fedqueue.fl.messages import DEVICES_QUEUE  # noqa: E402
+from fedqueue.fl.store.results import device_tasks, list_rounds  # noqa: E402
 from fedqueue.llm.results import prompt_rows  # noqa: E402
 from fedqueue.llm.settings import GenerationSettings  # noqa: E402
 from fedqueue.llm.tiny import build_bench_llama, build_tiny_llama  # noqa: E402
+from fedqueue.queue.app import make_app  # noqa: E402
 from fedqueue.queue.embedded import EmbeddedRedis  # noqa: E402
 from fedqueue.store import Store  # noqa: E402
 from tests.cli_runner import start_fedqueue_cli  # noqa: E402
@@ -68,7 +75,7 @@ from tests.helpers import small_config  # noqa: E402
 from tests.llm.test_llm_queue import expected_outputs  # noqa: E402
 from tests.reliability_support import cli_env, kill_tree, ping_count, stop_launcher, wait_until  # noqa: E402
 
-FAULT_KINDS = ("kill", "stop", "restart", "fill")
+FAULT_KINDS = ("kill", "stop", "restart", "fill", "forge")
 JUNK_PREFIX = "chaos-junk:"  # junk keys of the fill fault; fedqueue's keys start with its key prefix
 SUBMIT_TRIES = 5
 ID_LINE = re.compile(r"\b(?:run|job) ([0-9A-Za-z_.-]+) (?:submitted|continued)")
@@ -198,6 +205,7 @@ class Faults:
     junk_mb: list[float] = field(default_factory=list)  # MiB of junk written by each fill before Redis refused
     oom_refusals: int = 0  # fill faults that ended with Redis refusing a write (Redis truly full)
     peak_clients: int = 0  # Redis's connected clients, at most, sampled every second (this script's included)
+    forged: int = 0  # messages the forge fault put on the queue (each must be dead-lettered once)
 
 
 class Injector(threading.Thread):
@@ -211,9 +219,11 @@ class Injector(threading.Thread):
         launcher: subprocess.Popen[str],
         broker: Broker,
         began: float,
+        settings: Settings,
         midrun_fill: tuple[float, float] | None = None,
     ) -> None:
         super().__init__(daemon=True)
+        self.settings = settings  # the store the forge fault reads, the queue it writes
         self.midrun_fill = midrun_fill  # (seconds into the soak, held): one fill at that time, whatever the draw
         self.rng = random.Random(seed)
         self.per_minute = per_minute
@@ -240,6 +250,44 @@ class Injector(threading.Thread):
             if detail is not None:
                 self.faults.counts[kind] += 1
                 self.faults.events.append(f"{time.monotonic() - self.began:7.1f} s  {kind:8s} {detail}")
+
+    def _forge(self) -> str | None:
+        queue = self.settings.queue(DEVICES_QUEUE)
+        if self.rng.random() < 0.5:
+            client = self.broker.client()
+            try:
+                client.rpush(keys.queue_list(self.settings.key_prefix, queue), os.urandom(self.rng.randint(1, 64)))
+            finally:
+                client.close()
+            self.faults.forged += 1
+            return "raw bytes that are no message"
+        store = open_store(self.settings.database_url)
+        try:
+            running = [run for run in store.list_runs() if run.state == "running" and run.kind == "fl"]
+            rows = list_rounds(store, running[-1].id) if running else []
+        finally:
+            store.close()
+        if not rows:
+            return None
+        row = rows[-1]
+        config = RunConfig.from_dict(running[-1].config)
+        unsent = min(set(range(config.num_devices)) - set(row.selected))
+        task = {
+            "run_id": row.run_id,
+            "round_index": row.round_index,
+            "devices": [unsent],
+            "model": {"key": row.model_key, "sha256": row.model_sha256, "nbytes": row.model_nbytes},
+            "enqueued_at": time.time(),
+            "round_size": 1,
+            "mode": "sequential",
+        }
+        app = make_app(self.settings)
+        try:
+            app.send_task(TRAIN_DEVICE, args=[task], queue=queue)
+        finally:
+            app.close()
+        self.faults.forged += 1
+        return f"run {row.run_id} version {row.round_index}: device {unsent}, never sent"
 
     def _workers(self) -> list[psutil.Process]:
         try:
@@ -597,7 +645,7 @@ def main() -> int:
         began = time.monotonic()
         deadline = began + args.minutes * 60
         midrun = (args.minutes * 60 / 3, args.midrun_fill_s) if args.midrun_fill_s > 0 else None
-        injector = Injector(args.seed, args.faults_per_minute, kinds, launcher, broker, began, midrun)
+        injector = Injector(args.seed, args.faults_per_minute, kinds, launcher, broker, began, settings, midrun)
         injector.faults.peak_clients = start_clients
         fl_records: list[Followed] = []
         llm_records: list[Followed] = []
@@ -734,6 +782,7 @@ def report(
         print(f"fills: Redis refused a write (full) in {faults.oom_refusals} of {len(faults.junk_mb)}")
     print(f"Redis clients at most (this script's included): {faults.peak_clients}")
     print(f"worker crashes ('Unrecoverable error' in the launcher's log): {crashes}")
+    print(f"forged tasks and raw bytes put on the device queue: {faults.forged} (a forged result would differ below)")
     print(f"tasks stored: {verdict.tasks}; tasks redone (attempt > 1): {verdict.redone}")
     print(f"lost: {verdict.lost}")
     print(f"counted twice: {verdict.twice}")
