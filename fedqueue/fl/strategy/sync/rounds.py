@@ -17,10 +17,11 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from fedqueue.core.blobs import blobs_per_read
+from fedqueue.core.blobs import blobs_per_read, checked_blob
 from fedqueue.core.codec import BlobRef
 from fedqueue.core.keys import global_key, is_pack_sum_key
 from fedqueue.core.services import Services
+from fedqueue.errors import BlobIntegrityError
 from fedqueue.fl.clock.stops import Stop, accuracy_stop, time_stop, version_stop
 from fedqueue.fl.config import RunConfig
 from fedqueue.fl.ml.weights import decode_state, encode_state
@@ -38,7 +39,7 @@ from fedqueue.fl.store.results import (
 )
 from fedqueue.fl.store.schema import RoundRow
 from fedqueue.fl.store.stop_rows import record_stop
-from fedqueue.fl.strategy.common import ClaimLost, checkpoint_version, evaluate_version, renewing
+from fedqueue.fl.strategy.common import ClaimLost, checkpoint_bytes, checkpoint_version, evaluate_version, renewing
 from fedqueue.fl.strategy.sync.read_ahead import ReadAhead, read_round_ahead
 
 if TYPE_CHECKING:
@@ -88,6 +89,22 @@ def start_round(services: Services, run_id: str, config: RunConfig, round_index:
     services.enqueue(tasks_of_round(run_id, round_index, config, selected, ref, now))
     services.ledger.mark_enqueued(round_key(run_id, round_index))
     return True
+
+
+def _round_model(services: Services, run_id: str, row: RoundRow) -> bytes:
+    """The round's global model: from the broker, or, when a broker restarted empty lost it after the round's
+    devices had all been stored (no repair pass republishes it then), from the store's checkpoint of it."""
+    ref = BlobRef(key=row.model_key, sha256=row.model_sha256, nbytes=row.model_nbytes)
+    try:
+        return services.blobs.get(ref)
+    except BlobIntegrityError:
+        log.warning(
+            "run %s round %s: global model %s not in the broker; read from the store",
+            run_id,
+            row.round_index,
+            row.version,
+        )
+        return checked_blob(ref, checkpoint_bytes(services, run_id, row.version))
 
 
 def aggregate_round(services: Services, run_id: str, round_index: int, owner: str) -> float | None:
@@ -174,9 +191,7 @@ def _aggregate_claimed_round(
         return
     results = [task for task in tasks if task.state == "done"]
     began = time.perf_counter()
-    global_state = decode_state(
-        services.blobs.get(BlobRef(key=row.model_key, sha256=row.model_sha256, nbytes=row.model_nbytes))
-    )
+    global_state = decode_state(_round_model(services, run_id, row))
     alone, packs = _updates_of(results)
     # Each update is read as the rule reaches it (a few ahead): memory stays flat whatever the round's size.
     with _loaded(services, alone, ahead) as updates, _loaded(services, packs, ahead) as sums:
