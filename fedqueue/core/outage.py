@@ -249,8 +249,7 @@ def wait_for_broker(settings: Settings, run_id: str, say: Callable[[str], object
     check_broker_url(settings.broker_url or "")
     watch = BrokerWatch.of(settings, run_id, say)
     watch.call(ping_probe(settings.broker_url or ""), _nothing)
-    while not watch.check():
-        time.sleep(FIRST_PROBE_S)
+    watch.wait_back()
 
 
 def _nothing() -> None:
