@@ -119,7 +119,7 @@ def baseline_step(scenario: Scenario, old: tuple[ModuleType, ModuleType], device
 
 
 def current_step(scenario: Scenario, device: torch.device) -> Callable[[], None]:
-    """One server step of today's code, as fl/strategy/fedbuff/revive.py makes it."""
+    """One server step of today's code, as fl/strategy/fedrevive/revive.py makes it."""
     teachers, student = models(scenario, device, 0)
     shares = proportions(0)
     settings = synthesis.SynthesisSettings(**SETTINGS, adv_gate="version")

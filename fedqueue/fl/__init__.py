@@ -9,7 +9,7 @@ torch code takes; scheduler.py submits and repairs runs.
     ml/           torch code only: data, models, training, aggregation, evaluation (no core, no broker)
     packs/        several devices per task: the `auto` rules, the trial at submit, tasks cut from a selection
     worker/       the device task a worker runs, its timing rows, what a worker keeps between tasks
-    strategy/     the strategy protocol and what both share; sync/ rounds, fedbuff/ FedBuff and FedRevive
+    strategy/     the strategy protocol and what all share; sync/ rounds, fedbuff/ FedBuff, fedrevive/ FedRevive
     store/        the kind's tables, rows and migrations
     view/         status, report, pictures and progress bars of a run
 

@@ -136,7 +136,7 @@ class AggregateTask:
 
     @property
     def task_name(self) -> str:
-        return f"round {self.round_index} aggregation"
+        return aggregation_name(self.round_index)
 
 
 @dataclass(frozen=True)
@@ -173,6 +173,11 @@ def fold_key(run_id: str) -> str:
 def aggregate_key(run_id: str, round_index: int) -> str:
     """The key that counts a round's aggregation attempts and marks it requested."""
     return f"aggregate:{run_id}:{round_index}"
+
+
+def aggregation_name(round_index: int) -> str:
+    """A round's aggregation (or the version a fold pass made for it) in its run's task timings."""
+    return f"round {round_index} aggregation"
 
 
 def device_task_name(round_index: int, device: int) -> str:

@@ -69,8 +69,8 @@ def _reference(config_json: str) -> tuple[Made, dict[str, torch.Tensor]]:
     from fedqueue.fl.ml.train import train_local
     from fedqueue.fl.setup import data_spec, device_clock, train_config
     from fedqueue.fl.strategy.fedbuff import schedule
-    from fedqueue.fl.strategy.fedbuff.fold import rules_of
-    from fedqueue.fl.strategy.fedbuff.revive import Reviver
+    from fedqueue.fl.strategy.fedrevive.revive import Reviver
+    from fedqueue.fl.strategy.registry import rules_of
 
     config = RunConfig.from_dict(json.loads(config_json))
     torch.set_num_threads(1)  # the workers' threads_per_task
@@ -381,7 +381,7 @@ def test_a_run_bounded_by_simulated_time_alone_stops_where_the_reference_does(se
     reference's updates, to its weights; the run names the rule. Nothing is sent to train on the last version."""
     from fedqueue.fl.setup import run_clock
     from fedqueue.fl.strategy.fedbuff import schedule
-    from fedqueue.fl.strategy.fedbuff.fold import rules_of
+    from fedqueue.fl.strategy.registry import rules_of
 
     unbounded = buffered_config()
     trip, rules = run_clock(unbounded).trip_seconds, rules_of(unbounded)

@@ -96,7 +96,7 @@ def versions_on_the_clock(config: RunConfig) -> int:
     """The versions their clock allows before max_wait_time, from the schedule alone (nothing trained)."""
     from fedqueue.fl.setup import run_clock
     from fedqueue.fl.strategy.fedbuff import schedule
-    from fedqueue.fl.strategy.fedbuff.fold import rules_of
+    from fedqueue.fl.strategy.registry import rules_of
 
     config = replace(config, pack_size=1)  # how devices are packed into tasks moves no arrival
     trip, rules = run_clock(config).trip_seconds, rules_of(config)

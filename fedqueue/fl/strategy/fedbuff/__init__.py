@@ -1,2 +1,2 @@
-"""Buffered asynchronous FL (FedBuff) and FedRevive: the strategy and its repair pass, the fold pass, the pure
-schedule on a virtual clock, staleness weights, FedRevive's mixing in the fold."""
+"""Buffered asynchronous FL (FedBuff): the strategy and its repair pass, the fold pass and the version rules it
+takes (FedBuff's own, the plain buffered fold), the pure schedule on a virtual clock, staleness weights."""

@@ -1,18 +1,14 @@
-"""FedBuff's control task: a fold pass, as the kind registers it."""
+"""The fold pass as a control task, for a version rule (FedBuff's, FedRevive's, FedAsync's): the kind registers it
+once, and the registry hands each message to the handler of its run's strategy."""
 
 from __future__ import annotations
 
 from fedqueue.core.jobs import CONTROL_QUEUE, TaskContext, TaskHandler
 from fedqueue.fl.messages import FoldTask
 from fedqueue.fl.strategy.fedbuff.fold import fold_updates
+from fedqueue.fl.strategy.fedbuff.rule import BUFFERED, VersionRule
 
 FOLD_UPDATES = "fedqueue.fold_updates"
-
-
-def _fold(context: TaskContext, task: FoldTask) -> None:
-    fold_updates(context.services, context.cache, task.run_id, context.worker, context.attempt)
-    # A run's fold passes share one attempt key: a pass that went through clears the failures before it.
-    context.services.ledger.reset_attempts(task.attempt_key)
 
 
 def _fold_failed(context: TaskContext, task: FoldTask, attempts: int, error: str) -> None:
@@ -21,4 +17,15 @@ def _fold_failed(context: TaskContext, task: FoldTask, attempts: int, error: str
         context.services.ledger.reset_attempts(task.attempt_key)
 
 
-FOLD = TaskHandler(FOLD_UPDATES, CONTROL_QUEUE, FoldTask, _fold, _fold_failed)
+def fold_handler(rule: VersionRule) -> TaskHandler:
+    """The fold task of the runs whose versions `rule` makes."""
+
+    def fold(context: TaskContext, task: FoldTask) -> None:
+        fold_updates(context.services, context.cache, task.run_id, context.worker, context.attempt, rule)
+        # A run's fold passes share one attempt key: a pass that went through clears the failures before it.
+        context.services.ledger.reset_attempts(task.attempt_key)
+
+    return TaskHandler(FOLD_UPDATES, CONTROL_QUEUE, FoldTask, fold, _fold_failed)
+
+
+FOLD = fold_handler(BUFFERED)

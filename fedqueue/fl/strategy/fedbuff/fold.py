@@ -31,7 +31,7 @@ from fedqueue.core.keys import global_key
 from fedqueue.core.services import Services
 from fedqueue.fl.clock.stops import ACCURACY_RULES, Stop, accuracy_stop
 from fedqueue.fl.config import RunConfig
-from fedqueue.fl.messages import AggregateTask, DeviceTask, FoldTask, fold_key
+from fedqueue.fl.messages import DeviceTask, FoldTask, fold_key
 from fedqueue.fl.ml.weights import decode_state, encode_state
 from fedqueue.fl.packs.tasks import tasks_of_packs
 from fedqueue.fl.store import schedule_rows
@@ -40,21 +40,25 @@ from fedqueue.fl.store.schema import RoundRow
 from fedqueue.fl.store.stop_rows import record_stop
 from fedqueue.fl.strategy.common import ClaimLost, evaluate_version, renewing
 from fedqueue.fl.strategy.fedbuff import schedule
+from fedqueue.fl.strategy.fedbuff.rule import BUFFERED, VersionInputs, VersionRule
 from fedqueue.fl.strategy.fedbuff.schedule import Arrival, Dispatch, NewVersion, Outcome, Rules, ScheduleState, Trip
-from fedqueue.fl.worker.timing_rows import task_timing
+from fedqueue.fl.worker.timing_rows import aggregation_timing
 
 if TYPE_CHECKING:
     import torch
     from sqlalchemy.engine import Row
 
-    # torch: FedRevive's distillation, loaded by a FedRevive run's fold pass only
-    from fedqueue.fl.strategy.fedbuff.revive import Reviver
     from fedqueue.fl.worker.cache import WorkerCache
 
 log = logging.getLogger(__name__)
 
 
-def rules_of(config: RunConfig) -> Rules:
+def rules_of(config: RunConfig, rule: VersionRule = BUFFERED) -> Rules:
+    """The schedule's rules of a run, as its strategy's version rule shapes them."""
+    return rule.schedule(config, _config_rules(config))
+
+
+def _config_rules(config: RunConfig) -> Rules:
     return Rules(
         num_devices=config.num_devices,
         concurrency=config.resolved_concurrency,
@@ -68,7 +72,6 @@ def rules_of(config: RunConfig) -> Rules:
         staleness_exponent=config.staleness_exponent,
         pack_size=config.resolved_pack_size,
         staleness_s_max=config.staleness_s_max,
-        keep_recent=config.kd_buffer_size if config.mode == "fedrevive" else 0,
         max_sim_time=config.max_sim_time,
         bound=config.stop_rules().bound,
     )
@@ -81,10 +84,12 @@ def _trip_seconds(config: RunConfig) -> schedule.TripTime:
     return run_clock(config).trip_seconds
 
 
-def start_buffered(services: Services, run_id: str, config: RunConfig, model: bytes) -> None:
+def start_buffered(
+    services: Services, run_id: str, config: RunConfig, model: bytes, rule: VersionRule = BUFFERED
+) -> None:
     """Publish version 0 and fill every slot at simulated time 0. Safe to call again (a repair pass)."""
     ref = _open_version(services, run_id, 0, model)
-    state, dispatch = schedule.start(rules_of(config), _trip_seconds(config))
+    state, dispatch = schedule.start(rules_of(config, rule), _trip_seconds(config))
     if dispatch is not None:
         _send(services, run_id, config, dispatch, ref)
     # Written after the tasks are sent: a start that dies between is started again, and a task sent twice is stored once.
@@ -163,7 +168,9 @@ def publish_head(services: Services, run_id: str, head: Trip | None) -> None:
         services.ledger.drop_note(key)
 
 
-def on_result_stored(services: Services, task: DeviceTask, worker: str, cache: WorkerCache | None) -> None:
+def on_result_stored(
+    services: Services, task: DeviceTask, worker: str, cache: WorkerCache | None, rule: VersionRule = BUFFERED
+) -> None:
     """Start a fold pass if the task holds the head trip, or if no head is known: here, in the worker
     that stored it (`cache` is its own), or as a fold task where the scheduler stored it.
 
@@ -176,17 +183,17 @@ def on_result_stored(services: Services, task: DeviceTask, worker: str, cache: W
     if cache is None:
         request_fold(services, task.run_id)
     elif _mark_fold_request(services, task.run_id):
-        fold_here(services, cache, task.run_id, worker)
+        fold_here(services, cache, task.run_id, worker, rule)
 
 
-def fold_here(services: Services, cache: WorkerCache, run_id: str, worker: str) -> None:
+def fold_here(services: Services, cache: WorkerCache, run_id: str, worker: str, rule: VersionRule) -> None:
     """Run the fold pass just asked for in this worker: no fold task's trip through the broker and back.
 
     The request's mark is set, so a pass holding the schedule takes it on its way out. A pass that
     fails here is handed to a fold task, which tries again and counts the failures as any task's.
     """
     try:
-        fold_updates(services, cache, run_id, worker, attempt=1)
+        fold_updates(services, cache, run_id, worker, attempt=1, rule=rule)
     except Exception:  # whatever it was, the fold task's attempts decide whether the run fails
         log.exception("run %s: fold pass failed in the worker that asked for it; sent as a fold task", run_id)
         services.ledger.forget_request(fold_key(run_id))
@@ -206,8 +213,11 @@ def request_fold(services: Services, run_id: str) -> bool:
     return True
 
 
-def fold_updates(services: Services, cache: WorkerCache, run_id: str, worker: str, attempt: int) -> int:
-    """Run fold passes while results keep asking for them; returns the versions made.
+def fold_updates(
+    services: Services, cache: WorkerCache, run_id: str, worker: str, attempt: int, rule: VersionRule = BUFFERED
+) -> int:
+    """Run fold passes while results keep asking for them, making versions by `rule` (the run's strategy's);
+    returns the versions made.
 
     A pass that finds the schedule held by another returns at once: the holder looks for
     requests made while it worked once it lets go, and goes again if there is one.
@@ -235,7 +245,7 @@ def fold_updates(services: Services, cache: WorkerCache, run_id: str, worker: st
         try:
             renew = functools.partial(schedule_rows.renew_schedule, services.store, run_id, owner)
             with renewing(services, renew, f"run {run_id} fold") as lost:
-                pass_ = _FoldPass(services, cache, run_id, owner, worker, attempt, lost.is_set)
+                pass_ = _FoldPass(services, cache, run_id, owner, worker, attempt, lost.is_set, rule)
                 made += pass_.run(ScheduleState.from_dict(held))
         except ClaimLost:
             log.warning("run %s: fold pass taken over by another worker; stopped", run_id)
@@ -258,11 +268,15 @@ class _FoldPass:
         worker: str,
         attempt: int,
         claim_lost: Any,
+        rule: VersionRule,
     ) -> None:
         self.services, self.cache, self.run_id, self.owner = services, cache, run_id, owner
         self.worker, self.attempt, self.claim_lost = worker, attempt, claim_lost
         self.config = cache.run_config(services, run_id)
-        self.rules = rules_of(self.config)
+        if rule.mode is not self.config.strategy_mode:
+            raise RuntimeError(f"run {run_id}: a {rule.mode.name} version rule cannot fold a {self.config.mode} run")
+        self.rule = rule
+        self.rules = rules_of(self.config, rule)
         self.stops = self.config.stop_rules()
         self.trip_seconds = _trip_seconds(self.config)
         self._refs = cache.version_refs(run_id)  # published versions, by number, as this process has read or made them
@@ -329,7 +343,7 @@ class _FoldPass:
 
     def _results(self, state: ScheduleState) -> dict[tuple[int, int], Row[Any]]:
         """Stored results of the trips in flight, of those in the buffer (their versions are still to make),
-        and of the teachers a FedRevive version may distil from."""
+        and of the remembered updates a version may read (FedRevive's teachers)."""
         trips = state.in_flight + [arrival.trip for arrival in state.buffer] + list(teachers_needed(state))
         rounds = {trip.round_index for trip in trips}
         devices = {trip.device for trip in trips}
@@ -409,7 +423,9 @@ class _FoldPass:
         if not saved:
             raise ClaimLost()
         self._made = []
-        if self.rules.keep_recent:  # a FedRevive teacher's model is kept while a version may still distil from it
+        if (
+            self.rules.keep_recent
+        ):  # a remembered update's model (FedRevive's teacher) is kept while a version may read it
             still = {_trip_key(t) for t in teachers_needed(state)}
             kept = {results[key].update_key for key in still if key in results}
             gone = [t for t in teachers_before if _trip_key(t) not in still]
@@ -447,12 +463,6 @@ class _FoldPass:
             return None  # the bound on versions ended it first, as in FedRevive's order
         return accuracy_stop(self.stops, event.version, event.at, state.last_accuracy, state.best_accuracy)
 
-    def _reviver(self) -> Reviver:
-        # torch: FedRevive's distillation, loaded by a FedRevive run's fold pass only
-        from fedqueue.fl.strategy.fedbuff.revive import Reviver
-
-        return self.cache.run_object(self.run_id, "reviver", lambda: Reviver(self.config))
-
     def _server_state(self, version: int) -> bytes | None:
         for made in self._made:  # made in this pass, not saved yet
             if made.version == version:
@@ -483,7 +493,6 @@ class _FoldPass:
     def _make_version(self, event: NewVersion, results: Mapping[Any, Any], state: ScheduleState) -> list[str]:
         """Fold the buffer into the next version, evaluate, checkpoint and publish it; returns the updates used."""
         # torch: loaded by the worker that folds, not by the command line
-        from fedqueue.fl.ml.aggregate import fold_buffer, fold_deltas
         from fedqueue.fl.ml.stat_resnet import reset_trackers
         from fedqueue.fl.ml.torch_device import device_label
 
@@ -500,32 +509,39 @@ class _FoldPass:
                 for arrival, data in zip(event.folded[start : start + chunk], read, strict=True):
                     yield arrival.weight, self._version_state(arrival.trip.base_version), decode_state(data)
 
-        current = self._version_state(event.version - 1)
-        server_state = None
-        if self.config.mode == "fedrevive":
-            reviver = self._reviver()
-            local_of = functools.partial(self._local, results)
-            deltas = reviver.deltas(event, self._version_state, local_of, self._server_state)
-            new_state = fold_deltas(current, deltas, self.config.global_lr)
-            server_state = reviver.server_state(event.version)
-        else:
-            new_state = fold_buffer(current, buffer(), self.config.global_lr)
+        made = self.rule.make(
+            VersionInputs(
+                config=self.config,
+                event=event,
+                current=self._version_state(event.version - 1),
+                version_of=self._version_state,
+                local_of=functools.partial(self._local, results),
+                buffer=buffer,
+                server_state_of=self._server_state,
+                run_id=self.run_id,
+                cache=self.cache,
+            )
+        )
         # FedRevive: a new version carries no feature statistics of its own (a no-op without trackers).
-        new_state = reset_trackers(new_state)
+        new_state = reset_trackers(made.state)
         encoded = encode_state(new_state)
         metrics: dict[str, Any] = {"aggregate_ms": (time.perf_counter() - clock) * 1000, "sim_time": event.at}
         losses = [row.loss for row in stored if row.loss is not None]
         if losses:
+            # A plain mean, where a synchronous round's is weighted by samples (sync/rounds.py): each reports
+            # the loss of the updates as its version weighs them. FedAvg weighs a device by its samples;
+            # FedBuff (and FLARE's edge manager) divide the buffer's sum by its count, whatever the samples.
             metrics["train_loss"] = float(np.mean(losses))
         bounded = state.done and state.stop is not None and state.stop.version == event.version
         metrics.update(evaluate_version(self.config, event.version, new_state, last=bounded))
         stop = self._accuracy_stop(state, event, metrics)
         if stop is not None:
             state.end(stop)
-        marker = AggregateTask(run_id=self.run_id, round_index=event.version, enqueued_at=started_at)
-        timing = task_timing(
-            marker,
-            None,
+        # Timed from the version's start: no task was queued for it, a fold pass makes it on its way.
+        timing = aggregation_timing(
+            self.run_id,
+            event.version,
+            started_at,
             "done",
             self.worker,
             self.attempt,
@@ -539,7 +555,9 @@ class _FoldPass:
         next_round = None if last else _round_on(self.run_id, event.version, ref)
         # Recorded by the pass's save, with the schedule that made it: one transaction, not two.
         self._made.append(
-            schedule_rows.MadeVersion(event.version, ref.sha256, encoded, metrics, next_round, timing, server_state)
+            schedule_rows.MadeVersion(
+                event.version, ref.sha256, encoded, metrics, next_round, timing, made.server_state
+            )
         )
         if not last:
             self._refs[event.version] = ref
@@ -560,7 +578,8 @@ def retire(services: Services, run_id: str, last_version: int | None = None) -> 
 
 
 def teachers_needed(state: ScheduleState) -> frozenset[Trip]:
-    """FedRevive: the folded trips whose models a version may still distil from (none in FedBuff)."""
+    """The folded trips whose models a version may still read: those its rule remembers (FedRevive's teachers;
+    none in FedBuff)."""
     return frozenset(state.recent).union(*(arrival.recent for arrival in state.buffer))
 
 

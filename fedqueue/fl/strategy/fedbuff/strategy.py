@@ -1,4 +1,8 @@
-"""Buffered asynchronous FL (FedBuff) behind the strategy seam: start, what a stored result asks for, the repair pass."""
+"""Buffered asynchronous FL behind the strategy seam: start, what a stored result asks for, the repair pass.
+
+FedBuff is the fold with its plain version rule; FedRevive and FedAsync are the same fold with their own rules
+(fedqueue.fl.strategy.fedbuff.rule).
+"""
 
 from __future__ import annotations
 
@@ -14,16 +18,17 @@ from fedqueue.fl.store import schedule_rows
 from fedqueue.fl.store.results import delete_result, get_round
 from fedqueue.fl.strategy.base import Entry
 from fedqueue.fl.strategy.common import checkpoint_bytes
-from fedqueue.fl.strategy.fedbuff import mode
-from fedqueue.fl.strategy.fedbuff.control import FOLD
+from fedqueue.fl.strategy.fedbuff.control import fold_handler
 from fedqueue.fl.strategy.fedbuff.fold import (
     dispatch_tasks,
     oldest_needed,
     on_result_stored,
     request_fold,
+    rules_of,
     start_buffered,
 )
-from fedqueue.fl.strategy.fedbuff.schedule import ScheduleState, Trip
+from fedqueue.fl.strategy.fedbuff.rule import BUFFERED, VersionRule
+from fedqueue.fl.strategy.fedbuff.schedule import Rules, ScheduleState, Trip
 from fedqueue.fl.worker.device_task import give_up_on
 
 if TYPE_CHECKING:
@@ -31,22 +36,30 @@ if TYPE_CHECKING:
 
 
 class BufferedAsync:
-    """FedBuff: a stored result that the fold waits for starts a fold pass; the pass makes versions and refills slots."""
+    """A stored result that the fold waits for starts a fold pass; the pass makes versions by `rule` and refills
+    slots."""
 
     # A pack's devices may land in different versions: each stores its own update.
     presums_packs = False
     keeps_rounds = False
 
+    def __init__(self, rule: VersionRule) -> None:
+        self.rule = rule
+
+    def rules(self, config: RunConfig) -> Rules:
+        """The schedule's rules of a run of this strategy."""
+        return rules_of(config, self.rule)
+
     def start(self, services: Services, run_id: str, config: RunConfig, model: bytes) -> None:
-        start_buffered(services, run_id, config, model)
+        start_buffered(services, run_id, config, model, self.rule)
 
     def on_stored(
         self, services: Services, task: DeviceTask, stored: int, worker: str, cache: WorkerCache | None = None
     ) -> None:
-        on_result_stored(services, task, worker, cache)
+        on_result_stored(services, task, worker, cache, self.rule)
 
     def repair(self, services: Services, run_id: str, config: RunConfig, broker_lost: bool) -> list[str]:
-        return repair_buffered(services, run_id, config, broker_lost)
+        return repair_buffered(services, run_id, config, broker_lost, self)
 
     def rounds_total(self, config: RunConfig) -> int:
         # No total: a run bounded by max_sim_time alone.
@@ -57,23 +70,27 @@ class BufferedAsync:
         length = f"up to version {last}" if last is not None else "no version bound"
         return (
             f"{length}, {config.resolved_concurrency} of {config.num_devices} devices at once,"
-            f" {config.buffer_size} updates per version"
+            f" {self.rules(config).buffer_size} updates per version"
         )
 
 
-FEDBUFF = BufferedAsync()
-ENTRY = Entry(mode=mode.FEDBUFF, strategy=FEDBUFF, control=(FOLD,))
-# FedRevive: FedBuff's fold, mixing in its distilled model (revive.py).
-REVIVE_ENTRY = Entry(mode=mode.FEDREVIVE, strategy=FEDBUFF, control=(FOLD,))
+def buffered_entry(rule: VersionRule) -> Entry:
+    """A strategy that is the fold with its own version rule, as the registry holds it."""
+    return Entry(mode=rule.mode, strategy=BufferedAsync(rule), control=(fold_handler(rule),))
 
 
-def repair_buffered(services: Services, run_id: str, config: RunConfig, broker_lost: bool) -> list[str]:
+ENTRY = buffered_entry(BUFFERED)
+
+
+def repair_buffered(
+    services: Services, run_id: str, config: RunConfig, broker_lost: bool, strategy: BufferedAsync
+) -> list[str]:
     """Start a schedule a crash never started, revive a fold pass that died or was never asked for,
     put back what a Redis restart lost (versions still needed, updates not yet in a version), and send
     lost device tasks again."""
     row = schedule_rows.get_schedule(services.store, run_id)
     if row is None:
-        start_buffered(services, run_id, config, checkpoint_bytes(services, run_id, 0))
+        strategy.start(services, run_id, config, checkpoint_bytes(services, run_id, 0))
         return ["the schedule was never started: started"]
     state = ScheduleState.from_dict(row.state)
     actions: list[str] = []
@@ -89,7 +106,7 @@ def repair_buffered(services: Services, run_id: str, config: RunConfig, broker_l
         services, run_id
     ):
         actions.append("fold pass " + ("no longer renewed; taken over" if stale else "was not asked for: asked"))
-    actions += _resend_lost(services, run_id, config, state, broker_lost)
+    actions += _resend_lost(services, run_id, config, state, broker_lost, strategy)
     return actions
 
 
@@ -142,7 +159,7 @@ def _unstored(services: Services, run_id: str, trips: list[Trip]) -> set[tuple[i
 
 
 def _resend_lost(
-    services: Services, run_id: str, config: RunConfig, state: ScheduleState, broker_lost: bool
+    services: Services, run_id: str, config: RunConfig, state: ScheduleState, broker_lost: bool, strategy: BufferedAsync
 ) -> list[str]:
     trips = _waiting_trips(state)
     waiting = _unstored(services, run_id, trips)
@@ -166,7 +183,7 @@ def _resend_lost(
     found = find_lost(services, tasks, DEVICES_QUEUE, unstored_now, requeue_unstarted=broker_lost)
     actions = []
     for task, tries, reason in found.exhausted:
-        give_up_on(services, task, "scheduler", tries, reason, FEDBUFF)
+        give_up_on(services, task, "scheduler", tries, reason, strategy)
         actions.append(
             f"round {task.round_index}: {task.pack or f'device {task.devices[0]}'} failed after {tries} attempts"
         )
