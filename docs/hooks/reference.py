@@ -3,6 +3,7 @@
 A page asks for a table with a marker line, which is replaced by what the code says now:
 
 - `<!-- reference: run-config -->`: every field of `fedqueue.fl.config.RunConfig`: key, type, default, meaning;
+- `<!-- reference: strategy-keys -->`: each mode's own keys (its `Mode.section`), a table per mode;
 - `<!-- reference: dfkd -->`: every knob of the run config's `dfkd` table (`fedqueue.fl.ml.distill.dfkd_defaults`,
   from `ReviveSettings` and `fedqueue.fl.ml.synthesis.SynthesisSettings`);
 - `<!-- reference: settings -->`: every setting of `fedqueue.config.Settings`, by its environment variable;
@@ -114,6 +115,27 @@ def run_config_table() -> str:
         default = default_factory() if callable(default_factory) else spec.default
         rows.append((f"`{spec.name}`", type_words(str(spec.type)), toml_value(default), docs[spec.name].doc))
     return table(("key", "type", "default", "meaning"), rows)
+
+
+def strategy_keys_sections() -> str:
+    """Each mode's own keys (its Mode's `section`, fedqueue.fl.strategy.mode), a heading and a table per mode."""
+    from fedqueue.fl.strategy.modes import MODES
+
+    parts = []
+    for mode in MODES.values():
+        if mode.section is None:
+            continue
+        path = Path(inspect.getfile(mode.section))
+        docs = _described(mode.section.__name__, source_fields(path, mode.section.__name__))
+        rows = []
+        for spec in dataclasses.fields(mode.section):
+            rows.append((f"`{spec.name}`", type_words(str(spec.type)), toml_value(spec.default), docs[spec.name].doc))
+        heading = f"### {mode.name}"
+        lead = (
+            f'Keys of `mode = "{mode.name}"` only, at the top level of the file; under another mode they are refused.'
+        )
+        parts.append("\n\n".join((heading, lead, table((f"`{mode.name}` key", "type", "default", "meaning"), rows))))
+    return "\n\n".join(parts)
 
 
 def dfkd_table() -> str:
@@ -231,6 +253,7 @@ def cli_reference() -> str:
 GENERATORS: dict[str, Callable[[], str]] = {
     "run-config": run_config_table,
     "dfkd": dfkd_table,
+    "strategy-keys": strategy_keys_sections,
     "settings": settings_table,
     "cli": cli_reference,
 }

@@ -242,6 +242,9 @@ class RunConfig:
     """Free-form settings handed to every plugin (the TOML `[plugin]` table)."""
     # Written by the process that follows the run (`fedqueue run`, `fedqueue resume`, `fedqueue.run()`),
     # from the store, as each round or version is made (fl/view/tensorboard.py).
+    strategy_keys: dict[str, Any] = field(default_factory=dict)
+    """Not a key of its own: the keys of the mode's own section (below), which the file sets at its top level like
+    any other."""
     tensorboard_dir: str | None = None
     """A folder for TensorBoard event files (`tensorboard --logdir` it): each run writes under a folder of its
     own id, one step per round or version, with FedRevive's names (`test/accuracy`, `test/loss`, `test/time`
@@ -249,7 +252,9 @@ class RunConfig:
     fedqueue's own under `fedqueue/`; `--tensorboard DIR` sets it. None: no files."""
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        flat = asdict(self)
+        own = flat.pop("strategy_keys")
+        return {**flat, **own}  # the mode's own keys flat, as the file writes them
 
     @classmethod
     def from_dict(cls, raw: dict[str, Any], check_data: bool = True) -> RunConfig:
@@ -265,8 +270,10 @@ class RunConfig:
         if isinstance(flare_weight, bool):  # FLARE's staleness_weight is a flag
             rule = "flare_sqrt" if flare_weight else "none"
             raise ConfigError(f'staleness_weight: FLARE\'s {str(flare_weight).lower()} is "{rule}" here')
-        values = {key: _check_type(key, value, _FIELD_TYPES[key]) for key, value in raw.items()}
-        config = cls(**_with_max_rounds(raw, values))
+        values = {key: _check_type(key, value, _FIELD_TYPES[key]) for key, value in raw.items() if key in _FIELD_TYPES}
+        own = {key: value for key, value in raw.items() if key in _SECTION_KEYS}
+        values["strategy_keys"] = {**values.get("strategy_keys", {}), **own}
+        config = cls(**_with_max_rounds(raw, _with_fixes(raw, values)))
         config._check_rules(check_data)
         return config
 
@@ -326,6 +333,7 @@ class RunConfig:
     def _check_rules(self, check_data: bool = True) -> None:
         self._check_counts()
         self._check_names()
+        self._check_strategy_keys()
         self._check_packing()
         self._check_rates()
         _check_clock(self.device_speed, self.communication_delay)
@@ -494,6 +502,17 @@ class RunConfig:
                 " mode = 'fedavg'"
             )
 
+    def _check_strategy_keys(self) -> None:
+        """Each key of a mode's own section applies under that mode; its section checks them."""
+        for key in self.strategy_keys:
+            owner = _SECTION_KEYS.get(key)
+            if owner is None:
+                raise ConfigError(f"strategy_keys: {key!r} is no mode's own key")
+            if owner is not self.strategy_mode:
+                raise ConfigError(f"{key}: applies to mode = {owner.name!r}, not {self.mode!r}")
+        if self.strategy_mode.section is not None:
+            self.strategy_mode.section.read(self.strategy_keys)
+
     @property
     def strategy_mode(self) -> Mode:
         """What callers may know of the strategy that runs this config (fl/strategy/mode.py)."""
@@ -574,11 +593,11 @@ def _check_table(key: str, table: dict[str, Any], allowed: tuple[str, ...]) -> N
 
 def check_known_key(key: str, where: str = "") -> None:
     """A run-config key, else one line: FLARE's name for it, the closest knob, or where every knob is listed."""
-    if key in _FIELD_TYPES:
+    if key in _FIELD_TYPES or key in _SECTION_KEYS:
         return
     if key in FLARE_NAMES:
         raise ConfigError(f"{where}{key}: {FLARE_NAMES[key]}")
-    hint = did_you_mean(key, _FIELD_TYPES) or " (every knob: docs/reference/run-config.md)"
+    hint = did_you_mean(key, [*_FIELD_TYPES, *_SECTION_KEYS]) or " (every knob: docs/reference/run-config.md)"
     raise ConfigError(f"{where}{key}: unknown setting{hint}")
 
 
@@ -634,6 +653,21 @@ def _field_types() -> dict[str, tuple[tuple[type, ...], str, bool]]:
 
 
 _FIELD_TYPES = _field_types()
+# The keys each mode's own section declares, and that mode (fl/strategy/mode.py): flat in the file.
+_SECTION_KEYS = {
+    spec.name: mode for mode in STRATEGY_MODES.values() if mode.section is not None for spec in fields(mode.section)
+}
+
+
+def _with_fixes(raw: dict[str, Any], values: dict[str, Any]) -> dict[str, Any]:
+    """The keys the mode fixes, at their value; given another, refused."""
+    mode = STRATEGY_MODES.get(str(values.get("mode", "fedavg")))
+    if mode is None:
+        return values  # named by the mode check
+    for key, fixed in mode.fixes:
+        if raw.get(key, fixed) != fixed:
+            raise ConfigError(f"{key}: mode = {mode.name!r} sets it to {fixed!r}; remove it, got {raw[key]!r}")
+    return {**values, **dict(mode.fixes)}
 
 
 def _with_max_rounds(raw: dict[str, Any], values: dict[str, Any]) -> dict[str, Any]:
@@ -690,6 +724,8 @@ def parse_override(text: str) -> tuple[str, Any]:
         value = tomllib.loads(f"v = {raw.strip()}")["v"]
     except tomllib.TOMLDecodeError:
         value = raw.strip()
+    if key in _SECTION_KEYS:
+        return key, value  # its mode's section checks it
     accepted, _, optional = _FIELD_TYPES[key]
     if value == "none" and optional and str not in accepted:
         value = None

@@ -45,6 +45,8 @@ class Rules:
     keep_recent: int = 0  # folded updates each arrival remembers, newest last (FedRevive's teachers)
     max_sim_time: float | None = None  # an arrival at or after it is never taken: the run ends
     bound: str = "max_model_version"  # the knob that set max_model_version (max_rounds is its alias)
+    # A version rule's own weight of an update by its staleness, in place of `staleness_weight` (FedAsync's s()).
+    weigh: Callable[[int], float] | None = None
 
     @property
     def stops(self) -> StopRules:
@@ -283,7 +285,10 @@ def _arrive(state: ScheduleState, rules: Rules, trip: Trip, outcome: Outcome) ->
     if is_too_stale(staleness, rules.max_staleness):
         state.stale += 1
         return Arrival(trip, "stale", staleness, 0.0, state.version)
-    weight = staleness_weight(rules.staleness_weight, staleness, rules.staleness_exponent, rules.staleness_s_max)
+    if rules.weigh is not None:
+        weight = rules.weigh(staleness)
+    else:
+        weight = staleness_weight(rules.staleness_weight, staleness, rules.staleness_exponent, rules.staleness_s_max)
     if rules.keep_recent:
         state.recent = [*state.recent, trip][-rules.keep_recent :]
     arrival = Arrival(trip, "folded", staleness, weight, state.version + 1, tuple(state.recent))
