@@ -70,7 +70,7 @@ class BufferedAsync:
         length = f"up to version {last}" if last is not None else "no version bound"
         return (
             f"{length}, {config.resolved_concurrency} of {config.num_devices} devices at once,"
-            f" {self.rules(config).buffer_size} updates per version"
+            f" {config.buffer_size} updates per version"
         )
 
 
