@@ -143,11 +143,11 @@ class RunConfig:
     # Written at submit: how "auto" was resolved, for the config and the report to show.
     pack_choice: str = ""
     """Written at submit, not set by hand: how `"auto"` chose the pack size and mode, and the timings behind it."""
-    # How updates become versions: "fedavg" (synchronous rounds), "fedbuff" (buffered asynchronous),
-    # or "fedrevive" (FedBuff whose stale updates are mixed with a distilled one, fl/ml/distill.py).
+    # How updates become versions: a strategy per mode, each in its folder of fl/strategy/.
     mode: str = "fedavg"
-    """How updates become versions: `fedavg` (synchronous rounds), `fedbuff` (buffered asynchronous), or
-    `fedrevive` (FedBuff whose stale updates are mixed with a distilled one)."""
+    """How updates become versions: `fedavg` (synchronous rounds), `fedbuff` (buffered asynchronous), `fedrevive`
+    (FedBuff whose stale updates are mixed with a distilled one) or `fedasync` (each update mixed in as it
+    arrives)."""
     # Buffered async (fedbuff): devices training at once (default devices_per_round), updates per
     # new version, the last version (default `rounds`), staleness weighting and cut-off, reuse of
     # devices that reported, and how many slots must free before new devices are sampled.

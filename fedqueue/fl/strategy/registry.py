@@ -10,6 +10,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from fedqueue.fl.strategy.base import Entry, Strategy
+from fedqueue.fl.strategy.fedasync.strategy import ENTRY as FEDASYNC
 from fedqueue.fl.strategy.fedbuff.strategy import ENTRY as FEDBUFF
 from fedqueue.fl.strategy.fedbuff.strategy import BufferedAsync
 from fedqueue.fl.strategy.fedrevive.strategy import ENTRY as FEDREVIVE
@@ -20,7 +21,7 @@ if TYPE_CHECKING:
     from fedqueue.fl.config import RunConfig
     from fedqueue.fl.strategy.fedbuff.schedule import Rules
 
-REGISTRY: dict[str, Entry] = {entry.mode.name: entry for entry in (FEDAVG, FEDBUFF, FEDREVIVE)}
+REGISTRY: dict[str, Entry] = {entry.mode.name: entry for entry in (FEDAVG, FEDBUFF, FEDREVIVE, FEDASYNC)}
 
 
 def entry_for(config: RunConfig) -> Entry:
