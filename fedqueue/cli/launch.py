@@ -26,6 +26,7 @@ from fedqueue.core.database import open_store
 from fedqueue.errors import ConfigError, FedqueueError
 from fedqueue.queue.client import open_client_services
 from fedqueue.report.summary import run_summary
+from fedqueue.store import Store
 
 
 def submit_and_follow(
@@ -191,11 +192,10 @@ def _while_up(tick: Callable[[], list[str]], pid: int, run_id: str) -> Callable[
     return checked
 
 
-def show_run(store: Any, run_id: str, as_json: bool, all_rows: bool = False) -> None:
+def show_run(store: Store, run_id: str, as_json: bool, all_rows: bool = False) -> None:
     """What `fedqueue status` prints: the kind's own view of the run, else the tasks' summary."""
     kind = jobs.kinds().get(store.get_run(run_id).kind)
-    if kind is not None and kind.show_status is not None:
-        kind.show_status(store, run_id, as_json, all_rows)
+    if kind is not None and kind.show_status(store, run_id, as_json, all_rows):
         return
     summary = run_summary(store, run_id)
     if as_json:
