@@ -5,6 +5,7 @@ keys through its hooks. On a real store, SQLite and Postgres (`database_url`).
 from __future__ import annotations
 
 import dataclasses
+import json
 import time
 import uuid
 from collections.abc import Iterator, Sequence
@@ -13,13 +14,22 @@ from typing import Any
 
 import pytest
 
+from fedqueue.cli.follow import progress_of
+from fedqueue.cli.launch import show_run
+from fedqueue.cli.tensorboard import write_tensorboard
+from fedqueue.config import Settings
 from fedqueue.core import jobs
+from fedqueue.core.memory import memory_services
+from fedqueue.core.services import Services
+from fedqueue.errors import ConfigError
 from fedqueue.fl.kind import KIND as FL_KIND
 from fedqueue.fl.store.results import add_round, claim_round, complete_round, record_device_result
 from fedqueue.report import build_report, write_report
 from fedqueue.report.html import KindPage
+from fedqueue.report.kind import KindViews
+from fedqueue.report.run_data import RunData
 from fedqueue.report.summary import run_lines, run_summary
-from fedqueue.report.timeline import RoundMark
+from fedqueue.report.timeline import RoundMark, Span
 from fedqueue.store import Store
 from fedqueue.store.repo import TaskTiming
 from fedqueue.store.schema import RunRow
@@ -49,8 +59,14 @@ def register(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
     yield jobs.register
 
 
-def toy(**hooks: Any) -> jobs.JobKind:
-    return jobs.JobKind(name="toy", handlers=(), repair=lambda _services, _run_id: [], **hooks)
+class Toy(jobs.JobKind):
+    """A kind with no task and none of the hooks: the core's defaults alone."""
+
+    name = "toy"
+    handlers = ()
+
+    def repair(self, services: Services, run_id: str) -> list[str]:
+        return []
 
 
 def timing(run_id: str, task: str, worker: str, start: float, finish: float, state: str = "done") -> TaskTiming:
@@ -90,7 +106,7 @@ def toy_run(store: Store) -> str:
 
 
 def test_a_kind_without_hooks_gets_the_core_status_report_and_line(store: Store, register: Any, tmp_path: Path) -> None:
-    register(toy())
+    register(Toy())
     run_id = toy_run(store)
 
     status = run_summary(store, run_id)
@@ -117,33 +133,54 @@ def test_a_kind_without_hooks_gets_the_core_status_report_and_line(store: Store,
     assert (line["state"], line["rounds"], line["dataset"], line["model"]) == ("finished", "", None, None)
 
 
+def test_a_kind_without_hooks_gets_the_cores_bars_and_status_and_no_tensorboard_folder(
+    store: Store, register: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The core calls every hook of a kind; a kind that writes none gets the core's defaults."""
+    register(Toy())
+    run_id = toy_run(store)
+    services = memory_services(Settings(database_url="sqlite://"), store)
+
+    (bar,) = progress_of(services, run_id).bars()
+    assert (bar.label, bar.completed, bar.total, bar.note) == ("tasks", 4, None, "1 failed")
+    assert Toy().retry_failed(services, run_id) == [] and Toy().new_cache() is None
+
+    show_run(store, run_id, as_json=True)
+    assert json.loads(capsys.readouterr().out) == run_summary(store, run_id)
+
+    with pytest.raises(ConfigError, match="^--tensorboard: toy runs have no TensorBoard scalars$"):
+        write_tensorboard(store, run_id, tmp_path / "events")
+    assert not (tmp_path / "events").exists()
+
+
 def test_a_kinds_hooks_add_their_keys_to_status_report_page_and_line(
     store: Store, register: Any, tmp_path: Path
 ) -> None:
     seen: dict[str, Any] = {}
 
-    def summary(hook_store: Store, run: RunRow, spans: Sequence[Any]) -> dict[str, Any]:
-        seen["summary"] = (hook_store is store, run.id, len(spans))
-        return {"size": run.config["size"], "tasks_done": 30}  # a key of its own, and one over the core's
+    class ToyWithViews(Toy, KindViews):
+        def summary(self, hook_store: Store, run: RunRow, spans: Sequence[Span]) -> dict[str, Any]:
+            seen["summary"] = (hook_store is store, run.id, len(spans))
+            return {"size": run.config["size"], "tasks_done": 30}  # a key of its own, and one over the core's
 
-    def report_numbers(hook_store: Store, data: Any, numbers: dict[str, Any]) -> dict[str, Any]:
-        return {"job": {"crunched": numbers["tasks_done"]}, "spans_seen": len(data.spans)}
+        def report_numbers(self, hook_store: Store, data: RunData, numbers: dict[str, Any]) -> dict[str, Any]:
+            return {"job": {"crunched": numbers["tasks_done"]}, "spans_seen": len(data.spans)}
 
-    def report_page(numbers: dict[str, Any]) -> KindPage:
-        def draw(folder: Path, name: str) -> None:
-            (folder / "toy.txt").write_text(name)
+        def report_page(self, numbers: dict[str, Any]) -> KindPage:
+            def draw(folder: Path, name: str) -> None:
+                (folder / "toy.txt").write_text(name)
 
-        return KindPage(
-            headline=[("crunched", numbers["job"]["crunched"])],
-            sections="<h2>Toy</h2>",
-            rounds=[RoundMark(1, numbers["created_at"] + 1, numbers["created_at"] + 4)],
-            draw=draw,
-        )
+            return KindPage(
+                headline=[("crunched", numbers["job"]["crunched"])],
+                sections="<h2>Toy</h2>",
+                rounds=[RoundMark(1, numbers["created_at"] + 1, numbers["created_at"] + 4)],
+                draw=draw,
+            )
 
-    def run_columns(hook_store: Store, runs: Sequence[RunRow]) -> dict[str, dict[str, Any]]:
-        return {run.id: {"rounds": f"size {run.config['size']}", "model": "toy-model"} for run in runs}
+        def run_columns(self, hook_store: Store, runs: Sequence[RunRow]) -> dict[str, dict[str, Any]]:
+            return {run.id: {"rounds": f"size {run.config['size']}", "model": "toy-model"} for run in runs}
 
-    register(toy(summary=summary, report_numbers=report_numbers, report_page=report_page, run_columns=run_columns))
+    register(ToyWithViews())
     run_id = toy_run(store)
 
     status = run_summary(store, run_id)
@@ -188,7 +225,14 @@ def test_an_fl_run_gets_its_rounds_through_the_fl_kinds_hooks(store: Store, regi
     (line,) = [line for line in run_lines(store, store.list_runs()) if line["id"] == run_id]
     assert (line["rounds"], line["dataset"], line["model"]) == ("2/2", "digits", "mlp")
 
-    register(dataclasses.replace(FL_KIND, summary=None, report_numbers=None, run_columns=None))
+    class FlWithoutViews(jobs.JobKind):  # the FL kind's tasks and repair, none of its views
+        name = FL_KIND.name
+        handlers = FL_KIND.handlers
+
+        def repair(self, services: Services, run_id: str) -> list[str]:
+            return FL_KIND.repair(services, run_id)
+
+    register(FlWithoutViews())
     bare = run_summary(store, run_id)
     assert set(bare) == CORE_STATUS and (bare["tasks_done"], bare["tasks_failed"]) == (7, 1)
     assert "rounds" not in build_report(store, run_id)

@@ -500,12 +500,13 @@ def _supervise(group: Any, what: str, services: Any, restart_broker: Callable[[]
 def _add_kind_commands() -> None:
     """Each installed job kind's own commands, as `fedqueue KIND ...`."""
     for kind in job_kinds.kinds().values():
-        if kind.commands is None:
+        commands = kind.commands()
+        if commands is None:
             continue
         if kind.commands_at_top:  # listed first: what a user of that kind starts with (`fedqueue run`)
-            app.registered_commands[:0] = kind.commands().registered_commands
+            app.registered_commands[:0] = commands.registered_commands
         else:
-            app.add_typer(kind.commands(), name=kind.name)
+            app.add_typer(commands, name=kind.name)
 
 
 _add_kind_commands()

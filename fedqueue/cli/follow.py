@@ -10,28 +10,10 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 
 from fedqueue.core import jobs
-from fedqueue.core.jobs import ProgressBar, RunProgress
+from fedqueue.core.jobs import RunProgress, TaskProgress
 from fedqueue.core.outage import BrokerWatch
 from fedqueue.core.services import Services
 from fedqueue.core.store_watch import StoreWatch
-from fedqueue.store import Store
-
-
-class TaskProgress:
-    """For a kind that shows no bars of its own: one bar of the run's tasks that ended."""
-
-    def __init__(self, store: Store, run_id: str) -> None:
-        self.store = store
-        self.run_id = run_id
-
-    def bars(self) -> list[ProgressBar]:
-        timings = self.store.task_timings(self.run_id)
-        failed = sum(1 for timing in timings if timing.state != "done")
-        note = f"{failed} failed" if failed else ""
-        return [ProgressBar("tasks", "tasks", len(timings), None, unit="ended", note=note)]
-
-    def wait(self, seconds: float) -> None:
-        time.sleep(seconds)
 
 
 def _sleep(seconds: float) -> None:
@@ -39,10 +21,9 @@ def _sleep(seconds: float) -> None:
 
 
 def progress_of(services: Services, run_id: str) -> RunProgress:
+    """The bars its kind shows; one bar of its tasks for a kind not installed here."""
     kind = jobs.kinds().get(services.store.get_run(run_id).kind)
-    if kind is None or kind.progress is None:
-        return TaskProgress(services.store, run_id)
-    return kind.progress(services, run_id)
+    return TaskProgress(services.store, run_id) if kind is None else kind.progress(services, run_id)
 
 
 def follow(

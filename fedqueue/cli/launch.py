@@ -8,7 +8,7 @@ import shutil
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import NoReturn
 
 import typer
 from rich.markup import escape
@@ -23,9 +23,11 @@ from fedqueue.core import jobs
 from fedqueue.core.cancel import CANCELLED, cancel_run
 from fedqueue.core.cluster_file import pid_alive
 from fedqueue.core.database import open_store
+from fedqueue.core.services import Services
 from fedqueue.errors import ConfigError, FedqueueError
 from fedqueue.queue.client import open_client_services
 from fedqueue.report.summary import run_summary
+from fedqueue.store import Store
 
 
 def submit_and_follow(
@@ -74,7 +76,9 @@ def submit_detached(submission: api.Submission, settings: Settings) -> str:
     return handle.id
 
 
-def follow_to_end(handle: api.RunHandle, place: api.Placement, services: Any = None, all_rows: bool = False) -> None:
+def follow_to_end(
+    handle: api.RunHandle, place: api.Placement, services: Services | None = None, all_rows: bool = False
+) -> None:
     """Schedule the run (lease, repairs) and show its progress until it ends; then its summary (a long table of it
     folded, unless `all_rows`).
 
@@ -103,7 +107,7 @@ def follow_to_end(handle: api.RunHandle, place: api.Placement, services: Any = N
     show_run(handle.store, handle.id, as_json=False, all_rows=all_rows)
 
 
-def interrupted(run_id: str, services: Any, place: api.Placement) -> NoReturn:
+def interrupted(run_id: str, services: Services, place: api.Placement) -> NoReturn:
     """Ctrl-C while following: ask once whether to cancel the run or leave it; exit 130 either way.
 
     Not asked (and left) when stdin is no terminal, or on a second Ctrl-C or an end of input at the question.
@@ -191,11 +195,10 @@ def _while_up(tick: Callable[[], list[str]], pid: int, run_id: str) -> Callable[
     return checked
 
 
-def show_run(store: Any, run_id: str, as_json: bool, all_rows: bool = False) -> None:
+def show_run(store: Store, run_id: str, as_json: bool, all_rows: bool = False) -> None:
     """What `fedqueue status` prints: the kind's own view of the run, else the tasks' summary."""
     kind = jobs.kinds().get(store.get_run(run_id).kind)
-    if kind is not None and kind.show_status is not None:
-        kind.show_status(store, run_id, as_json, all_rows)
+    if kind is not None and kind.show_status(store, run_id, as_json, all_rows):
         return
     summary = run_summary(store, run_id)
     if as_json:

@@ -9,18 +9,13 @@ from rich.text import Text
 
 from fedqueue.cli.common import console
 from fedqueue.core import jobs
-from fedqueue.core.writable import writable_folder
-from fedqueue.errors import ConfigError
 from fedqueue.store import Store
 
 
 def write_tensorboard(store: Store, run_id: str, root: Path) -> None:
     """Write what the run's kind has of it as scalars under root/RUN_ID, and say where and how many."""
     run = store.get_run(run_id)  # an unknown id: NotFound, before any folder is made
-    kind = jobs.get(run.kind)
-    if kind.tensorboard is None:
-        raise ConfigError(f"--tensorboard: {run.kind} runs have no TensorBoard scalars")
-    folder, written = kind.tensorboard(store, run_id, writable_folder(root, "--tensorboard"))
+    folder, written = jobs.get(run.kind).tensorboard(store, run_id, root)
     console.print(Text(f"{written} scalars written · {tensorboard_line(folder, folder.parent)}"), soft_wrap=True)
 
 

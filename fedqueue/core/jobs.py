@@ -1,7 +1,8 @@
 """The job-kind registry: how the queue, the workers and the supervisor reach FL, LLM and later kinds.
 
-A job kind is a name, its task handlers (each a Celery task name, a queue and
-three callables) and its repair pass. Kinds register through the
+A job kind is a `JobKind`: a name, its task handlers (each a Celery task name, a
+queue and the callables that run a message, store its failure and refuse it) and
+its repair pass, with hooks whose defaults suit a kind that needs none. Kinds register through the
 `fedqueue.jobs` entry-point group, so the core never imports one: the arrows
 point from a kind to the core, never back.
 """
@@ -10,7 +11,9 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from collections.abc import Callable, Iterator, Sequence
+import time
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from importlib.metadata import entry_points
@@ -21,8 +24,11 @@ from fedqueue.errors import ConfigError
 from fedqueue.store.migrate import SchemaBranch
 
 if TYPE_CHECKING:
+    import typer
+
     from fedqueue.config import Settings
     from fedqueue.core.services import Services
+    from fedqueue.store import Store
 
 ENTRY_POINT_GROUP = "fedqueue.jobs"
 # Scheduler steps (aggregations, round starts): consumed before any kind's queue, so they never wait behind one.
@@ -86,56 +92,78 @@ class RunProgress(Protocol):
     def wait(self, seconds: float) -> None: ...
 
 
-def _no_scope(_settings: Settings) -> AbstractContextManager[None]:
-    return contextlib.nullcontext()
+class TaskProgress:
+    """The bars of a kind that shows none of its own: one bar of the run's tasks that ended."""
+
+    def __init__(self, store: Store, run_id: str) -> None:
+        self.store = store
+        self.run_id = run_id
+
+    def bars(self) -> list[ProgressBar]:
+        timings = self.store.task_timings(self.run_id)
+        failed = sum(1 for timing in timings if timing.state != "done")
+        note = f"{failed} failed" if failed else ""
+        return [ProgressBar("tasks", "tasks", len(timings), None, unit="ended", note=note)]
+
+    def wait(self, seconds: float) -> None:
+        time.sleep(seconds)
 
 
-def _no_cache() -> Any:
-    return None
+class JobKind(ABC):
+    """A job kind as the core reaches it: its name, its task handlers and its repair pass, and hooks whose
+    defaults are those of a kind that needs none. The core calls every hook; none is optional by `None`.
 
+    Its part of a run's status, report and `fedqueue runs` line is `fedqueue.report.kind.KindViews`, which a
+    kind adds beside this class (those hooks take the report's own types, which the core does not import).
+    """
 
-@dataclass(frozen=True)
-class JobKind:
     name: str
     handlers: tuple[TaskHandler, ...]
-    # One repair pass over a run of this kind; returns what it did, one line per action.
-    repair: Callable[[Services, str], list[str]]
-    new_cache: Callable[[], Any] = _no_cache
-    # A failed run tried again (`fedqueue resume RUN --retry`): forget the stored failures that would stop it again
-    # at once (devices of a round still to aggregate); returns what it did, one line per action.
-    retry_failed: Callable[[Services, str], list[str]] | None = None
-    # Process settings around each task of this kind (thread counts, deterministic kernels).
-    task_scope: Callable[[Settings], AbstractContextManager[None]] = _no_scope
-    # Run once in a worker (kernels, imports), in a thread beside its first tasks: it must not change
-    # process-wide settings or draw from global random generators.
-    warm_up: Callable[[Settings], None] | None = None
-    # The kind's own commands, a Typer app the CLI adds as `fedqueue NAME ...` (imported only when asked for).
-    commands: Callable[[], Any] | None = None
-    # Its commands go at the top (`fedqueue run CONFIG`) instead of under `fedqueue NAME`.
-    commands_at_top: bool = False
-    # The bars a follower (`fedqueue run`, `resume`) shows of a run of this kind: (services, run id).
-    progress: Callable[[Services, str], RunProgress] | None = None
-    # Writes a run's scalars as TensorBoard event files for `fedqueue report RUN --tensorboard DIR`: (store, run id,
-    # DIR) -> (the run's folder of event files, how many scalars were written).
-    tensorboard: Callable[[Any, str, Path], tuple[Path, int]] | None = None
-    # Prints a run of this kind for `fedqueue status RUN [--json] [--all]`: (store, run id, as JSON, every row of
-    # a long table instead of its first and last ones).
-    show_status: Callable[[Any, str, bool, bool], None] | None = None
-    # The kind's numbers of a run for `fedqueue report`, merged over the core's (its own section goes under "job"):
-    # (store, the run's fedqueue.report.RunData, the core's numbers) -> JSON-able dict.
-    report_numbers: Callable[[Any, Any, dict[str, Any]], dict[str, Any]] | None = None
-    # Keys the kind adds to a run's status (`fedqueue status RUN --json`, `RunHandle.status()`), merged over the
-    # core's: (store, run row, the run's task spans) -> JSON-able dict.
-    summary: Callable[[Any, Any, Sequence[Any]], dict[str, Any]] | None = None
-    # The kind's part of report.html: (the report's numbers) -> fedqueue.report.html.KindPage (headline rows,
-    # sections, rounds to mark on the timeline, and its own pictures).
-    report_page: Callable[[dict[str, Any]], Any] | None = None
-    # The kind's columns of `fedqueue runs` (rounds, dataset, model), merged over the core's blanks:
-    # (store, this kind's run rows) -> {run id: columns}.
-    run_columns: Callable[[Any, Sequence[Any]], dict[str, dict[str, Any]]] | None = None
     # The folder of the kind's Alembic revisions, which make and change its own tables: a schema branch of its
     # own, recorded in the table alembic_version_NAME and upgraded after the core's (its tables may refer to runs).
     migrations: Path | None = None
+    # Its commands go at the top (`fedqueue run CONFIG`) instead of under `fedqueue NAME`.
+    commands_at_top: bool = False
+
+    @abstractmethod
+    def repair(self, services: Services, run_id: str) -> list[str]:
+        """One repair pass over a run of this kind; what it did, one line per action."""
+
+    def new_cache(self) -> object:
+        """What a worker process keeps for this kind's tasks (models, data), made once: `TaskContext.cache`."""
+        return None
+
+    def retry_failed(self, services: Services, run_id: str) -> list[str]:
+        """A failed run tried again (`fedqueue resume RUN --retry`): forget the stored failures that would stop it
+        again at once (devices of a round still to aggregate); what it did, one line per action."""
+        return []
+
+    def task_scope(self, settings: Settings) -> AbstractContextManager[None]:
+        """Process settings around each task of this kind (thread counts, deterministic kernels)."""
+        return contextlib.nullcontext()
+
+    def warm_up(self, settings: Settings) -> None:
+        """Run once in a worker (kernels, imports), in a thread beside its first tasks: it must not change
+        process-wide settings or draw from global random generators."""
+        return None
+
+    def commands(self) -> typer.Typer | None:
+        """The kind's own commands, which the CLI adds as `fedqueue NAME ...` (imported only when asked for)."""
+        return None
+
+    def progress(self, services: Services, run_id: str) -> RunProgress:
+        """The bars a follower (`fedqueue run`, `resume`) shows of a run of this kind."""
+        return TaskProgress(services.store, run_id)
+
+    def tensorboard(self, store: Store, run_id: str, root: Path) -> tuple[Path, int]:
+        """`fedqueue report RUN --tensorboard ROOT`: the run's scalars as TensorBoard event files under ROOT;
+        (the run's folder of event files, how many scalars were written). Refused before any folder is made."""
+        raise ConfigError(f"--tensorboard: {self.name} runs have no TensorBoard scalars")
+
+    def show_status(self, store: Store, run_id: str, as_json: bool, every_row: bool) -> bool:
+        """Print a run of this kind for `fedqueue status RUN [--json] [--all]` (`every_row`: all of a long table,
+        not its first and last rows); False where the kind has no view of its own and the core's is printed."""
+        return False
 
     @property
     def queues(self) -> tuple[str, ...]:

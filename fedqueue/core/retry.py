@@ -17,8 +17,7 @@ def retry_failed_run(services: Services, run_id: str) -> list[str]:
     run = services.store.get_run(run_id)
     if run.state != "failed":
         raise ConfigError(f"run {run_id} is {run.state}: only a failed run can be tried again")
-    kind = jobs.get(run.kind)
-    actions = kind.retry_failed(services, run_id) if kind.retry_failed is not None else []
+    actions = jobs.get(run.kind).retry_failed(services, run_id)
     services.ledger.forget_run_marks(run_id)
     services.store.reopen_run(run_id)
     return [f"run {run_id} failed ({first_line(run.error)}); trying again from its last stored state", *actions]

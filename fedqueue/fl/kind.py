@@ -6,11 +6,12 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fedqueue.config import Settings
 from fedqueue.core.jobs import JobKind, RunProgress, TaskContext, TaskHandler
 from fedqueue.core.services import Services
+from fedqueue.core.writable import writable_folder
 from fedqueue.errors import ConfigError
 from fedqueue.fl.config import RunConfig
 from fedqueue.fl.messages import DEVICES_QUEUE, KIND_NAME, DeviceTask
@@ -22,6 +23,16 @@ from fedqueue.fl.strategy.registry import control_handlers, entry_for, strategy_
 from fedqueue.fl.worker.admission import refusal
 from fedqueue.fl.worker.cache import WorkerCache
 from fedqueue.fl.worker.device_task import give_up_on, run_device_task
+from fedqueue.report.kind import KindViews
+from fedqueue.store import Store
+from fedqueue.store.schema import RunRow
+
+if TYPE_CHECKING:
+    import typer
+
+    from fedqueue.report.html import KindPage
+    from fedqueue.report.run_data import RunData
+    from fedqueue.report.timeline import Span
 
 TRAIN_DEVICE = "fedqueue.train_device"
 
@@ -51,115 +62,101 @@ def _device_failed(context: TaskContext, task: DeviceTask, attempts: int, error:
     give_up_on(context.services, task, context.worker, attempts, error, strategy, _device_label())
 
 
-def _retry_failed(services: Services, run_id: str) -> list[str]:
-    run = services.store.get_run(run_id)
-    config = RunConfig.from_dict(run.config)
-    if entry_for(config).mode.asynchronous and "on_failure = 'abort'" in (run.error or ""):
-        # The schedule already folded on without the device: a retry could not give the run's own weights.
-        raise ConfigError(f"run {run_id} stopped on a failed device under on_failure = 'abort': submit it again")
-    return [
-        f"round {round_index}: failed devices {', '.join(map(str, devices)) or 'none'} train again"
-        for round_index, devices in reopen_failed_rounds(services.store, run_id)
-    ]
-
-
-@contextlib.contextmanager
-def _deterministic(settings: Settings) -> Iterator[None]:
-    """FL tasks run with a fixed thread count and, on a GPU, deterministic kernels; other kinds get theirs back."""
-    # torch, as in _device_label.
-    import torch
-
-    from fedqueue.fl.ml.torch_device import configure_determinism
-
-    threads, deterministic = torch.get_num_threads(), torch.are_deterministic_algorithms_enabled()
-    configure_determinism(settings.threads_per_task)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(threads)
-        torch.use_deterministic_algorithms(deterministic)
-
-
-def _warm_up(settings: Settings) -> None:
-    # No _deterministic scope here: the warm-up runs beside tasks, and restoring the thread
-    # count or kernel choice on its way out would change them under a running task.
-    warm_up()
-
-
-# The kind's commands and views (typer, rich, the report's pictures) load in the command that shows them, never in
-# a worker: hence the imports inside these hooks.
-def _commands() -> Any:
-    from fedqueue.fl.cli import app
-
-    return app
-
-
-def _progress(services: Services, run_id: str) -> RunProgress:
-    from fedqueue.fl.view.bars import RoundProgress
-    from fedqueue.fl.view.tensorboard import with_scalars
-
-    # The follower writes the run's TensorBoard files, when its config asks for them, on the polls that read its bars.
-    return with_scalars(RoundProgress(services.store, run_id), services.store, run_id)
-
-
-def _tensorboard(store: Any, run_id: str, folder: Path) -> tuple[Path, int]:
-    from fedqueue.fl.view.tensorboard import write_run_scalars
-
-    return write_run_scalars(store, run_id, folder)
-
-
-def _show_status(store: Any, run_id: str, as_json: bool, all_rows: bool) -> None:
-    from fedqueue.fl.cli import show_status
-
-    show_status(store, run_id, as_json, all_rows)
-
-
-# The FL parts of a run's status, report and `fedqueue runs` line (imported when asked for).
-
-
-def _summary(store: Any, run: Any, spans: Sequence[Any]) -> dict[str, Any]:
-    from fedqueue.fl.view.summary import run_status
-
-    return run_status(store, run, spans)
-
-
-def _report_numbers(store: Any, data: Any, numbers: dict[str, Any]) -> dict[str, Any]:
-    from fedqueue.fl.view.report import report_numbers
-
-    return report_numbers(store, data, numbers)
-
-
-def _report_page(numbers: dict[str, Any]) -> Any:
-    from fedqueue.fl.view.report import report_page
-
-    return report_page(numbers)
-
-
-def _run_columns(store: Any, runs: Sequence[Any]) -> dict[str, dict[str, Any]]:
-    from fedqueue.fl.view.summary import run_columns
-
-    return run_columns(store, runs)
-
-
-KIND = JobKind(
-    name=KIND_NAME,
-    migrations=Path(__file__).parent / "store" / "migrations",
-    handlers=(
+class FlKind(JobKind, KindViews):
+    name = KIND_NAME
+    migrations = Path(__file__).parent / "store" / "migrations"
+    handlers = (
         TaskHandler(TRAIN_DEVICE, DEVICES_QUEUE, DeviceTask, _train, _device_failed, refusal=_refusal),
         *control_handlers(),
-    ),
-    repair=reconcile,
-    new_cache=WorkerCache,
-    retry_failed=_retry_failed,
-    task_scope=_deterministic,
-    warm_up=_warm_up,
-    commands=_commands,
-    commands_at_top=True,
-    progress=_progress,
-    tensorboard=_tensorboard,
-    show_status=_show_status,
-    summary=_summary,
-    report_numbers=_report_numbers,
-    report_page=_report_page,
-    run_columns=_run_columns,
-)
+    )
+    commands_at_top = True
+
+    def repair(self, services: Services, run_id: str) -> list[str]:
+        return reconcile(services, run_id)
+
+    def new_cache(self) -> WorkerCache:
+        return WorkerCache()
+
+    def retry_failed(self, services: Services, run_id: str) -> list[str]:
+        run = services.store.get_run(run_id)
+        config = RunConfig.from_dict(run.config)
+        if entry_for(config).mode.asynchronous and "on_failure = 'abort'" in (run.error or ""):
+            # The schedule already folded on without the device: a retry could not give the run's own weights.
+            raise ConfigError(f"run {run_id} stopped on a failed device under on_failure = 'abort': submit it again")
+        return [
+            f"round {round_index}: failed devices {', '.join(map(str, devices)) or 'none'} train again"
+            for round_index, devices in reopen_failed_rounds(services.store, run_id)
+        ]
+
+    @contextlib.contextmanager
+    def task_scope(self, settings: Settings) -> Iterator[None]:
+        """FL tasks run with a fixed thread count and, on a GPU, deterministic kernels; other kinds get theirs
+        back."""
+        # torch, as in _device_label.
+        import torch
+
+        from fedqueue.fl.ml.torch_device import configure_determinism
+
+        threads, deterministic = torch.get_num_threads(), torch.are_deterministic_algorithms_enabled()
+        configure_determinism(settings.threads_per_task)
+        try:
+            yield
+        finally:
+            torch.set_num_threads(threads)
+            torch.use_deterministic_algorithms(deterministic)
+
+    def warm_up(self, settings: Settings) -> None:
+        # No task scope here: the warm-up runs beside tasks, and restoring the thread
+        # count or kernel choice on its way out would change them under a running task.
+        warm_up()
+
+    # The kind's commands and views (typer, rich, the report's pictures) load in the command that shows them, never
+    # in a worker: hence the imports inside these hooks.
+    def commands(self) -> typer.Typer:
+        from fedqueue.fl.cli import app
+
+        return app
+
+    def progress(self, services: Services, run_id: str) -> RunProgress:
+        from fedqueue.fl.view.bars import RoundProgress
+        from fedqueue.fl.view.tensorboard import with_scalars
+
+        # The follower writes the run's TensorBoard files, when its config asks for them, on the polls that read
+        # its bars.
+        return with_scalars(RoundProgress(services.store, run_id), services.store, run_id)
+
+    def tensorboard(self, store: Store, run_id: str, root: Path) -> tuple[Path, int]:
+        from fedqueue.fl.view.tensorboard import write_run_scalars
+
+        return write_run_scalars(store, run_id, writable_folder(root, "--tensorboard"))
+
+    def show_status(self, store: Store, run_id: str, as_json: bool, every_row: bool) -> bool:
+        from fedqueue.fl.cli import show_status
+
+        show_status(store, run_id, as_json, every_row)
+        return True
+
+    # The FL parts of a run's status, report and `fedqueue runs` line.
+
+    def summary(self, store: Store, run: RunRow, spans: Sequence[Span]) -> dict[str, Any]:
+        from fedqueue.fl.view.summary import run_status
+
+        return run_status(store, run, spans)
+
+    def report_numbers(self, store: Store, data: RunData, numbers: dict[str, Any]) -> dict[str, Any]:
+        from fedqueue.fl.view.report import report_numbers
+
+        return report_numbers(store, data, numbers)
+
+    def report_page(self, numbers: dict[str, Any]) -> KindPage:
+        from fedqueue.fl.view.report import report_page
+
+        return report_page(numbers)
+
+    def run_columns(self, store: Store, runs: Sequence[RunRow]) -> dict[str, dict[str, Any]]:
+        from fedqueue.fl.view.summary import run_columns
+
+        return run_columns(store, runs)
+
+
+KIND = FlKind()

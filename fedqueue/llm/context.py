@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from fedqueue.llm.backends.base import LlmBackend
 from fedqueue.llm.model_files import ModelFacts
 from fedqueue.llm.planner import load_tokenizer
 from fedqueue.llm.prompts import PromptLine
@@ -28,12 +29,14 @@ class TooLong:
     message: str
 
 
-def too_long(prompts: Sequence[PromptLine], facts: ModelFacts, max_new_tokens: int, backend: str) -> list[TooLong]:
+def too_long(
+    prompts: Sequence[PromptLine], facts: ModelFacts, max_new_tokens: int, backend: LlmBackend
+) -> list[TooLong]:
     """The prompts that cannot fit the model's context with `max_new_tokens`, in input order."""
     context = facts.context_length
     if context is None or facts.tokenizer_json is None:
         return []
-    if backend == "vllm" and facts.scaled_context:  # vLLM stretches a scaled RoPE's context past the config's
+    if not backend.runs_config_context(facts):  # the worker's backend decides
         return []
     tokenizer = load_tokenizer(facts.tokenizer_json)
     if tokenizer is None:

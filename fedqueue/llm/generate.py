@@ -15,7 +15,6 @@ from dataclasses import dataclass
 import torch
 from transformers import LogitsProcessor, LogitsProcessorList
 
-from fedqueue.errors import ConfigError
 from fedqueue.llm.model import LoadedModel
 from fedqueue.llm.settings import GenerationSettings
 
@@ -78,8 +77,6 @@ def generate_batch(
     loaded: LoadedModel, prompts: Sequence[PromptIn], settings: GenerationSettings
 ) -> tuple[list[Generation], BatchStats]:
     """One Generation per prompt, in the order given; prompts run in length order to keep padding low."""
-    if settings.backend != "transformers":
-        raise ConfigError(f"backend: {settings.backend} runs in fedqueue.llm.vllm_backend, not here")
     results: dict[int, Generation] = {}
     ready: list[_Encoded] = []
     for index, prompt in enumerate(prompts):

@@ -19,6 +19,8 @@ from fedqueue.core.cancel import CANCELLED
 from fedqueue.core.outage import run_stored
 from fedqueue.core.services import Services
 from fedqueue.errors import ConfigError, NotFound
+from fedqueue.llm.backends import registry as backends
+from fedqueue.llm.backends.base import LlmBackend
 from fedqueue.llm.context import TooLong, too_long
 from fedqueue.llm.messages import KEY_MAX, KIND_NAME, GenerateBatch
 from fedqueue.llm.model_files import model_facts
@@ -77,10 +79,15 @@ class JobRequest:
     def read_prompts(self, raw: bytes) -> tuple[list[PromptLine], list[InputError]]:
         return read_prompt_bytes(raw, self.input_path, strict=self.strict, chat=self.chat)
 
+    @property
+    def backend(self) -> LlmBackend:
+        """The backend its generation names (a ConfigError for one not installed)."""
+        return backends.get(self.generation.backend)
+
     def too_long(self, prompts: Sequence[PromptLine]) -> list[TooLong]:
         """Prompts the model's own tokenizer, read here, finds too long for its context."""
         generation = self.generation
-        return too_long(prompts, model_facts(self.model), generation.max_new_tokens, generation.backend)
+        return too_long(prompts, model_facts(self.model), generation.max_new_tokens, self.backend)
 
     def config(self, input_sha256: str) -> dict[str, Any]:
         """The run row's config: what decides the outputs, and the input it came from."""
@@ -124,6 +131,7 @@ def check_request(request: JobRequest) -> list[PromptLine]:
     """Everything about a request that can be wrong, checked before anything is started or written; the
     valid prompts. With `strict`, a prompt too long for the model refuses the whole input, naming its line."""
     check_limits(request.batch_size, request.max_batch_tokens, request.planned_slots)
+    backends.get(request.generation.backend)  # one not installed is refused before the input is read
     job_id_for(request, "")
     prompts, _ = request.read_prompts(request.read_input())
     if request.strict:
@@ -184,8 +192,8 @@ def plan_pending(services: Services, job_id: str, request: JobRequest) -> list[P
         max_batch_tokens=request.max_batch_tokens,
         max_new_tokens=request.generation.max_new_tokens,
         slots=request.planned_slots,
-        # vLLM pads nothing (paged attention): its batches are cut by size and slots alone.
-        max_pad_fraction=1.0 if request.generation.backend == "vllm" else MAX_PAD_FRACTION,
+        # A backend that pads nothing (vLLM's paged attention) has its batches cut by size and slots alone.
+        max_pad_fraction=MAX_PAD_FRACTION if request.backend.pads_batches else 1.0,
     )
     first = next_batch_index(services.store, job_id)
     batches = [PlannedBatch(first + batch.index, batch.keys, batch.tokens) for batch in planned]

@@ -10,7 +10,8 @@ from fedqueue.errors import ConfigError
 
 MAX_NEW_TOKENS_LIMIT = 100_000
 DTYPES = ("auto", "float32", "bfloat16", "float16")
-BACKENDS = ("transformers", "vllm")
+# The backend a job generates with unless it names another (fedqueue.llm.backends: the names there are).
+DEFAULT_BACKEND = "transformers"
 
 
 @dataclass(frozen=True)
@@ -31,7 +32,7 @@ class GenerationSettings:
     top_p: float = 1.0
     seed: int = 0
     dtype: str = "auto"
-    backend: str = "transformers"
+    backend: str = DEFAULT_BACKEND  # checked against the installed backends where the job is checked
 
     def __post_init__(self) -> None:
         _check_int("max_new_tokens", self.max_new_tokens, 1, MAX_NEW_TOKENS_LIMIT)
@@ -42,7 +43,8 @@ class GenerationSettings:
         object.__setattr__(self, "top_p", float(self.top_p))
         _check_int("seed", self.seed, 0, 2**63 - 1)
         _check_choice("dtype", self.dtype, DTYPES)
-        _check_choice("backend", self.backend, BACKENDS)
+        if not isinstance(self.backend, str) or not self.backend:
+            raise ConfigError("backend: must be the name of a backend")
 
     @property
     def greedy(self) -> bool:

@@ -19,10 +19,12 @@ from fedqueue.config import Settings
 from fedqueue.core.database import open_store
 from fedqueue.core.services import Services
 from fedqueue.errors import ConfigError
+from fedqueue.llm.backends.base import LlmBackend
 from fedqueue.llm.converted import convert_in_background
 from fedqueue.llm.job import JobRequest, Submitted, check_request, submit_job
 from fedqueue.llm.model_files import model_facts, model_folder, model_problem
 from fedqueue.llm.prompts import PromptLine
+from fedqueue.llm.settings import DEFAULT_BACKEND
 from fedqueue.llm.slots import answering_slots_later
 
 Warn = Callable[[str], object]
@@ -82,14 +84,14 @@ def prepare(
     """
     prompts = check_request(request)  # a bad input line or a prompt too long (strict), a limit or job name
     workers_here = not settings.broker_url
-    check_backend(request.generation.backend, workers_here, warn, option)
+    check_backend(request.backend, workers_here, warn, option)
     submission = JobSubmission(request, warn=warn)
     if ask_slots and settings.broker_url:
         submission.answering = answering_slots_later(settings)  # the workers answer while this process goes on
     check_model_here(request.model, workers_here, warn, option)
     if workers_here:
         open_store(settings.database_url, migrate=True).close()  # a bad database before any worker starts
-        if request.generation.backend == "transformers":
+        if request.backend.uses_model_cache:
             # The workers load here: a GGUF file starts converting into the model cache now, while they start and
             # the batches are planned; their first load then waits for it rather than converting its own.
             env = {**os.environ, **settings.to_env()}
@@ -165,13 +167,16 @@ def _gguf_readers_missing() -> str | None:
     return f"reading GGUF files needs {' and '.join(missing)} (pip install 'fedqueue[gguf]')"
 
 
-def check_backend(backend: str, workers_here: bool, warn: Warn = python_warning, option: Option = same_name) -> None:
-    """vLLM runs on the workers: missing here is fatal only when the workers are started here."""
-    if backend != "vllm" or importlib.util.find_spec("vllm") is not None:
+def check_backend(
+    backend: LlmBackend, workers_here: bool, warn: Warn = python_warning, option: Option = same_name
+) -> None:
+    """A backend runs on the workers: missing here is fatal only when the workers are started here."""
+    problem = backend.missing_here()
+    if problem is None:
         return
     if workers_here:
         raise ConfigError(
-            f"{option('backend')} vllm: vllm is not installed here (pip install 'fedqueue[vllm]', or make vllm); "
-            f"use {option('backend')} transformers"
+            f"{option('backend')} {backend.name}: {problem} ({backend.install_hint}); "
+            f"use {option('backend')} {DEFAULT_BACKEND}"
         )
-    warn(f"{option('backend')} vllm: vllm is not installed here; the workers must have it")
+    warn(f"{option('backend')} {backend.name}: {problem}; the workers must have it")

@@ -9,9 +9,10 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from fedqueue.core.gpus import visible_gpus
 from fedqueue.core.services import Services
 from fedqueue.core.timing import timing_of
+from fedqueue.llm.backends import registry as backends
+from fedqueue.llm.backends.base import LlmBackend
 from fedqueue.llm.converted import cache_root
 from fedqueue.llm.messages import KIND_NAME, GenerateBatch
 from fedqueue.llm.results import Outcome, pending_prompts, record_outcomes
@@ -47,23 +48,16 @@ class ModelCache:
                 self._jobs[run_id] = config
         return config
 
-    def model(self, name: str, dtype: str, backend: str = "transformers", cache: Path | None = None) -> LoadedModel:
+    def model(self, name: str, dtype: str, backend: LlmBackend, cache: Path | None = None) -> LoadedModel:
         # One loader at a time: two threads of one worker must not load the same model twice. Everything a batch
         # imports is imported here, under the lock, so a second slot never imports beside the first one's load.
         with self._lock:
-            loaded = self._models.get((name, dtype, backend))
+            loaded = self._models.get((name, dtype, backend.name))
             if loaded is None:
                 import fedqueue.llm.generate  # noqa: F401
 
-                if backend == "vllm":
-                    from fedqueue.llm.vllm_backend import load_vllm
-
-                    loaded = load_vllm(name, dtype)
-                else:
-                    from fedqueue.llm.model import load_model
-
-                    loaded = load_model(name, dtype=dtype, device_map=_device_map(), cache=cache)
-                self._models[(name, dtype, backend)] = loaded
+                loaded = backend.load(name, dtype, cache)
+                self._models[(name, dtype, backend.name)] = loaded
         return loaded
 
 
@@ -78,9 +72,10 @@ def run_batch(services: Services, cache: ModelCache, task: GenerateBatch, worker
         return
     config = cache.job(services, task.run_id)
     settings = GenerationSettings.from_dict(config["generation"])
-    loaded = cache.model(config["model"], settings.dtype, settings.backend, cache_root(services.settings.model_cache))
+    backend = backends.get(settings.backend)
+    loaded = cache.model(config["model"], settings.dtype, backend, cache_root(services.settings.model_cache))
     load_ms = _elapsed_ms(clock)
-    from fedqueue.llm.generate import PromptIn, generate_batch  # loaded by cache.model, under its lock
+    from fedqueue.llm.generate import PromptIn  # loaded by cache.model, under its lock
 
     clock = time.perf_counter()
     prompts = [
@@ -91,12 +86,7 @@ def run_batch(services: Services, cache: ModelCache, task: GenerateBatch, worker
         )
         for row in rows
     ]
-    if settings.backend == "vllm":
-        from fedqueue.llm.vllm_backend import generate_vllm
-
-        generations, _stats = generate_vllm(loaded, prompts, settings)
-    else:
-        generations, _stats = generate_batch(loaded, prompts, settings)
+    generations, _stats = backend.generate(loaded, prompts, settings)
     compute_ms = _elapsed_ms(clock)
     outcomes = [
         Outcome(
@@ -154,11 +144,6 @@ def _timing(
         load_ms=load_ms,
         compute_ms=compute_ms,
     )
-
-
-def _device_map() -> str | None:
-    """A worker pinned to several GPUs spreads a model over them; one GPU or a CPU holds it whole."""
-    return "auto" if len(visible_gpus() or []) > 1 else None
 
 
 def _elapsed_ms(start: float) -> float:

@@ -58,7 +58,7 @@ class WorkerState:
         self._settings = settings
         self._lock = threading.Lock()
         self._services: Services | None = None
-        self._caches: dict[str, Any] = {}
+        self._caches: dict[str, object] = {}
         self._dead_letters: redis.Redis | None = None
         self.watchdog = Watchdog(settings.task_time_limit_s)
 
@@ -77,7 +77,7 @@ class WorkerState:
             client = self._dead_letters
         dead_letter(client, self._settings.key_prefix, queue, why, body)
 
-    def cache(self, kind: jobs.JobKind) -> Any:
+    def cache(self, kind: jobs.JobKind) -> object:
         with self._lock:
             if kind.name not in self._caches:
                 self._caches[kind.name] = kind.new_cache()
@@ -169,7 +169,7 @@ def _queue_of(task: Task) -> str:
     return str(info.get("routing_key") or info.get("exchange") or "?")
 
 
-def _refusal(services: Services, handler: jobs.TaskHandler, cache: Any, message: Any) -> str | None:
+def _refusal(services: Services, handler: jobs.TaskHandler, cache: object, message: object) -> str | None:
     """Why a well-formed message is not work to run: its run unknown to the store, or its kind's own reason."""
     run_id = run_of(message)
     if run_id and services.store.run_state(run_id) is None:

@@ -41,8 +41,7 @@ def _warm_up() -> None:
     began = time.monotonic()
     try:
         for kind in jobs.select(settings.jobs):
-            if kind.warm_up is not None:
-                kind.warm_up(settings)
+            kind.warm_up(settings)
         log.info("warm-up done in %.2f s", time.monotonic() - began)
     except Exception:  # a task meets the same failure and reports it where the run shows it
         log.exception("warm-up failed")

@@ -1,6 +1,6 @@
 """report.html: the pictures (referenced relatively, beside the page) and the tables. Every value is escaped.
 
-The run's job kind adds its part of the page (`JobKind.report_page`): headline rows, sections, its pictures.
+The run's job kind adds its part of the page (`KindViews.report_page`): headline rows, sections, its pictures.
 """
 
 from __future__ import annotations

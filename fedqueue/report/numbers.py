@@ -1,22 +1,21 @@
 """A run's report: is it really parallel, and where does the time go? Numbers from the store, then files.
 
 `build_report(store, run_id)` gives the numbers (what `fedqueue report --json` prints): the core's, from task
-timings and utilization samples, and the run's job kind's (`JobKind.report_numbers`). `write_report` adds
-timeline.png, concurrency.png, the kind's own pictures (`JobKind.report_page`) and report.html.
+timings and utilization samples, and the run's job kind's (`KindViews.report_numbers`). `write_report` adds
+timeline.png, concurrency.png, the kind's own pictures (`KindViews.report_page`) and report.html.
 """
 
 from __future__ import annotations
 
-import time
 from collections import defaultdict
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from fedqueue.core import jobs
 from fedqueue.errors import ConfigError
-from fedqueue.report.html import KindPage, render_html
+from fedqueue.report.html import render_html
+from fedqueue.report.kind import views_of
+from fedqueue.report.run_data import RunData, load_run_data
 from fedqueue.report.timeline import (
     Lane,
     Span,
@@ -24,15 +23,12 @@ from fedqueue.report.timeline import (
     dispatch_gaps,
     idle_while_queued,
     mean,
-    merge_vmapped_packs,
     pack_lanes,
     parallel_efficiency,
     percentile,
-    span_of,
 )
 from fedqueue.store import Store
-from fedqueue.store.schema import RunRow
-from fedqueue.store.utilization import Sample, samples_between
+from fedqueue.store.utilization import Sample
 
 SLOTS_NOTE = (
     "slots = lanes observed: each worker process counts as many slots as its most tasks running at once"
@@ -45,31 +41,6 @@ EFFICIENCY_NOTE = (
 TOP_SLOWEST = 5
 
 
-@dataclass(frozen=True, eq=False)
-class RunData:
-    """A run's rows, read once: what every number and picture of the report comes from."""
-
-    run: RunRow
-    spans: list[Span]
-    samples: list[Sample]
-    now: float
-
-    @property
-    def end(self) -> float:
-        return run_end(self.run, self.spans, self.now)
-
-
-def load_run_data(store: Store, run_id: str, now: float | None = None) -> RunData:
-    """Read a run's rows (NotFound for an unknown run id)."""
-    run = store.get_run(run_id)
-    spans = merge_vmapped_packs(span_of(row) for row in store.task_timings(run_id))
-    now = time.time() if now is None else now
-    end = run_end(run, spans, now)
-    # Samples of the workers that ran this run's tasks, while it ran.
-    samples = samples_between(store, run.created_at, end, {span.worker_key for span in spans})
-    return RunData(run=run, spans=spans, samples=samples, now=now)
-
-
 def build_report(store: Store, run_id: str, now: float | None = None) -> dict[str, Any]:
     """Every number of the report, read from the store (NotFound for an unknown run)."""
     return report_of(store, load_run_data(store, run_id, now))
@@ -79,19 +50,8 @@ def report_of(store: Store, data: RunData) -> dict[str, Any]:
     """The core's numbers of a run, with what its job kind adds (FL: rounds, accuracy, simulated time;
     an LLM job: tokens per second per worker, padding, under "job")."""
     numbers = {**compute_report(data), "job": None}
-    kind = jobs.kinds().get(data.run.kind)
-    if kind is not None and kind.report_numbers is not None:
-        numbers.update(kind.report_numbers(store, data, numbers))
+    numbers.update(views_of(data.run.kind).report_numbers(store, data, numbers))
     return numbers
-
-
-def run_end(run: RunRow, spans: Sequence[Span], now: float) -> float:
-    """When the run finished; a run still going is measured up to now."""
-    if run.finished_at is not None:
-        return run.finished_at
-    if run.state == "running":
-        return max(now, run.created_at)
-    return max((span.finished_at for span in spans), default=run.created_at)
 
 
 def compute_report(data: RunData) -> dict[str, Any]:
@@ -244,8 +204,7 @@ def write_report(store: Store, run_id: str, out_dir: Path, now: float | None = N
 
     data = load_run_data(store, run_id, now)
     report = report_of(store, data)
-    kind = jobs.kinds().get(data.run.kind)
-    page = kind.report_page(report) if kind is not None and kind.report_page is not None else KindPage()
+    page = views_of(data.run.kind).report_page(report)
     done = [span for span in data.spans if span.state == "done"]
     origin, end = data.run.created_at, data.end
     try:

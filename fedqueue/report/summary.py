@@ -8,7 +8,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from fedqueue.config import DEFAULT_LEASE_TTL_S
-from fedqueue.core import jobs
+from fedqueue.report.kind import views_of
 from fedqueue.report.timeline import merge_vmapped_packs, span_of
 from fedqueue.store import Store
 from fedqueue.store.schema import RunRow
@@ -33,7 +33,7 @@ def max_concurrency(intervals: Iterable[tuple[float, float]]) -> int:
 
 
 def run_summary(store: Store, run_id: str) -> dict[str, Any]:
-    """A run's status: what its task timings say, with the keys its job kind adds (`JobKind.summary`)."""
+    """A run's status: what its task timings say, with the keys its job kind adds (`KindViews.summary`)."""
     run = store.get_run(run_id)
     spans = merge_vmapped_packs(span_of(row) for row in store.task_timings(run_id))
     ran = [span for span in spans if span.state == "done"]
@@ -54,16 +54,14 @@ def run_summary(store: Store, run_id: str) -> dict[str, Any]:
         # Every task type counts: an aggregation running beside device tasks is parallelism too.
         "max_concurrency": max_concurrency((span.started_at, span.finished_at) for span in ran),
     }
-    kind = jobs.kinds().get(run.kind)
-    if kind is not None and kind.summary is not None:
-        summary.update(kind.summary(store, run, spans))
+    summary.update(views_of(run.kind).summary(store, run, spans))
     return summary
 
 
 def run_lines(
     store: Store, runs: Sequence[RunRow], now: float | None = None, lease_ttl_s: float = DEFAULT_LEASE_TTL_S
 ) -> list[dict[str, Any]]:
-    """`fedqueue runs`: a line per run, in the order given; each kind fills its columns (`JobKind.run_columns`):
+    """`fedqueue runs`: a line per run, in the order given; each kind fills its columns (`KindViews.run_columns`):
     `type` (its kind, or what kind of job within it), `progress`, `accuracy`, and the older `rounds`, `dataset`,
     `model`."""
     now = time.time() if now is None else now
@@ -87,12 +85,9 @@ def run_lines(
     by_kind: dict[str, list[RunRow]] = defaultdict(list)
     for run in runs:
         by_kind[run.kind].append(run)
-    installed = jobs.kinds()
     for name, mine in by_kind.items():
-        kind = installed.get(name)
-        if kind is not None and kind.run_columns is not None:
-            for run_id, columns in kind.run_columns(store, mine).items():
-                lines[run_id].update(columns)
+        for run_id, columns in views_of(name).run_columns(store, mine).items():
+            lines[run_id].update(columns)
     return list(lines.values())
 
 

@@ -124,6 +124,7 @@ def job_id(folder: Path) -> str:
         (("--job", "bad name!"), ['{"prompt": "a"}'], "--job"),
         (("--dtype", "int3"), ['{"prompt": "a"}'], "dtype"),
         (("--backend", "vllm"), ['{"prompt": "a"}'], "--backend vllm"),  # not installed, and workers start here
+        (("--backend", "onnx"), ['{"prompt": "a"}'], "backend: must be one of transformers, vllm"),
     ],
 )
 def test_bad_input_is_one_line_exit_2_and_writes_nothing(

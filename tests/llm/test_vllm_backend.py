@@ -8,7 +8,7 @@ from types import SimpleNamespace
 import pytest
 
 from fedqueue.errors import ConfigError
-from fedqueue.llm.vllm_backend import load_vllm, to_generation
+from fedqueue.llm.backends.vllm_engine import load_vllm, to_generation
 
 
 @pytest.mark.skipif(importlib.util.find_spec("vllm") is not None, reason="the refusal is for workers without vllm")

@@ -117,10 +117,6 @@ def _give_up(context: TaskContext, task: Square, attempts: int, error: str) -> N
     context.services.store.finish_run(task.run_id, "failed", f"square {task.number} failed {attempts} times")
 
 
-def _repair(_services: Services, _run_id: str) -> list[str]:
-    return []
-
-
 @dataclass(frozen=True)
 class SquaresJob:
     """Square the numbers 0 .. count-1, one task each."""
@@ -144,31 +140,33 @@ class SquaresJob:
         return run_id
 
 
-def _commands() -> typer.Typer:
-    """`fedqueue toy ...`, made only when the CLI asks (the CLI imports the kinds as it starts)."""
-    from fedqueue.cli.common import friendly_errors
-    from fedqueue.cli.launch import exit_unless_finished, submit_and_follow
-
-    app = typer.Typer(no_args_is_help=True, help="Squares numbers: the toy job kind of fedqueue's tests.")
-
-    @app.command("run")
-    @friendly_errors
-    def run_squares(
-        count: Annotated[int, typer.Option(help="How many numbers to square.")] = 8,
-        sleep_ms: Annotated[int, typer.Option(help="How long each task works.")] = 0,
-    ) -> None:
-        """Square the numbers and follow the job to the end."""
-        handle = submit_and_follow(SquaresJob(count, sleep_ms / 1000), Settings.from_env())
-        exit_unless_finished(handle)
-
-    return app
-
-
-KIND = JobKind(
-    name=KIND_NAME,
+class ToyKind(JobKind):
+    name = KIND_NAME
     # Its table comes from a schema branch of its own, upgraded with the core's by every migrating process.
-    migrations=Path(__file__).with_name("fq_toy_migrations"),
-    handlers=(TaskHandler("fedqueue_toy.square", QUEUE, Square, _square, _give_up),),
-    repair=_repair,
-    commands=_commands,
-)
+    migrations = Path(__file__).with_name("fq_toy_migrations")
+    handlers = (TaskHandler("fedqueue_toy.square", QUEUE, Square, _square, _give_up),)
+
+    def repair(self, services: Services, run_id: str) -> list[str]:
+        return []
+
+    def commands(self) -> typer.Typer:
+        """`fedqueue toy ...`, made only when the CLI asks (the CLI imports the kinds as it starts)."""
+        from fedqueue.cli.common import friendly_errors
+        from fedqueue.cli.launch import exit_unless_finished, submit_and_follow
+
+        app = typer.Typer(no_args_is_help=True, help="Squares numbers: the toy job kind of fedqueue's tests.")
+
+        @app.command("run")
+        @friendly_errors
+        def run_squares(
+            count: Annotated[int, typer.Option(help="How many numbers to square.")] = 8,
+            sleep_ms: Annotated[int, typer.Option(help="How long each task works.")] = 0,
+        ) -> None:
+            """Square the numbers and follow the job to the end."""
+            handle = submit_and_follow(SquaresJob(count, sleep_ms / 1000), Settings.from_env())
+            exit_unless_finished(handle)
+
+        return app
+
+
+KIND = ToyKind()

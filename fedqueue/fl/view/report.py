@@ -15,7 +15,8 @@ from fedqueue.fl.store.stop_rows import get_stop
 from fedqueue.fl.strategy.mode import ROUNDS, VERSIONS, Unit
 from fedqueue.fl.view.summary import buffered_of, mode_of, packing_of
 from fedqueue.report.html import KindPage, fmt, html_table, percent
-from fedqueue.report.numbers import RunData, rounded, time_breakdown
+from fedqueue.report.numbers import rounded, time_breakdown
+from fedqueue.report.run_data import RunData
 from fedqueue.report.timeline import Lane, RoundMark, RoundWords, Span, pack_lanes, parallel_efficiency
 from fedqueue.store import Store
 
