@@ -325,7 +325,8 @@ def test_runs_at_80_columns_shows_whole_ids_states_and_dates_of_fl_runs_and_llm_
     finally:
         store.close()
     expected = {fl_run: "finished", llm_job: "failed", named_job: "running"}
-    env = cli_env(FEDQUEUE_DATABASE_URL=f"sqlite:///{database}")
+    # A lease long past the test's length: the unfollowed "running" job must not turn stalled on a slow machine.
+    env = cli_env(FEDQUEUE_DATABASE_URL=f"sqlite:///{database}", FEDQUEUE_LEASE_TTL_S="3600")
     for columns in ("80", "100", "120", None):  # None: piped with no COLUMNS
         result = fedqueue_cli("runs", cwd=tmp_path, env=env if columns is None else {**env, "COLUMNS": columns})
         assert result.returncode == 0, result.stderr
