@@ -1,4 +1,4 @@
-"""Shared pieces of the reliability tests: slow configs, worker launchers, a scheduler loop."""
+"""Shared pieces of the reliability tests: slow configs, worker launchers, a scheduler loop, a broker to stop."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import psutil
+import pytest
 
 from fedqueue.config import Settings
 from fedqueue.fl import api
@@ -246,3 +247,49 @@ def stop_process(process: subprocess.Popen[str]) -> None:
     if process.poll() is None:
         kill_tree(process.pid)
         process.wait()
+
+
+# How a follower is started: given its folder, its environment and its arguments (start_follower's form).
+Starter = Callable[..., tuple[subprocess.Popen[str], Path]]
+
+
+class BrokerOutage:
+    """A Redis of the test's own, stopped and started again (empty) on its port under a follower; `settings` on it.
+    The followers and brokers it started are stopped when the test ends (the `broker_outage` fixture)."""
+
+    def __init__(self, settings: Settings, cwd: Path) -> None:
+        self.cwd = cwd
+        self.broker = EmbeddedRedis().start()
+        self.settings = reliable_settings(replace(settings, broker_url=self.broker.url))
+        self._servers = [self.broker]
+        self._followers: list[subprocess.Popen[str]] = []
+
+    def follow(self, *args: str, start: Starter = start_follower) -> tuple[subprocess.Popen[str], Path]:
+        """`fedqueue *args` on this broker (`start`: how), its output in one file."""
+        follower, log = start(self.cwd, cli_env(self.settings), *args)
+        self._followers.append(follower)
+        return follower, log
+
+    def bounce(self, follower: subprocess.Popen[str], log: Path) -> None:
+        """The broker stopped under a live follower and, once it said so, started again (empty) on its port."""
+        self._servers.append(bounce_broker(self.broker, follower, log))
+
+    def start_again(self) -> None:
+        """The stopped broker started again (empty) on its port."""
+        self._servers.append(EmbeddedRedis(port=self.broker.port).start())
+
+    def close(self) -> None:
+        for follower in self._followers:
+            stop_process(follower)
+        for server in self._servers:
+            server.stop()
+
+
+@pytest.fixture(name="broker_outage")
+def broker_outage_fixture(settings: Settings, tmp_path: Path) -> Iterator[BrokerOutage]:
+    """A broker of the test's own to stop and start again (import this where it is used: it is no conftest's)."""
+    outage = BrokerOutage(settings, tmp_path)
+    try:
+        yield outage
+    finally:
+        outage.close()

@@ -21,10 +21,13 @@ ALLOWED = {
     "core": {"config", "errors", "store"},
     "queue": {"config", "errors", "store", "core"},
     "report": {"config", "errors", "store", "core"},
+    # A run of any kind once submitted (handle.py), and how one is launched (launch.py): what the front door uses.
+    "handle": {"config", "errors", "store", "core", "queue", "report"},
+    "launch": {"config", "errors", "store", "core", "queue", "report", "handle"},
     # The front door: the Python API (api.py) and the `fedqueue` command over every layer, kinds reached
     # only through the registry (their commands, bars and status come from their JobKind).
-    "api": {"config", "errors", "store", "core", "queue", "report"},
-    "cli": {"config", "errors", "store", "core", "queue", "report", "api"},
+    "api": {"config", "errors", "store", "core", "queue", "report", "handle", "launch"},
+    "cli": {"config", "errors", "store", "core", "queue", "report", "api", "handle", "launch"},
 }
 
 

@@ -6,7 +6,6 @@ import json
 import os
 import shutil
 import sys
-from collections.abc import Callable
 from pathlib import Path
 from typing import NoReturn
 
@@ -21,11 +20,9 @@ from fedqueue.cli.local import with_local_broker
 from fedqueue.config import DEFAULT_GPUS_PER_WORKER, DEFAULT_WORKER_SLOTS, Settings, mask_url
 from fedqueue.core import jobs
 from fedqueue.core.cancel import CANCELLED, cancel_run
-from fedqueue.core.cluster_file import pid_alive
-from fedqueue.core.database import open_store
 from fedqueue.core.services import Services
 from fedqueue.errors import ConfigError, FedqueueError
-from fedqueue.queue.client import open_client_services
+from fedqueue.launch import LocalWorkers, launched, scheduled
 from fedqueue.report.summary import run_summary
 from fedqueue.store import Store
 
@@ -43,24 +40,12 @@ def submit_and_follow(
     """Submit where the tasks can run (the broker, `fedqueue up`'s cluster, or workers started here) and
     follow the run (its lease, repairs, bars) to the end; then print what its kind shows of it."""
     warn_if_insecure(settings)
-    api.check_before_start(submission, settings)  # a plugin that does not import: before anything starts
-    # Local workers are started first, not waited for (unless asked): they boot (imports, warm-up)
-    # while this process checks plugins, migrates the store and plans the job; its tasks wait on the queue.
-    with api.placement(
-        settings, procs, slots, gpus_per_worker=gpus_per_worker, wait=wait_for_workers, say=say_plain
-    ) as place:
-        api.check(submission, place.settings)
-        open_store(place.settings.database_url, migrate=True).close()  # a bad database before a bad broker
-        services = open_client_services(place.settings, place.worker_slots)
-        try:
-            # Through a broker outage, as the follower below waits through one: the command's first line to its last.
-            handle = api.submit_through_outage(submission, place, services, say=_say)
-            if not place.workers_known and handle.submit_cut is None:
-                warn_if_no_workers(place.settings)
-            follow_to_end(handle, place, services, all_rows=all_rows)
-        finally:
-            services.close()
-    return handle
+    workers = LocalWorkers(procs, slots, gpus_per_worker, wait_for_workers)
+    with launched(submission, settings, workers, say=say_plain, say_outage=_say) as launch:
+        if launch.workers_unsure:
+            warn_if_no_workers(launch.place.settings)
+        follow_to_end(launch.handle, launch.place, launch.services, all_rows=all_rows)
+    return launch.handle
 
 
 def submit_detached(submission: api.Submission, settings: Settings) -> str:
@@ -87,16 +72,14 @@ def follow_to_end(
     a store outage (a full disk), the same up to FEDQUEUE_STORE_WAIT_S.
     """
 
-    with api.scheduling(handle, services, say=_say) as supervisor:
+    with scheduled(handle, place, services, say=_say) as lease:
+        supervisor = lease.supervisor
         try:
-            tick = api.keep_running(supervisor, place.cluster)
-            if place.standing is not None:
-                tick = _while_up(tick, place.standing.pid, handle.id)
             ended = follow(
                 supervisor.services,
                 handle.id,
                 console,
-                tick=tick,
+                tick=lease.tick,
                 watch=supervisor.watch,
                 store_watch=supervisor.store_watch,
             )
@@ -182,17 +165,6 @@ def say_plain(line: str) -> None:
 def _say(line: str) -> None:
     """A line of the broker's or the store's watch, above the bars."""
     console.print(Text(line, style="yellow"), soft_wrap=True)
-
-
-def _while_up(tick: Callable[[], list[str]], pid: int, run_id: str) -> Callable[[], list[str]]:
-    """A tick that fails once the `fedqueue up` running the workers is gone: nothing would run the tasks."""
-
-    def checked() -> list[str]:
-        if not pid_alive(pid):
-            raise FedqueueError(f"the local cluster (fedqueue up, pid {pid}) stopped; fedqueue resume {run_id} goes on")
-        return tick()
-
-    return checked
 
 
 def show_run(store: Store, run_id: str, as_json: bool, all_rows: bool = False) -> None:

@@ -9,23 +9,14 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Mapping
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from fedqueue.api import (
-    Placement,
-    check,
-    keep_running,
-    local_cluster,
-    placement,
-    runs,
-    scheduling,
-    submit_through_outage,
-    with_plugins,
-)
 from fedqueue.api import RunHandle as AnyRunHandle
-from fedqueue.api import submit as submit_job
+from fedqueue.api import run as run_job
+from fedqueue.api import runs
 from fedqueue.config import DEFAULT_WORKER_SLOTS, Settings
 from fedqueue.core.outage import SubmitCutShort
 from fedqueue.errors import ConfigError
@@ -33,6 +24,8 @@ from fedqueue.fl.config import RunConfig, load_run_config
 from fedqueue.fl.scheduler import submit_run
 from fedqueue.fl.store.results import list_rounds
 from fedqueue.fl.strategy.common import final_state
+from fedqueue.launch import Placement, check, keep_running, local_cluster, scheduling, with_plugins
+from fedqueue.launch import submit as submit_job
 
 if TYPE_CHECKING:
     import torch
@@ -176,18 +169,20 @@ def run(
     these settings, else on local workers started here (beside the submit) and stopped afterwards.
 
     A tensorboard_dir in the config gets the run's scalars as its rounds or versions are made."""
+    submission = RunSubmission(load_config(config, overrides))
+    handle = run_job(
+        submission,
+        with_plugins(settings, plugin_path),
+        procs=procs,
+        slots=slots,
+        timeout_s=timeout_s,
+        follower=_scalars,
+    )
+    return RunHandle.of(handle)
+
+
+def _scalars(handle: AnyRunHandle) -> AbstractContextManager[Callable[[], object]]:
+    """The run's TensorBoard scalars, written on each poll (where its config names a tensorboard_dir)."""
     from fedqueue.fl.view.tensorboard import following
 
-    submission = RunSubmission(load_config(config, overrides))
-    with placement(with_plugins(settings, plugin_path), procs, slots) as place:
-        check(submission, place.settings)
-        handle = RunHandle.of(submit_through_outage(submission, place))
-        with scheduling(handle) as supervisor, following(handle.store, handle.id) as write_scalars:
-            tick = keep_running(supervisor, place.cluster)
-
-            def poll() -> None:
-                tick()
-                write_scalars()
-
-            handle.wait(timeout_s, tick=poll, store_watch=supervisor.store_watch)
-    return handle
+    return following(handle.store, handle.id)

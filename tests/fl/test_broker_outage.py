@@ -17,19 +17,17 @@ from fedqueue.config import Settings
 from fedqueue.fl import api
 from fedqueue.fl.config import config_toml
 from fedqueue.fl.store.results import count_done
-from fedqueue.queue.embedded import EmbeddedRedis
 from tests.fl.test_scheduler_recovery import embedded_env
 from tests.helpers import assert_same_weights, reference_final_state
 from tests.reliability_support import (
     BROKER_BACK,
     BROKER_WENT,
-    bounce_broker,
-    cli_env,
+    BrokerOutage,
+    broker_outage_fixture,  # noqa: F401 - the broker_outage fixture
     followed_through_the_outage,
     launcher,
     one_result_per_device,
     printed_run_id,
-    reliable_settings,
     slow_config,
     start_follower,
     stop_process,
@@ -40,28 +38,20 @@ from tests.reliability_support import (
 pytestmark = pytest.mark.faults
 
 
-def test_run_waits_for_a_restarted_broker_and_ends_with_the_same_weights(settings: Settings, tmp_path: Path) -> None:
+def test_run_waits_for_a_restarted_broker_and_ends_with_the_same_weights(
+    broker_outage: BrokerOutage, tmp_path: Path
+) -> None:
     """Redis stopped mid-round 2 and started again empty on its port: exit 0, one line each way, same weights."""
-    first = EmbeddedRedis().start()
-    settings = reliable_settings(replace(settings, broker_url=first.url))
+    settings = broker_outage.settings
     config = slow_config(0.2, rounds=3, devices_per_round=4, local_iters=4)
     (tmp_path / "run.toml").write_text(config_toml(config))
-    second = None
-    follower = None
-    try:
-        with launcher(settings, procs=2, cwd=tmp_path):
-            follower, log = start_follower(tmp_path, cli_env(settings), "run", "run.toml")
-            handle = api.RunHandle(printed_run_id(follower, log), settings)
-            wait_until(lambda: count_done(handle.store, handle.id, 2) >= 1 or follower.poll() is not None, 90)
-            assert follower.poll() is None, log.read_text()[-3000:]
-            second = bounce_broker(first, follower, log)
-            follower.wait(timeout=120)
-    finally:
-        if follower is not None:
-            stop_process(follower)
-        for server in (first, second):
-            if server is not None:
-                server.stop()
+    with launcher(settings, procs=2, cwd=tmp_path):
+        follower, log = broker_outage.follow("run", "run.toml")
+        handle = api.RunHandle(printed_run_id(follower, log), settings)
+        wait_until(lambda: count_done(handle.store, handle.id, 2) >= 1 or follower.poll() is not None, 90)
+        assert follower.poll() is None, log.read_text()[-3000:]
+        broker_outage.bounce(follower, log)
+        follower.wait(timeout=120)
     output = followed_through_the_outage(follower, log)
     assert "the workers keep their tasks" in output
     assert f"run {handle.id} (finished)" in output  # the summary an unfaulted run ends with
@@ -70,26 +60,19 @@ def test_run_waits_for_a_restarted_broker_and_ends_with_the_same_weights(setting
     assert_same_weights(handle.final_weights(), reference_final_state(config))
 
 
-def test_run_gives_up_after_the_broker_wait_and_names_resume(settings: Settings, tmp_path: Path) -> None:
+def test_run_gives_up_after_the_broker_wait_and_names_resume(broker_outage: BrokerOutage, tmp_path: Path) -> None:
     """Redis stopped for good while `fedqueue run` follows: after FEDQUEUE_BROKER_WAIT_S, one line naming
     `fedqueue resume RUN` and a non-zero exit; the run is left running for that resume."""
-    server = EmbeddedRedis().start()
-    settings = reliable_settings(replace(settings, broker_url=server.url, broker_wait_s=5))
+    broker_outage.settings = settings = replace(broker_outage.settings, broker_wait_s=5)
     config = slow_config(0.2, rounds=2, devices_per_round=4, local_iters=4)
     (tmp_path / "run.toml").write_text(config_toml(config))
-    follower = None
-    try:
-        # No workers: the run waits on its queue while the follower holds its lease.
-        follower, log = start_follower(tmp_path, cli_env(settings), "run", "run.toml")
-        handle = api.RunHandle(printed_run_id(follower, log), settings)
-        wait_until(lambda: handle.store.get_run(handle.id).lease_owner is not None or follower.poll() is not None, 60)
-        assert follower.poll() is None, log.read_text()[-3000:]
-        server.stop()
-        follower.wait(timeout=60)
-    finally:
-        if follower is not None:
-            stop_process(follower)
-        server.stop()
+    # No workers: the run waits on its queue while the follower holds its lease.
+    follower, log = broker_outage.follow("run", "run.toml")
+    handle = api.RunHandle(printed_run_id(follower, log), settings)
+    wait_until(lambda: handle.store.get_run(handle.id).lease_owner is not None or follower.poll() is not None, 60)
+    assert follower.poll() is None, log.read_text()[-3000:]
+    broker_outage.broker.stop()
+    follower.wait(timeout=60)
     output = log.read_text()
     assert follower.returncode == 2, output[-3000:]
     assert f"run {handle.id} continues when its workers and broker are back: `fedqueue resume {handle.id}`" in output
@@ -134,30 +117,20 @@ def test_run_starts_its_embedded_redis_again_when_it_exits(tmp_path: Path) -> No
 
 
 def test_resume_waits_for_a_broker_still_down_and_ends_with_the_same_weights(
-    settings: Settings, tmp_path: Path
+    broker_outage: BrokerOutage, tmp_path: Path
 ) -> None:
     """`fedqueue resume` of a run whose broker is still down waits for it as `run` does (it exited 2 at once):
     one line when it starts, one when the broker is back (empty, on its port), then exit 0 and the same weights."""
-    first = EmbeddedRedis().start()
-    settings = reliable_settings(replace(settings, broker_url=first.url))
+    settings = broker_outage.settings
     config = slow_config(0.0, rounds=2, devices_per_round=4, local_iters=3)
     handle = api.submit(config, settings=settings)  # no worker yet: round 1 waits on the queue
-    first.stop()
-    second = None
-    follower = None
-    try:
-        follower, log = start_follower(tmp_path, cli_env(settings), "resume", handle.id)
-        wait_until(lambda: BROKER_WENT in log.read_text() or follower.poll() is not None, 60)
-        assert follower.poll() is None, log.read_text()[-3000:]
-        second = EmbeddedRedis(port=first.port).start()
-        with launcher(settings, procs=2, cwd=tmp_path):
-            follower.wait(timeout=180)
-    finally:
-        if follower is not None:
-            stop_process(follower)
-        for server in (first, second):
-            if server is not None:
-                server.stop()
+    broker_outage.broker.stop()
+    follower, log = broker_outage.follow("resume", handle.id)
+    wait_until(lambda: BROKER_WENT in log.read_text() or follower.poll() is not None, 60)
+    assert follower.poll() is None, log.read_text()[-3000:]
+    broker_outage.start_again()
+    with launcher(settings, procs=2, cwd=tmp_path):
+        follower.wait(timeout=180)
     followed_through_the_outage(follower, log)
     assert handle.state == "finished"
     one_result_per_device(handle)

@@ -18,18 +18,17 @@ import pytest
 from fedqueue.config import Settings
 from fedqueue.fl import api
 from fedqueue.fl.config import config_toml
-from fedqueue.queue.embedded import EmbeddedRedis
 from tests.cli_runner import interruptible
 from tests.fl.test_scheduler_recovery import embedded_env
 from tests.helpers import assert_same_weights, reference_final_state
 from tests.reliability_support import (
     BROKER_WENT,
-    cli_env,
+    BrokerOutage,
+    broker_outage_fixture,  # noqa: F401 - the broker_outage fixture
     followed_through_the_outage,
     launcher,
     one_result_per_device,
     printed_run_id,
-    reliable_settings,
     slow_config,
     stop_process,
     wait_until,
@@ -66,29 +65,19 @@ def start_cut(cwd: Path, env: dict[str, str], point: str, *args: str) -> tuple[s
     ],
 )
 def test_run_waits_for_a_broker_lost_while_it_submits(
-    settings: Settings, tmp_path: Path, point: str, waiting: str
+    broker_outage: BrokerOutage, tmp_path: Path, point: str, waiting: str
 ) -> None:
-    first = EmbeddedRedis().start()
-    settings = reliable_settings(replace(settings, broker_url=first.url))
+    settings = broker_outage.settings
     config = slow_config(0.05, rounds=2, devices_per_round=4, local_iters=4)
     (tmp_path / "run.toml").write_text(config_toml(config))
-    second = None
-    follower = None
-    try:
-        with launcher(settings, procs=2, cwd=tmp_path):
-            follower, log = start_cut(tmp_path, cli_env(settings), point, "run", "run.toml")
-            # The command shuts its broker down itself; once it says it waits, the broker starts again, empty.
-            wait_until(lambda: BROKER_WENT in log.read_text() or follower.poll() is not None, 120)
-            assert follower.poll() is None, log.read_text()[-3000:]
-            first.stop()
-            second = EmbeddedRedis(port=first.port).start()
-            follower.wait(timeout=180)
-    finally:
-        if follower is not None:
-            stop_process(follower)
-        for server in (first, second):
-            if server is not None:
-                server.stop()
+    with launcher(settings, procs=2, cwd=tmp_path):
+        follower, log = broker_outage.follow(point, "run", "run.toml", start=start_cut)
+        # The command shuts its broker down itself; once it says it waits, the broker starts again, empty.
+        wait_until(lambda: BROKER_WENT in log.read_text() or follower.poll() is not None, 120)
+        assert follower.poll() is None, log.read_text()[-3000:]
+        broker_outage.broker.stop()
+        broker_outage.start_again()
+        follower.wait(timeout=180)
     output = followed_through_the_outage(follower, log)
     assert f"broker shut down at {point}" in output
     assert waiting in output, output[-3000:]
@@ -100,21 +89,14 @@ def test_run_waits_for_a_broker_lost_while_it_submits(
 
 
 def test_a_broker_that_stays_away_before_the_run_is_stored_leaves_nothing_stored(
-    settings: Settings, tmp_path: Path
+    broker_outage: BrokerOutage, tmp_path: Path
 ) -> None:
     """Past FEDQUEUE_BROKER_WAIT_S with nothing of the run stored: one line saying so (submit again), exit 2 as for
     a broker that does not answer at the start, and no run in the store."""
-    server = EmbeddedRedis().start()
-    settings = reliable_settings(replace(settings, broker_url=server.url, broker_wait_s=3))
+    broker_outage.settings = settings = replace(broker_outage.settings, broker_wait_s=3)
     (tmp_path / "run.toml").write_text(config_toml(slow_config(0.05, rounds=2, devices_per_round=4)))
-    follower = None
-    try:
-        follower, log = start_cut(tmp_path, cli_env(settings), "before-row", "run", "run.toml")
-        follower.wait(timeout=120)
-    finally:
-        if follower is not None:
-            stop_process(follower)
-        server.stop()
+    follower, log = broker_outage.follow("before-row", "run", "run.toml", start=start_cut)
+    follower.wait(timeout=120)
     output = log.read_text()
     assert follower.returncode == 2, output[-3000:]
     assert output.splitlines()[-1].startswith("error: broker unreachable for "), output[-3000:]
