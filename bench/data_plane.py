@@ -3,6 +3,7 @@
     .venv/bin/python bench/data_plane.py [--cases carrier,resnet,digits] [--modes fedavg,fedbuff]
         [--timed-rounds 2] [--carrier-devices 10] [--resnet-devices 4] [--resnet-steps 2]
         [--digits-devices 20] [--procs N] [--pack-size auto] [--pack-mode auto] [--quick] [--busy-ok]
+    .venv/bin/python bench/data_plane.py --phases-only    # each phase of one update alone, in seconds
 
 Cases, each as sync FedAvg and as FedBuff, through fedqueue (one local cluster, one worker process per
 core, the defaults: packs chosen at submit) and through a plain loop in this process on one torch thread
@@ -221,6 +222,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3, help="tries of each phase timed in this process")
     parser.add_argument("--quick", action="store_true", help="a smoke run: small rounds, one timed round")
     parser.add_argument("--busy-ok", action="store_true", help="start at once on a busy machine")
+    parser.add_argument("--phases-only", action="store_true", help="only time each phase of one update (seconds)")
     args = parser.parse_args()
     if args.quick:
         args.timed_rounds, args.carrier_devices, args.resnet_devices = 1, 4, 2
@@ -234,9 +236,12 @@ def main() -> None:
         wait_for_quiet()
     print("load average at the start: {:.2f} {:.2f} {:.2f}".format(*os.getloadavg()), flush=True)
     load = ForeignLoad()
+    if args.phases_only:
+        phases_only(args)
+        print("\n" + load.report())
+        return
     configs = {name: {mode: in_mode(config, mode) for mode in modes} for name, config in cases(args).items()}
     runs: dict[tuple[str, str], Through] = {}
-    costs: dict[str, PhaseCosts] = {}
     with tempfile.TemporaryDirectory(prefix="fedqueue-bench-") as tmp:
         settings = Settings(database_url=f"sqlite:///{Path(tmp) / 'data-plane.db'}", key_prefix="bench-data-plane")
         settings = settings.with_plugin_path([str(BENCH_DIR)])
@@ -247,9 +252,8 @@ def main() -> None:
                 for mode, config in by_mode.items():
                     print(f"{TITLES[name]}, {mode}: fedqueue ...", flush=True)
                     runs[name, mode] = through_fedqueue(cluster, config, client)
-            for name, by_mode in configs.items():
-                # The workers are idle now: each phase timed alone on the case's state.
-                costs[name] = phase_costs(Loop(next(iter(by_mode.values()))).initial, client, "bench", args.repeats)
+            # The workers are idle now: each phase timed alone on the case's state.
+            costs = case_costs(cases(args), client, args.repeats)
     loops: dict[tuple[str, str], LoopRun] = {}
     for name, by_mode in configs.items():
         for mode, config in by_mode.items():
@@ -259,6 +263,36 @@ def main() -> None:
     print("load average at the end: {:.2f} {:.2f} {:.2f}".format(*os.getloadavg()))
     report(args, configs, runs, loops, costs)
     print("\n" + load.report())
+
+
+def case_costs(configs: dict[str, RunConfig], client: Any, repeats: int) -> dict[str, PhaseCosts]:
+    return {name: phase_costs(Loop(config).initial, client, "bench", repeats) for name, config in configs.items()}
+
+
+def phases_only(args: argparse.Namespace) -> None:
+    """Each phase of one update per case, through an embedded Redis of its own: no run, no loop."""
+    import redis
+
+    from fedqueue.queue.embedded import EmbeddedRedis
+
+    with EmbeddedRedis() as embedded:
+        costs = case_costs(cases(args), redis.Redis.from_url(embedded.url), args.repeats)
+    print(f"\n### One update's data plane, ms, each phase timed alone here (median of {args.repeats})\n")
+    print(phases_table(costs))
+    print("\n" + markdown_table(["target", "measured", "target", ""], checks({}, {}, costs)))
+
+
+def phases_table(costs: dict[str, PhaseCosts]) -> str:
+    rows = [
+        (
+            TITLES[name],
+            f"{cost.nbytes / MB:.1f}",
+            *(f"{cost.ms[phase]:.1f}" for phase in PHASES),
+            f"{cost.total_ms:.1f}",
+        )
+        for name, cost in costs.items()
+    ]
+    return markdown_table(["case", "MB", *PHASES, "total"], rows)
 
 
 def report(
@@ -273,16 +307,7 @@ def report(
     print("\n### Per update, ms: the store's timing rows (fedqueue) and the loop's training alone\n")
     print(store_table(runs, loops))
     print(f"\n### One update's data plane, ms, each phase timed alone here (median of {args.repeats})\n")
-    rows = [
-        (
-            TITLES[name],
-            f"{cost.nbytes / MB:.1f}",
-            *(f"{cost.ms[phase]:.1f}" for phase in PHASES),
-            f"{cost.total_ms:.1f}",
-        )
-        for name, cost in costs.items()
-    ]
-    print(markdown_table(["case", "MB", *PHASES, "total"], rows))
+    print(phases_table(costs))
     print("\n### Bytes moved per update (MB)\n")
     rows = [
         (
@@ -293,11 +318,8 @@ def report(
         )
         for (name, mode), run in runs.items()
     ]
-    print(
-        markdown_table(
-            ["case, mode", "model blob", "update blob per device", "Redis in + out per device trained"], rows
-        )
-    )
+    headers = ["case, mode", "model blob", "update blob per device", "Redis in + out per device trained"]
+    print(markdown_table(headers, rows))
     print("\n" + markdown_table(["target", "measured", "target", ""], checks(runs, loops, costs)))
 
 

@@ -37,25 +37,26 @@ class PhaseCosts:
         return sum(self.ms[phase] for phase in PHASES)
 
 
-def _median_ms(call: Callable[[], Any], repeats: int) -> float:
+def _timed_ms(call: Callable[[], Any], repeats: int, pick: Callable[[list[float]], float] = statistics.median) -> float:
     times = []
     for _ in range(repeats):
         began = time.perf_counter()
         call()
         times.append((time.perf_counter() - began) * 1000)
-    return statistics.median(times)
+    return pick(times)
 
 
 def fold_ms(state: Mapping[str, torch.Tensor], repeats: int = 3) -> float:
     """One more update's share of FedAvg's sum: fedavg over 3 updates less fedavg over 1, halved
-    (the sum's fixed cost, its float64 copy of the global model and its result, is not an update's)."""
+    (the sum's fixed cost, its float64 copy of the global model and its result, is not an update's).
+    The fastest try of each: a difference of two medians drowns in the noise of a busy machine."""
     from fedqueue.fl.ml.aggregate import fedavg
 
     local = {name: tensor.clone() for name, tensor in state.items()}
     one = [(0, 1, local)]
     three = [(device, 1, local) for device in range(3)]
-    single = _median_ms(lambda: fedavg(state, one, 1.0), repeats)
-    triple = _median_ms(lambda: fedavg(state, three, 1.0), repeats)
+    single = _timed_ms(lambda: fedavg(state, one, 1.0), repeats, min)
+    triple = _timed_ms(lambda: fedavg(state, three, 1.0), repeats, min)
     return max(0.0, (triple - single) / 2)
 
 
@@ -72,11 +73,11 @@ def phase_costs(
     key = f"{key_prefix}:data-plane-probe:{uuid.uuid4().hex}"
     try:
         ms = {
-            "encode": _median_ms(lambda: encode_state(dict(state)), repeats),
-            "hash": _median_ms(lambda: hashlib.sha256(data).hexdigest(), repeats),
-            "put": _median_ms(lambda: client.set(key, data), repeats),
-            "get": _median_ms(lambda: client.get(key), repeats),
-            "decode": _median_ms(lambda: decode_state(data), repeats),
+            "encode": _timed_ms(lambda: encode_state(dict(state)), repeats),
+            "hash": _timed_ms(lambda: hashlib.sha256(data).hexdigest(), repeats),
+            "put": _timed_ms(lambda: client.set(key, data), repeats),
+            "get": _timed_ms(lambda: client.get(key), repeats),
+            "decode": _timed_ms(lambda: decode_state(data), repeats),
             "fold": fold_ms(state, repeats),
         }
     finally:
