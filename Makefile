@@ -86,6 +86,7 @@ bench: $(STAMP)
 	$(BIN)/python bench/async_overhead.py
 	$(BIN)/python bench/sync_vs_async.py
 	$(BIN)/python bench/startup.py
+	$(BIN)/python bench/data_plane.py
 	$(MAKE) bench-vllm
 	$(BIN)/python bench/chaos_soak.py
 

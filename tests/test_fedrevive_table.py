@@ -3,25 +3,17 @@
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
 import json
-import sys
-from pathlib import Path
 from types import ModuleType
 
 import pytest
 
-SCRIPT = Path(__file__).resolve().parents[1] / "bench" / "fedrevive_table.py"
+from tests.bench_scripts import load_bench_module
 
 
 @pytest.fixture(scope="module")
 def bench() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("fedrevive_table", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["fedrevive_table"] = module  # its dataclasses look their module up while they are made
-    spec.loader.exec_module(module)
-    return module
+    return load_bench_module("fedrevive_table")
 
 
 def run(bench: ModuleType, experiment: str, seed: int, *accuracies: float, schedule: str = "default") -> object:
