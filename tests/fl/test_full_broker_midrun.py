@@ -44,7 +44,9 @@ from tests.reliability_support import (
 )
 from tests.test_worker_full_broker import oom_replies
 
-pytestmark = pytest.mark.faults
+# A CNN run on two worker processes, then its queue-free reference: about 5 minutes on a loaded 2-core machine,
+# past the suite's 300 s default; the test's own waits bound it.
+pytestmark = [pytest.mark.faults, pytest.mark.timeout(900)]
 
 FULL_FOR_S = 10.0  # how long the other client keeps Redis at its limit (the fault's length, as in the issue)
 # What the follower says when its broker is at its limit, and when it has room again (fedqueue.core.room).
