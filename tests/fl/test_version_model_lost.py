@@ -23,7 +23,7 @@ from fedqueue.fl.worker.device_task import run_device_task
 from tests.fl.test_buffered_async import buffered_config, reference
 from tests.helpers import assert_same_weights
 
-SETTINGS = Settings(key_prefix="lost-version", heartbeat_ttl_s=30.0, max_attempts=3, max_lost_attempts=3)
+SETTINGS = Settings(key_prefix="lost-version", heartbeat_ttl_s=30, max_attempts=3, max_lost_attempts=3)
 
 
 def test_a_fold_whose_versions_left_the_broker_reads_them_from_the_store(tmp_path: Path) -> None:
