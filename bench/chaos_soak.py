@@ -23,8 +23,8 @@ queue (the versions it made, from which updates, and the final weights bit for b
 job's stored and exported outputs with a one-prompt-at-a-time generate() loop. It prints the faults by
 kind, the tasks redone (attempt > 1 in the store's task table), the updates and prompts lost (no
 stored result, or not folded where the reference folds them) and counted twice (a duplicate row, or
-an update folded more often than the reference folds it), and exits non-zero if any is not 0, a
-result differs, or a follower did not exit 0.
+an update folded more often than the reference folds it), the messages dead-lettered, and exits non-zero
+if any is not 0, a result differs, a follower did not exit 0, or more messages were dead-lettered than forged.
 
     .venv/bin/python bench/chaos_soak.py [--minutes 10] [--seed 0] [--faults-per-minute 4]
 """
@@ -78,6 +78,7 @@ from tests.reliability_support import cli_env, kill_tree, ping_count, stop_launc
 FAULT_KINDS = ("kill", "stop", "restart", "fill", "forge")
 JUNK_PREFIX = "chaos-junk:"  # junk keys of the fill fault; fedqueue's keys start with its key prefix
 SUBMIT_TRIES = 5
+DEAD_LETTERED = "dead-lettered a message from"  # a worker's log line for each message refused for good
 ID_LINE = re.compile(r"\b(?:run|job) ([0-9A-Za-z_.-]+) (?:submitted|continued)")
 
 
@@ -677,8 +678,10 @@ def main() -> int:
             check_llm(store, record, model, generation, verdict)
     for orphan in orphans:
         check_orphan(store, settings.database_url, orphan, verdict)
-    crashes = (workdir / "launcher.log").read_text().count("Unrecoverable error")
-    return report(args, info, wall, records, orphans, injector.faults, verdict, crashes, workdir)
+    workers_log = (workdir / "launcher.log").read_text()
+    crashes = workers_log.count("Unrecoverable error")
+    dead = workers_log.count(DEAD_LETTERED)
+    return report(args, info, wall, records, orphans, injector.faults, verdict, crashes, dead, workdir)
 
 
 def wait_for_orphans(store: Store, named: set[str | None], timeout_s: float) -> list[Followed]:
@@ -736,6 +739,7 @@ def report(
     faults: Faults,
     verdict: Verdict,
     crashes: int,
+    dead: int,
     workdir: Path,
 ) -> int:
     print()
@@ -783,6 +787,8 @@ def report(
     print(f"Redis clients at most (this script's included): {faults.peak_clients}")
     print(f"worker crashes ('Unrecoverable error' in the launcher's log): {crashes}")
     print(f"forged tasks and raw bytes put on the device queue: {faults.forged} (a forged result would differ below)")
+    # Fewer where a Redis restart emptied the queue before a worker took them; more would be one refused twice.
+    print(f"messages dead-lettered (the workers' log): {dead}")
     print(f"tasks stored: {verdict.tasks}; tasks redone (attempt > 1): {verdict.redone}")
     print(f"lost: {verdict.lost}")
     print(f"counted twice: {verdict.twice}")
@@ -804,7 +810,10 @@ def report(
     # A submission refused with one line while the broker is down is what a user can act on (it is tried again);
     # one that ends in a traceback is not.
     crashed = [line for _, line, traceback in refused if traceback]
-    ok = bool(records) and not (verdict.differ or verdict.lost or verdict.twice or followers_bad or crashed)
+    twice_dead = dead > faults.forged
+    ok = bool(records) and not (
+        verdict.differ or verdict.lost or verdict.twice or followers_bad or crashed or twice_dead
+    )
     print("PASS" if ok else "FAIL")
     if not args.keep and ok:
         import shutil

@@ -289,8 +289,9 @@ def scheduling(
                 " it; the run is stored, and what its submit did not send is sent when the broker is back",
             )
         store_watch = StoreWatch.of(client.settings, handle.id, say)
-        unread = UnreadQueues.of(client, handle.id, say)
         room = BrokerRoom.of(client.settings, handle.id, say)
+        # Workers waiting for room in a full broker cannot renew their reader marks: not called gone meanwhile.
+        unread = UnreadQueues.of(client, handle.id, say, full=lambda: room is not None and room.full)
         supervisor = RunSupervisor(
             client, handle.id, watch=watch, store_watch=store_watch, unread=unread, room=room
         ).acquire()

@@ -96,7 +96,9 @@ def resume(
     ] = False,
     all_rows: AllRowsOpt = False,
 ) -> None:
-    """Take over scheduling a run of any kind (after its scheduler died) and follow it to the end."""
+    """Take over scheduling a run of any kind (after its scheduler died) and follow it to the end. A broker that
+    is down when it starts, or goes while it follows, is waited for as `run` waits: one line when it goes, one when
+    it is back, exit 2 past FEDQUEUE_BROKER_WAIT_S."""
 
     settings = Settings.from_env().with_plugin_path(plugin_path)
     settings.activate_plugin_path()

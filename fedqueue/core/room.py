@@ -68,6 +68,11 @@ class BrokerRoom:
 
         return cls(run_id, read, say or log.warning, clock, close)
 
+    @property
+    def full(self) -> bool:
+        """The broker was at its limit at the last look (and has not had room since)."""
+        return self._full_since is not None
+
     def check(self) -> None:
         """Look at the broker's memory when a look is due, and say when it fills or has room again."""
         now = self._clock()

@@ -91,8 +91,9 @@ class RunSupervisor:
 
     def tick(self) -> list[str]:
         """Renew the lease; every few seconds, repair the run. Returns the repairs made."""
-        # Whoever holds the lease, this follower says when no worker reads its queues and when the broker is full.
-        for look in (self.unread, self.room):
+        # Whoever holds the lease, this follower says when the broker is full and when no worker reads its queues
+        # (the room first: queues are not called unread while the broker is full).
+        for look in (self.room, self.unread):
             if look is not None and self.watch is not None:
                 self.watch.call(look.check, _nothing)
             elif look is not None:

@@ -4,6 +4,10 @@ A run whose workers never started (or all stopped) otherwise waits in silence. T
 kind's queues every few seconds (fedqueue.core.readers: what waits there, which workers read it); a queue
 with messages waiting and no reader for FEDQUEUE_NO_WORKER_S is named in one line, said again only when
 the set of such queues changes, and one line says when a worker reads them again.
+
+A broker at its maxmemory refuses the workers' renewals of their marks, which then run out: its workers are
+not gone, they wait for room with their tasks (the broker's watch, fedqueue.core.room, says so). While `full`
+says so, no queue counts as unread, and a queue's wait starts again once the broker has room.
 """
 
 from __future__ import annotations
@@ -26,7 +30,8 @@ class UnreadQueues:
 
     `queues` gives the run's queues (full names; asked once, at the first look); `look` counts what waits on
     them and who reads them (it raises while the broker is down: the caller runs `check` through its broker
-    watch); `say` takes each line; `clock` is monotonic seconds.
+    watch); `say` takes each line; `clock` is monotonic seconds; `full` tells whether the broker is at its
+    maxmemory now (its workers' marks then run out while they wait for room).
     """
 
     def __init__(
@@ -37,6 +42,7 @@ class UnreadQueues:
         after_s: float,
         say: Callable[[str], object] = log.warning,
         clock: Callable[[], float] = time.monotonic,
+        full: Callable[[], bool] = lambda: False,
     ) -> None:
         self.run_id = run_id
         self.after_s = after_s
@@ -45,13 +51,21 @@ class UnreadQueues:
         self._look = look
         self._say = say
         self._clock = clock
+        self._full = full
         self._unread_since: dict[str, float] = {}
         self._said: list[str] = []
         self._next_look = 0.0
 
     @classmethod
-    def of(cls, services: Services, run_id: str, say: Callable[[str], object] | None = None) -> UnreadQueues | None:
-        """A watch on the queues of this run's kind (and the control queue) on the services' broker; None without one."""
+    def of(
+        cls,
+        services: Services,
+        run_id: str,
+        say: Callable[[str], object] | None = None,
+        full: Callable[[], bool] = lambda: False,
+    ) -> UnreadQueues | None:
+        """A watch on the queues of this run's kind (and the control queue) on the services' broker; None without
+        one. `full`: whether the broker is at its maxmemory now (fedqueue.core.room)."""
         settings = services.settings
         if not settings.broker_url:
             return None
@@ -62,7 +76,7 @@ class UnreadQueues:
             return [settings.queue(suffix) for suffix in suffixes]
 
         look = looker(settings.broker_url, settings.key_prefix)
-        return cls(run_id, queues, look, settings.no_worker_s, say or log.warning)
+        return cls(run_id, queues, look, settings.no_worker_s, say or log.warning, full=full)
 
     def check(self) -> None:
         """Look at the queues when a look is due, and say what changed."""
@@ -70,6 +84,9 @@ class UnreadQueues:
         if now < self._next_look:
             return
         self._next_look = now + LOOK_EVERY_S
+        if self._full():
+            self._unread_since = {}  # the marks cannot be renewed: the wait is counted again once there is room
+            return
         if self._names is None:
             self._names = list(self._queues())
         looks = {seen.queue: seen for seen in self._look(self._names)}

@@ -136,7 +136,9 @@ def run(
     tensorboard: TensorBoardOpt = None,
     all_rows: AllRowsOpt = False,
 ) -> None:
-    """Submit a run and follow it to the end. With no broker configured, start Redis and workers here."""
+    """Submit a run and follow it to the end. With no broker configured, start Redis and workers here. A broker
+    that goes while it submits or follows is waited for: one line when it goes, one when it is back, exit 2 past
+    FEDQUEUE_BROKER_WAIT_S (the run goes on with `fedqueue resume RUN`)."""
     run_config = _config(config, set_, rounds, seed, tensorboard)
     check_tensorboard_dir(run_config)  # before any worker starts
     submission = RunSubmission(run_config, announce=_announce)

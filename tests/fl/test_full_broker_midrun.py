@@ -8,6 +8,9 @@ into it (their late acks, the next deliveries, the ledger's marks are refused) u
 the fix a refused ack was logged ("Couldn't ack") and dropped: the worker kept the message as held and never
 took another task; a refused delivery was lost off its queue until a repair pass sent it again; with both
 workers stuck the run stood still forever, with nothing said.
+
+The same fill under FedBuff (as many updates in flight as a sync round has devices): the fold pass's writes
+and its next dispatches meet the limit too, and the run ends with the queue-free reference's weights.
 """
 
 from __future__ import annotations
@@ -19,14 +22,16 @@ from pathlib import Path
 
 import pytest
 import redis
+import torch
 
 from fedqueue.config import Settings
 from fedqueue.fl import api
-from fedqueue.fl.config import config_toml
+from fedqueue.fl.config import RunConfig, config_toml
 from fedqueue.fl.store.results import device_tasks
 from fedqueue.queue.embedded import EmbeddedRedis
 from tests.cli_runner import fedqueue_cli
-from tests.fl.test_full_broker import MAXMEMORY, SYNC
+from tests.fl.test_buffered_async import reference as buffered_reference
+from tests.fl.test_full_broker import FEDBUFF, MAXMEMORY, SYNC
 from tests.helpers import assert_same_weights, reference_final_state
 from tests.reliability_support import (
     cli_env,
@@ -39,7 +44,9 @@ from tests.reliability_support import (
 )
 from tests.test_worker_full_broker import oom_replies
 
-pytestmark = pytest.mark.faults
+# A CNN run on two worker processes, then its queue-free reference: about 5 minutes on a loaded 2-core machine,
+# past the suite's 300 s default; the test's own waits bound it.
+pytestmark = [pytest.mark.faults, pytest.mark.timeout(900)]
 
 FULL_FOR_S = 10.0  # how long the other client keeps Redis at its limit (the fault's length, as in the issue)
 # What the follower says when its broker is at its limit, and when it has room again (fedqueue.core.room).
@@ -77,14 +84,14 @@ class Filler(threading.Thread):
         self.client.close()
 
 
-def test_a_broker_filled_mid_run_is_waited_out_and_the_run_ends_with_the_reference_weights(
-    settings: Settings, tmp_path: Path
-) -> None:
+def fill_mid_run(settings: Settings, config: RunConfig, tmp_path: Path) -> api.RunHandle:
+    """`fedqueue run` of `config` on two worker processes, its 64 MB noeviction Redis filled by another client
+    for a while once some devices are stored, then freed; checks the run waited and ended well."""
     server = EmbeddedRedis(extra_args=["--maxmemory", str(MAXMEMORY), "--maxmemory-policy", "noeviction"]).start()
     client = redis.Redis.from_url(server.url)
     settings = replace(settings, broker_url=server.url)
     env = cli_env(settings)
-    (tmp_path / "run.toml").write_text(config_toml(SYNC))
+    (tmp_path / "run.toml").write_text(config_toml(config))
     follower = filler = None
     try:
         with launcher(settings, procs=2, cwd=tmp_path):
@@ -125,8 +132,23 @@ def test_a_broker_filled_mid_run_is_waited_out_and_the_run_ends_with_the_referen
     assert "Couldn't ack" not in workers and "Unrecoverable error" not in workers, workers[-3000:]
     assert "repair:" not in output, output[-3000:]  # no delivery was lost, no round left unstarted
     assert handle.state == "finished", handle.status()["error"]
-    one_result_per_device(handle)
     # Both workers took tasks again once room was made (before the fix a worker whose ack was refused took none).
     after = {t.worker for t in handle.store.task_timings(handle.id) if t.started_at > freed_at}
     assert len(after) == 2, after
+    return handle
+
+
+def test_a_broker_filled_mid_run_is_waited_out_and_the_run_ends_with_the_reference_weights(
+    settings: Settings, tmp_path: Path
+) -> None:
+    handle = fill_mid_run(settings, SYNC, tmp_path)
+    one_result_per_device(handle)
     assert_same_weights(handle.final_weights(), reference_final_state(SYNC))
+
+
+def test_a_broker_filled_mid_fedbuff_run_is_waited_out_and_the_run_ends_with_the_reference_weights(
+    settings: Settings, tmp_path: Path
+) -> None:
+    handle = fill_mid_run(settings, FEDBUFF, tmp_path)
+    reference: dict[str, torch.Tensor] = buffered_reference(FEDBUFF)[1]
+    assert_same_weights(handle.final_weights(), reference)

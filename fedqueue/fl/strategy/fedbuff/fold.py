@@ -25,10 +25,11 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from fedqueue.core import keys
-from fedqueue.core.blobs import blobs_per_read
+from fedqueue.core.blobs import blobs_per_read, checked_blob
 from fedqueue.core.codec import BlobRef
 from fedqueue.core.keys import global_key
 from fedqueue.core.services import Services
+from fedqueue.errors import BlobIntegrityError
 from fedqueue.fl.clock.stops import ACCURACY_RULES, Stop, accuracy_stop
 from fedqueue.fl.config import RunConfig
 from fedqueue.fl.messages import DeviceTask, FoldTask, fold_key
@@ -488,7 +489,19 @@ class _FoldPass:
         return self._refs[version]
 
     def _version_state(self, version: int) -> dict[str, torch.Tensor]:
-        return self.cache.global_state(self.services, self._model_ref(version))
+        """A version's weights: from this process's cache or the broker, or, when a broker restarted empty lost
+        it before the repair pass put it back, from the store's kept copy of it."""
+        ref = self._model_ref(version)
+        try:
+            return self.cache.global_state(self.services, ref)
+        except BlobIntegrityError:
+            kept = schedule_rows.kept_version(self.services.store, self.run_id, version)
+            if kept is None:
+                raise
+            log.warning("run %s: version %d not in the broker; read from the store", self.run_id, version)
+            state = decode_state(checked_blob(ref, bytes(kept.data)))
+            self.cache.keep_global_state(ref, state)
+            return state
 
     def _make_version(self, event: NewVersion, results: Mapping[Any, Any], state: ScheduleState) -> list[str]:
         """Fold the buffer into the next version, evaluate, checkpoint and publish it; returns the updates used."""
