@@ -25,8 +25,8 @@ from fedqueue.fl import scheduler as fl_scheduler
 from fedqueue.fl.config import RunConfig
 from fedqueue.fl.messages import DeviceTask, fold_key
 from fedqueue.fl.store import schedule_rows
-from fedqueue.fl.store.results import get_round
-from fedqueue.fl.strategy.fedbuff.fold import dispatch_tasks, fold_updates
+from fedqueue.fl.store.results import delete_result, get_round
+from fedqueue.fl.strategy.fedbuff.fold import dispatch_tasks, fold_updates, publish_head
 from fedqueue.fl.strategy.fedbuff.schedule import ScheduleState, Trip
 from fedqueue.fl.strategy.fedbuff.strategy import BufferedAsync
 from fedqueue.fl.strategy.registry import strategy_for
@@ -209,3 +209,29 @@ def test_a_pass_the_storing_task_died_before_asking_for_is_asked_for(
     fold_updates(services, WorkerCache(), run_id, "w2", 1, _strategy(config).rule)
     assert _head(services, run_id) != head
     assert fl_scheduler.reconcile(services, run_id) == []
+
+
+def test_a_head_stored_while_the_buffer_waits_for_a_lost_update_is_no_lost_pass(
+    settings: Settings, services: Services
+) -> None:
+    """An update taken into the buffer went with Redis and trains again: nothing moves until it is stored,
+    and its own result asks for the pass. A head stored meanwhile is no pass lost, however long it waits."""
+    config = small_config(**FEDBUFF)
+    run_id = fl_scheduler.submit_run(services, config)
+    first = _head(services, run_id)
+    _, deferred = _store_head(services, run_id, config)
+    deferred.asks[0](WorkerCache())  # its pass takes it into the buffer (of two): no version yet
+    assert [arrival.trip for arrival in _state(services, run_id).buffer] == [first]
+    # Redis lost the update and the named head; the repair after the restart forgot the result.
+    delete_result(services.store, run_id, first.round_index, first.device)
+    publish_head(services, run_id, None)
+    storer, _ = _store_head(services, run_id, config)  # the next head, whose task died before asking
+    _mark_gone(services, storer)
+    assert NOT_ASKED not in fl_scheduler.reconcile(services, run_id)
+    assert not services.ledger.is_requested(fold_key(run_id))
+    # The lost update, trained again, asks for the pass, which makes the version from both.
+    retrained = _task_of(services, run_id, config, first)
+    attempt = services.ledger.start_attempt(retrained.attempt_key, "w3")
+    assert run_device_task(services, WorkerCache(), retrained, "w3", attempt, _strategy(config)) == 1
+    assert _state(services, run_id).version == 1
+    assert NOT_ASKED not in fl_scheduler.reconcile(services, run_id)
