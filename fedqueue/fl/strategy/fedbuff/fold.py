@@ -95,8 +95,8 @@ def start_buffered(
         _send(services, run_id, config, dispatch, ref)
     # Written after the tasks are sent: a start that dies between is started again, and a task sent twice is stored once.
     schedule_rows.create_schedule(services.store, run_id, state.to_dict(), state.version)
-    publish_head(services, run_id, _head_of(state))
-    head = _head_of(state)
+    publish_head(services, run_id, head_of(state))
+    head = head_of(state)
     if head is not None and schedule_rows.stored_results(services.store, run_id, [head.round_index], [head.device]):
         # Its result came before the schedule it folds into: the pass it asked for found none, and its
         # request may still be marked. Ask again.
@@ -156,7 +156,8 @@ def _trip_key(trip: Trip) -> tuple[int, int]:
     return trip.round_index, trip.device
 
 
-def _head_of(state: ScheduleState) -> Trip | None:
+def head_of(state: ScheduleState) -> Trip | None:
+    """The first trip in simulated order, whose result the next fold step waits for (None once the run is done)."""
     return state.in_flight[0] if state.in_flight and not state.done else None
 
 
@@ -314,7 +315,7 @@ class _FoldPass:
                 if oldest_needed(state) > oldest:
                     self._forget_versions(oldest, oldest_needed(state))
             # Until the buffer is whole again, every stored result asks for a pass (no head is named).
-            head = _head_of(state) if complete else None
+            head = head_of(state) if complete else None
             if head != named:  # named once per pass at least; again only when it moved
                 publish_head(self.services, self.run_id, head)
                 named = head

@@ -27,6 +27,7 @@ from fedqueue.fl.strategy.fedbuff.fold import (
     rules_of,
     start_buffered,
 )
+from fedqueue.fl.strategy.fedbuff.forgotten import fold_forgotten
 from fedqueue.fl.strategy.fedbuff.rule import BUFFERED, VersionRule
 from fedqueue.fl.strategy.fedbuff.schedule import Rules, ScheduleState, Trip
 from fedqueue.fl.worker.device_task import give_up_on
@@ -101,10 +102,9 @@ def repair_buffered(
         actions += _forget_lost_updates(services, run_id, _waiting_trips(state))
     claimed = row.claim_owner is not None
     stale = claimed and (row.claimed_at or 0) < time.time() - services.settings.heartbeat_ttl_s
-    head_stored = bool(state.in_flight) and not _unstored(services, run_id, state.in_flight[:1])
-    if (stale or (head_stored and not claimed and not services.ledger.is_requested(key))) and request_fold(
-        services, run_id
-    ):
+    # Read after the schedule, and in the order the fold hands a head on: a pass that ran meanwhile is no lost one.
+    forgotten = not claimed and fold_forgotten(services, run_id, config, state)
+    if (stale or forgotten) and request_fold(services, run_id):
         actions.append("fold pass " + ("no longer renewed; taken over" if stale else "was not asked for: asked"))
     actions += _resend_lost(services, run_id, config, state, broker_lost, strategy)
     return actions
