@@ -11,9 +11,9 @@ import sys
 import time
 from collections import Counter, defaultdict
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 BENCH_DIR = Path(__file__).resolve().parent
 REPO = BENCH_DIR.parent
@@ -229,36 +229,54 @@ class ForeignLoad:
         return line + (" (WARNING: timings disturbed)" if share > 0.05 else "")
 
 
-class RssWatcher:
-    """Peak resident memory of some processes, polled every 20 ms by a thread, for a `with` block."""
+class PeakWatcher:
+    """The peak of a reading (bytes), polled by a thread for a `with` block; `base_bytes` is the first reading."""
 
-    def __init__(self, pids: Sequence[int], every_s: float = 0.02) -> None:
+    def __init__(self, every_s: float) -> None:
         import threading
 
-        import psutil
-
-        self._processes = [psutil.Process(pid) for pid in pids]
         self._every_s = every_s
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._poll, daemon=True)
-        self.base_bytes = self._rss()
+        self.base_bytes = self._read()
         self.peak_bytes = self.base_bytes
 
-    def _rss(self) -> int:
-        return max((process.memory_info().rss for process in self._processes), default=0)
+    def _read(self) -> int:
+        raise NotImplementedError
 
     def _poll(self) -> None:
         while not self._stop.wait(self._every_s):
-            self.peak_bytes = max(self.peak_bytes, self._rss())
+            self.peak_bytes = max(self.peak_bytes, self._read())
 
-    def __enter__(self) -> RssWatcher:
+    def __enter__(self) -> Self:
         self._thread.start()
         return self
 
     def __exit__(self, *exc: object) -> None:
         self._stop.set()
         self._thread.join()
-        self.peak_bytes = max(self.peak_bytes, self._rss())
+        self.peak_bytes = max(self.peak_bytes, self._read())
+
+
+class RssWatcher(PeakWatcher):
+    """Peak resident memory of some processes (the largest of them), polled every 20 ms; a process that ends
+    keeps the peak it had."""
+
+    def __init__(self, pids: Sequence[int], every_s: float = 0.02) -> None:
+        import psutil
+
+        self._processes = [psutil.Process(pid) for pid in pids]
+        super().__init__(every_s)
+
+    def _read(self) -> int:
+        import psutil
+
+        readings = [0]
+        for process in self._processes:
+            # A process that ended (a command that exits, a worker stopped) has no reading: its peak so far stands.
+            with suppress(psutil.Error):
+                readings.append(process.memory_info().rss)
+        return max(readings)
 
 
 def wait_run(handle: Any, cluster: Any, timeout_s: float = 1800.0) -> dict[str, Any]:
