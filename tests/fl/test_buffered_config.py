@@ -34,7 +34,7 @@ def test_defaults_follow_the_sync_knobs() -> None:
 @pytest.mark.parametrize(
     ("overrides", "field"),
     [
-        ({"mode": "fedasync"}, "mode"),
+        ({"mode": "fedprox"}, "mode"),
         ({"concurrency": 0}, "concurrency"),
         ({"concurrency": 21}, "concurrency"),
         ({"buffer_size": 21}, "buffer_size"),
