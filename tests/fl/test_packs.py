@@ -15,9 +15,9 @@ import pytest
 import torch
 
 from fedqueue.config import Settings
-from fedqueue.core.keys import is_pack_sum_key
 from fedqueue.errors import ConfigError
 from fedqueue.fl import api
+from fedqueue.fl.messages import is_pack_sum_key
 from fedqueue.fl.packs.tasks import cut_packs
 from fedqueue.fl.store.results import device_tasks
 from fedqueue.fl.strategy.sync.rounds import select_devices
