@@ -16,7 +16,7 @@ from fedqueue.core.database import open_store
 from fedqueue.core.outage import BrokerGone, BrokerWatch, SubmitCutShort, is_broker_error, ping_probe, run_stored
 from fedqueue.queue.embedded import EmbeddedRedis
 from tests.cli_runner import fedqueue_cli
-from tests.test_cli import cli_env
+from tests.support.cli_inputs import cli_env
 
 
 def test_a_watch_says_once_each_way_falls_back_meanwhile_and_gives_up_after_its_wait() -> None:

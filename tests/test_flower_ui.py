@@ -18,8 +18,9 @@ import psutil
 from fedqueue.config import Settings
 from fedqueue.fl import api
 from tests.conftest import running_workers
-from tests.reliability_support import cli_env, reliable_settings, slow_config, wait_until
+from tests.reliability_support import reliable_settings, slow_config, wait_until
 from tests.service_support import free_port, http_get, required_tool, running_flower
+from tests.support.cli_inputs import cli_env
 
 PASSWORD = "flower-test-pw-7Q2x"
 

@@ -32,7 +32,8 @@ from tests.cli_runner import fedqueue_cli
 from tests.conftest import running_workers
 from tests.fl.test_buffered_async import buffered_config, reference
 from tests.helpers import assert_same_weights, reference_final_state, small_config, wait_finished
-from tests.reliability_support import cli_env, wait_until
+from tests.reliability_support import wait_until
+from tests.support.cli_inputs import cli_env
 
 pytestmark = pytest.mark.faults
 

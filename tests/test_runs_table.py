@@ -23,7 +23,7 @@ from fedqueue.store import Store
 from fedqueue.store.schema import RunRow
 from tests.cli_runner import FEDQUEUE_CLI, fedqueue_cli, interruptible
 from tests.reliability_support import wait_until
-from tests.test_cli import cli_env
+from tests.support.cli_inputs import cli_env
 from tests.test_store import round_row
 
 GGUF = "/home/someone/models/smollm2-135m-instruct/HuggingFaceTB-SmolLM2-135M-Instruct-Q8_0.gguf"

@@ -24,7 +24,6 @@ from tests.reliability_support import (
     BROKER_BACK,
     BROKER_WENT,
     bounce_broker,
-    cli_env,
     followed_through_the_outage,
     launcher,
     one_result_per_device,
@@ -35,6 +34,7 @@ from tests.reliability_support import (
     stop_process,
     wait_until,
 )
+from tests.support.cli_inputs import cli_env
 
 # Stops and restarts a Redis of its own under real workers: `make test-faults`.
 pytestmark = pytest.mark.faults

@@ -24,7 +24,6 @@ from tests.fl.test_scheduler_recovery import embedded_env
 from tests.helpers import assert_same_weights, reference_final_state
 from tests.reliability_support import (
     BROKER_WENT,
-    cli_env,
     followed_through_the_outage,
     launcher,
     one_result_per_device,
@@ -34,6 +33,7 @@ from tests.reliability_support import (
     stop_process,
     wait_until,
 )
+from tests.support.cli_inputs import cli_env
 
 # Stops and restarts a Redis of its own under real workers: `make test-faults`.
 pytestmark = pytest.mark.faults

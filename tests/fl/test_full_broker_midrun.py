@@ -29,7 +29,6 @@ from tests.cli_runner import fedqueue_cli
 from tests.fl.test_full_broker import MAXMEMORY, SYNC
 from tests.helpers import assert_same_weights, reference_final_state
 from tests.reliability_support import (
-    cli_env,
     launcher,
     one_result_per_device,
     printed_run_id,
@@ -37,6 +36,7 @@ from tests.reliability_support import (
     stop_process,
     wait_until,
 )
+from tests.support.cli_inputs import cli_env
 from tests.test_worker_full_broker import oom_replies
 
 pytestmark = pytest.mark.faults

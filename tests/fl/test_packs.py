@@ -28,7 +28,6 @@ from tests.conftest import running_workers
 from tests.helpers import assert_same_weights, reference_final_state, small_config
 from tests.reliability_support import (
     SLOW_STEP,
-    cli_env,
     launcher,
     one_result_per_device,
     pid_of_worker,
@@ -36,6 +35,7 @@ from tests.reliability_support import (
     slow_config,
     wait_until,
 )
+from tests.support.cli_inputs import cli_env
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "plugins"
 PACKED = small_config(num_devices=40, devices_per_round=20, rounds=2, local_iters=5, partition="dirichlet")

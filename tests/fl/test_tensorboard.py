@@ -31,7 +31,7 @@ from tests.cli_runner import fedqueue_cli
 from tests.conftest import running_workers
 from tests.fl.test_buffered_async import BUFFERED
 from tests.helpers import small_config
-from tests.reliability_support import cli_env
+from tests.support.cli_inputs import cli_env
 
 SYNC_TOML = (
     "num_devices = 20\ndevices_per_round = 6\nrounds = 3\nlocal_iters = 3\nlocal_batch_size = 8\nseed = 5\n"

@@ -19,7 +19,6 @@ from fedqueue.queue.embedded import EmbeddedRedis
 from tests.llm.test_llm_queue import expected_outputs
 from tests.reliability_support import (
     bounce_broker,
-    cli_env,
     followed_through_the_outage,
     launcher,
     printed_run_id,
@@ -28,6 +27,7 @@ from tests.reliability_support import (
     stop_process,
     wait_until,
 )
+from tests.support.cli_inputs import cli_env
 
 # Stops and restarts a Redis of its own under real workers: `make test-faults`.
 pytestmark = pytest.mark.faults
