@@ -108,6 +108,7 @@ def running_worker(handle: api.RunHandle, round_index: int, devices: list[int]) 
                 continue
             value = client.get(f"{handle.settings.key_prefix}:running:{handle.id}:{round_index}:{device}")
             if value:
+                assert isinstance(value, bytes)  # connect_redis's client does not decode replies
                 return device, value.decode()
     finally:
         client.close()
