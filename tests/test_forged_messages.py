@@ -55,6 +55,7 @@ def push_first(settings: Settings, body: Any, **kwargs: Any) -> None:
         app.close()
     client = _client(settings)
     sent = client.lpop(_queue_key(settings))  # kombu pushes on the left ...
+    assert isinstance(sent, bytes)  # the message just sent, undecoded
     client.rpush(_queue_key(settings), sent)  # ... and workers pop on the right
 
 
