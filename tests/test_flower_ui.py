@@ -53,9 +53,11 @@ def test_flower_shows_workers_and_device_tasks_behind_basic_auth(settings: Setti
             # Flower's API first: if these fail, Flower is at fault, not the browser.
             assert http_get(f"{base}/api/workers")[0] == 401
             for worker in workers:
-                wait_until(
-                    lambda w=worker: w in (http_get(f"{base}/api/workers?refresh=1&workername={w}", auth)[1] or {}), 60
-                )
+
+                def listed(w: str = worker) -> bool:
+                    return w in (http_get(f"{base}/api/workers?refresh=1&workername={w}", auth)[1] or {})
+
+                wait_until(listed, 60)
 
             def device_tasks() -> list[dict[str, Any]]:
                 tasks = http_get(f"{base}/api/tasks", auth)[1] or {}

@@ -8,6 +8,7 @@ split, so a poisoned device fails alone; a worker killed mid-pack loses nothing.
 from __future__ import annotations
 
 import subprocess
+from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 
@@ -41,9 +42,11 @@ EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "plugins"
 PACKED = small_config(num_devices=40, devices_per_round=20, rounds=2, local_iters=5, partition="dirichlet")
 
 
-def _finish_together(settings: Settings, configs: list[object], procs: int, tmp_path: Path) -> list[api.RunHandle]:
+def _finish_together(
+    settings: Settings, configs: Sequence[api.ConfigLike], procs: int, tmp_path: Path
+) -> list[api.RunHandle]:
     with running_workers(settings, procs=procs, log_dir=tmp_path / f"logs-{procs}"):
-        handles = [api.submit(config, settings=settings) for config in configs]  # type: ignore[arg-type]
+        handles = [api.submit(config, settings=settings) for config in configs]
         statuses = [handle.wait(timeout_s=180) for handle in handles]
     assert [status["state"] for status in statuses] == ["finished"] * len(configs), statuses
     return handles
