@@ -62,7 +62,8 @@ test-faults: $(STAMP)
 test-vllm: $(VLLM_STAMP)
 	FEDQUEUE_TEST_VLLM=required $(VLLM_BIN)/python -m pytest tests/llm/test_llm_vllm.py
 
-# Lint, format and type checks; part of `make test`.
+# Lint, format and type checks; part of `make test`. mypy checks what [tool.mypy] files names in pyproject.toml:
+# the package, the docs site's hooks and the tests.
 lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .

@@ -71,9 +71,8 @@ class PeakMemory:
 
 
 def scheduler_steps(url: str, folder: Path, devices: int) -> dict[str, float]:
-    from fedqueue.core.keys import update_key
     from fedqueue.fl.config import RunConfig
-    from fedqueue.fl.messages import device_task_name
+    from fedqueue.fl.messages import device_task_name, update_key
     from fedqueue.fl.ml.weights import encode_state
     from fedqueue.fl.scheduler import submit_run
     from fedqueue.fl.store.results import DeviceResult, get_round, record_device_result

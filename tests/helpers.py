@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import time
 
+import redis
 import torch
 
 from fedqueue.config import Settings
+from fedqueue.core.ledger import RedisLedger
 from fedqueue.core.services import Services
 from fedqueue.fl.config import RunConfig
 from fedqueue.fl.scheduler import submit_run
@@ -50,6 +52,12 @@ def run_to_end(settings: Settings, config: RunConfig, services: Services | None 
     run_id = submit_run(services, config)
     wait_finished(services.store, run_id)
     return run_id, services
+
+
+def broker_redis(services: Services) -> redis.Redis:
+    """The broker's Redis client, which services opened on a real broker keep in their ledger."""
+    assert isinstance(services.ledger, RedisLedger), "these services have no broker (an in-memory ledger)"
+    return services.ledger.redis
 
 
 def reference_final_state(config: RunConfig) -> dict[str, torch.Tensor]:

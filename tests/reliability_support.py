@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import os
 import re
 import signal
 import subprocess
@@ -24,6 +23,7 @@ from fedqueue.queue.app import make_app
 from fedqueue.queue.embedded import EmbeddedRedis
 from tests.cli_runner import start_fedqueue_cli
 from tests.helpers import small_config
+from tests.support.cli_inputs import cli_env
 
 PLUGINS = Path(__file__).with_name("plugin_modules")
 SLOW_STEP = "fq_reliability:slow_step"
@@ -47,11 +47,6 @@ def wait_until(predicate: Callable[[], bool], timeout_s: float, tick: Callable[[
         if tick is not None:
             tick()
         time.sleep(0.1)
-
-
-def cli_env(settings: Settings) -> dict[str, str]:
-    env = {key: value for key, value in os.environ.items() if not key.startswith("FEDQUEUE_")}
-    return {**env, **settings.to_env()}
 
 
 def ping_count(settings: Settings) -> int:
@@ -114,6 +109,7 @@ def running_worker(handle: api.RunHandle, round_index: int, devices: list[int]) 
                 continue
             value = client.get(f"{handle.settings.key_prefix}:running:{handle.id}:{round_index}:{device}")
             if value:
+                assert isinstance(value, bytes)  # connect_redis's client does not decode replies
                 return device, value.decode()
     finally:
         client.close()

@@ -49,19 +49,25 @@ def backend(request: pytest.FixtureRequest, tmp_path: Path) -> Backend:
         def name(key: str) -> str:
             return f"{prefix}:blob:{key}"
 
-        return Backend(
-            "redis",
-            RedisBlobStore(client, prefix, ttl_s=TTL_S),
-            raw=lambda key: client.get(name(key)),
-            overwrite=lambda key, data: client.set(name(key), data, keepttl=True),
-        )
+        def get(key: str) -> bytes | None:
+            value = client.get(name(key))
+            assert value is None or isinstance(value, bytes)  # the client does not decode replies
+            return value
+
+        def put(key: str, data: bytes) -> None:
+            client.set(name(key), data, keepttl=True)
+
+        return Backend("redis", RedisBlobStore(client, prefix, ttl_s=TTL_S), raw=get, overwrite=put)
     root = tmp_path / "blobs"
 
     def read(key: str) -> bytes | None:
         path = root / key
         return path.read_bytes() if path.exists() else None
 
-    return Backend("dir", DirBlobStore(root), raw=read, overwrite=lambda key, data: (root / key).write_bytes(data))
+    def write(key: str, data: bytes) -> None:
+        (root / key).write_bytes(data)
+
+    return Backend("dir", DirBlobStore(root), raw=read, overwrite=write)
 
 
 def unique_key(suffix: str = "blob") -> str:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import cast
 
 import pytest
 import redis
@@ -14,9 +15,10 @@ from fedqueue.api import Placement, submit_through_outage
 from fedqueue.config import Settings
 from fedqueue.core.database import open_store
 from fedqueue.core.outage import BrokerGone, BrokerWatch, SubmitCutShort, is_broker_error, ping_probe, run_stored
+from fedqueue.core.services import Services
 from fedqueue.queue.embedded import EmbeddedRedis
 from tests.cli_runner import fedqueue_cli
-from tests.test_cli import cli_env
+from tests.support.cli_inputs import cli_env
 
 
 def test_a_watch_says_once_each_way_falls_back_meanwhile_and_gives_up_after_its_wait() -> None:
@@ -90,6 +92,10 @@ def test_broker_errors_are_told_through_their_causes() -> None:
     assert not is_broker_error(redis.ResponseError("WRONGTYPE"))
 
 
+# Services handed to submit_through_outage so that it opens none of its own; _Submission never reads them.
+UNUSED_SERVICES = cast(Services, object())
+
+
 class _Submission:
     """A submission whose submit fails as `outcomes` say, in turn (an exception), or returns a run id."""
 
@@ -113,7 +119,9 @@ def test_a_submit_cut_short_before_its_run_is_stored_waits_for_the_broker_and_st
     lines: list[str] = []
     submission = _Submission(redis.ConnectionError("Connection refused"), "r1")
     try:
-        handle = submit_through_outage(submission, Placement(Settings(broker_url=server.url)), object(), lines.append)
+        handle = submit_through_outage(
+            submission, Placement(Settings(broker_url=server.url)), UNUSED_SERVICES, lines.append
+        )
     finally:
         server.stop()
     assert (handle.id, handle.submit_cut, submission.calls) == ("r1", None, 2)
@@ -124,10 +132,10 @@ def test_a_submit_cut_short_before_its_run_is_stored_waits_for_the_broker_and_st
 def test_a_submit_cut_short_after_its_run_is_stored_hands_the_run_to_its_follower_waiting() -> None:
     lost = redis.ConnectionError("Connection refused")
     place = Placement(Settings(broker_url="redis://127.0.0.1:1/0"))
-    handle = submit_through_outage(_Submission(SubmitCutShort("r2", lost)), place, object())
+    handle = submit_through_outage(_Submission(SubmitCutShort("r2", lost)), place, UNUSED_SERVICES)
     assert (handle.id, handle.submit_cut) == ("r2", lost)  # `scheduling` starts its broker watch down
     with pytest.raises(ValueError, match="not the broker"):
-        submit_through_outage(_Submission(ValueError("not the broker")), place, object())
+        submit_through_outage(_Submission(ValueError("not the broker")), place, UNUSED_SERVICES)
 
 
 def test_a_run_stored_before_the_broker_failed_is_named_by_its_error() -> None:

@@ -31,7 +31,8 @@ from fedqueue.queue.purge import message_run, queue_lists
 from tests.cli_runner import FEDQUEUE_CLI, fedqueue_cli, interruptible
 from tests.conftest import running_workers
 from tests.helpers import small_config
-from tests.reliability_support import cli_env, wait_until
+from tests.reliability_support import wait_until
+from tests.support.cli_inputs import cli_env
 
 pytestmark = pytest.mark.sessions  # `make test-sessions`
 

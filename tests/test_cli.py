@@ -5,7 +5,6 @@ from __future__ import annotations
 import contextlib
 import importlib.util
 import json
-import os
 import re
 import signal
 import socket
@@ -28,21 +27,7 @@ from fedqueue.store.db import CONNECT_TIMEOUT_S
 from tests.cli_runner import fedqueue_cli, start_fedqueue_cli
 from tests.own_processes import ProcessMark
 from tests.reliability_support import ping_count, wait_until
-
-
-def cli_env(**extra: str) -> dict[str, str]:
-    env = {key: value for key, value in os.environ.items() if not key.startswith("FEDQUEUE_")}
-    env.update(extra)
-    return env
-
-
-def write_config(tmp_path: Path, text: str) -> Path:
-    path = tmp_path / "run.toml"
-    path.write_text(text)
-    return path
-
-
-SMALL = "num_devices = 20\ndevices_per_round = 8\nrounds = 2\nlocal_iters = 5\nseed = 3\n"
+from tests.support.cli_inputs import SMALL, cli_env, write_config
 
 
 @pytest.mark.sessions

@@ -14,6 +14,7 @@ skips, saying why, without Docker, docker-compose or the images. Each run is its
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 import random
@@ -421,7 +422,7 @@ def test_compose_stop_lets_the_running_task_finish(stack: Stack, demo: Finished)
         # Stopped while a round trains: nearly always in the middle of one of its tasks; if it was
         # between two, the worker is started again and stopped in a later round.
         for round_index in (2, 4, 6):
-            wait_until(lambda round_index=round_index: _training(stack, run_id, round_index), 300)
+            wait_until(functools.partial(_training, stack, run_id, round_index), 300)
             stopping_at = time.time()
             started = time.monotonic()
             stack.compose("stop", "worker-cpu", timeout=GRACE_S + 60)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json
 from types import ModuleType
+from typing import Any
 
 import pytest
 
@@ -16,8 +17,9 @@ def bench() -> ModuleType:
     return load_bench_module("fedrevive_table")
 
 
-def run(bench: ModuleType, experiment: str, seed: int, *accuracies: float, schedule: str = "default") -> object:
-    """A run whose evaluations gave these accuracies, one per simulated time unit."""
+def run(bench: ModuleType, experiment: str, seed: int, *accuracies: float, schedule: str = "default") -> Any:
+    """A run whose evaluations gave these accuracies, one per simulated time unit (a Result of the script's,
+    a class mypy cannot see: the script is loaded from its file)."""
     points = [(float(t + 1), accuracy) for t, accuracy in enumerate(accuracies)]
     return bench.Result(experiment, schedule, seed, points, len(points), 1.0, None, {})
 

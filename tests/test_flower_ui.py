@@ -18,8 +18,9 @@ import psutil
 from fedqueue.config import Settings
 from fedqueue.fl import api
 from tests.conftest import running_workers
-from tests.reliability_support import cli_env, reliable_settings, slow_config, wait_until
+from tests.reliability_support import reliable_settings, slow_config, wait_until
 from tests.service_support import free_port, http_get, required_tool, running_flower
+from tests.support.cli_inputs import cli_env
 
 PASSWORD = "flower-test-pw-7Q2x"
 
@@ -52,9 +53,11 @@ def test_flower_shows_workers_and_device_tasks_behind_basic_auth(settings: Setti
             # Flower's API first: if these fail, Flower is at fault, not the browser.
             assert http_get(f"{base}/api/workers")[0] == 401
             for worker in workers:
-                wait_until(
-                    lambda w=worker: w in (http_get(f"{base}/api/workers?refresh=1&workername={w}", auth)[1] or {}), 60
-                )
+
+                def listed(w: str = worker) -> bool:
+                    return w in (http_get(f"{base}/api/workers?refresh=1&workername={w}", auth)[1] or {})
+
+                wait_until(listed, 60)
 
             def device_tasks() -> list[dict[str, Any]]:
                 tasks = http_get(f"{base}/api/tasks", auth)[1] or {}

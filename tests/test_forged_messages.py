@@ -32,7 +32,8 @@ from tests.cli_runner import fedqueue_cli
 from tests.conftest import running_workers
 from tests.fl.test_buffered_async import buffered_config, reference
 from tests.helpers import assert_same_weights, reference_final_state, small_config, wait_finished
-from tests.reliability_support import cli_env, wait_until
+from tests.reliability_support import wait_until
+from tests.support.cli_inputs import cli_env
 
 pytestmark = pytest.mark.faults
 
@@ -54,6 +55,7 @@ def push_first(settings: Settings, body: Any, **kwargs: Any) -> None:
         app.close()
     client = _client(settings)
     sent = client.lpop(_queue_key(settings))  # kombu pushes on the left ...
+    assert isinstance(sent, bytes)  # the message just sent, undecoded
     client.rpush(_queue_key(settings), sent)  # ... and workers pop on the right
 
 

@@ -19,7 +19,8 @@ from fedqueue.queue.app import make_app
 from tests.cli_runner import fedqueue_cli
 from tests.conftest import running_workers
 from tests.helpers import small_config
-from tests.reliability_support import cli_env, wait_until
+from tests.reliability_support import wait_until
+from tests.support.cli_inputs import cli_env
 
 KNOWN = [f for f in RunConfig.__dataclass_fields__]
 json_values = st.recursive(

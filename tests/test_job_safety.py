@@ -21,7 +21,6 @@ from tests.cli_runner import fedqueue_cli
 from tests.helpers import assert_same_weights, reference_final_state, small_config
 from tests.reliability_support import (
     SLOW_STEP,
-    cli_env,
     launcher,
     one_result_per_device,
     pid_of_worker,
@@ -30,6 +29,7 @@ from tests.reliability_support import (
     wait_for_running,
     wait_until,
 )
+from tests.support.cli_inputs import cli_env
 
 
 def _ended(handle: api.RunHandle) -> bool:

@@ -16,8 +16,8 @@ from fedqueue.core import cluster_file
 from tests.cli_runner import fedqueue_cli, start_fedqueue_cli
 from tests.reliability_support import wait_until
 from tests.service_support import free_port, http_get, running_flower
+from tests.support.cli_inputs import cli_env, write_config
 from tests.test_cancel import active_tasks, queued_tasks
-from tests.test_cli import cli_env, write_config
 
 pytestmark = pytest.mark.sessions  # `make test-sessions`
 

@@ -16,23 +16,23 @@ from pathlib import Path
 import pytest
 
 from fedqueue.config import Settings
-from fedqueue.core import keys
 from fedqueue.core.database import open_store
 from fedqueue.core.ledger import RedisLedger, TaskLedger
 from fedqueue.core.memory import ManualClock, MemoryLedger, RecordingEnqueuer, memory_services
 from fedqueue.core.services import Services, connect_redis
 from fedqueue.fl import scheduler as fl_scheduler
-from fedqueue.fl.messages import AggregateTask, DeviceTask, FoldTask, aggregate_key, fold_key
+from fedqueue.fl.messages import AggregateTask, DeviceTask, FoldTask, aggregate_key, fold_key, global_key
 from fedqueue.fl.scheduler import submit_run
 from fedqueue.fl.store.results import claim_round, complete_round, device_tasks, list_rounds
 from fedqueue.fl.strategy.common import checkpoint_bytes, checkpoint_version
-from fedqueue.fl.strategy.fedbuff.fold import on_result_stored, publish_head
+from fedqueue.fl.strategy.fedbuff.fold import head_key, on_result_stored, publish_head
 from fedqueue.fl.strategy.fedbuff.schedule import Trip
 from fedqueue.fl.strategy.sync.rounds import aggregate_round, round_key, select_devices
 from fedqueue.llm import repair as llm_repair
 from fedqueue.llm.job import JobRequest, submit_job
 from fedqueue.llm.messages import GenerateBatch
 from fedqueue.llm.results import prompt_rows
+from fedqueue.llm.wake import stored_key
 from fedqueue.store import Store
 from tests.helpers import small_config
 
@@ -187,7 +187,7 @@ def test_a_task_is_stranded_once_seen_so_a_heartbeat_apart(ledger: Ledger) -> No
 
 def test_notes_wake_ups_and_the_broker(ledger: Ledger) -> None:
     led, advance = ledger
-    note, wake = keys.fold_head("p", "run"), keys.llm_stored("p", "job")
+    note, wake = head_key("p", "run"), stored_key("p", "job")
     assert led.note(note) is None
     led.put_note(note, "3:7")
     assert led.note(note) == "3:7"
@@ -213,7 +213,7 @@ def test_the_twin_holds_the_keys_redis_holds(settings: Settings) -> None:
             led.stranded_long_enough("run:1:5")
             led.mark_enqueued("run:1")
             led.request_once("run:agg:1", within_s=30)
-            led.put_note(keys.fold_head(settings.key_prefix, "run"), "1:4")
+            led.put_note(head_key(settings.key_prefix, "run"), "1:4")
         assert isinstance(real, RedisLedger)
         held = sorted(key.decode() for key in real.redis.scan_iter(match=f"{settings.key_prefix}:*"))
     assert held == twin.names()
@@ -262,7 +262,7 @@ def test_a_submitted_run_records_round_one_enqueues_its_packs_and_publishes_its_
     assert {task.round_index for task in tasks} == {1} and all(task.round_size == 4 for task in tasks)
     (row,) = list_rounds(services.store, run_id)
     assert row.state == "training" and row.selected == selected
-    assert services.blobs.exists(keys.global_key(run_id, 0)) and tasks[0].model.key == keys.global_key(run_id, 0)
+    assert services.blobs.exists(global_key(run_id, 0)) and tasks[0].model.key == global_key(run_id, 0)
     assert services.ledger.was_enqueued(round_key(run_id, 1))
     assert services.store.get_run(run_id).broker_id == services.ledger.broker_id()
     assert services.ledger.queue_length("devices") == 2
@@ -309,7 +309,7 @@ def test_fl_repair_fails_a_device_after_its_attempts_and_the_round_then_fails_th
     assert aggregate_round(services, run_id, 1, "test#1") is not None
     run = services.store.get_run(run_id)
     assert run.state == "failed" and run.error == "round 1: every selected device failed"
-    assert not services.blobs.exists(keys.global_key(run_id, 0))  # the failed round's model left with it
+    assert not services.blobs.exists(global_key(run_id, 0))  # the failed round's model left with it
 
 
 def test_fl_repair_after_a_broker_restart_republishes_the_model_and_sends_the_round_again(
@@ -327,14 +327,14 @@ def test_fl_repair_after_a_broker_restart_republishes_the_model_and_sends_the_ro
         "round 1: global model 0 republished",
     ]
     assert actions[2].startswith("round 1: enqueued again 3 devices")
-    assert services.blobs.exists(keys.global_key(run_id, 0))
+    assert services.blobs.exists(global_key(run_id, 0))
     assert [task.attempt_key for task in sent.waiting] == first
     assert services.store.get_run(run_id).broker_id == services.ledger.broker_id()
     assert fl_scheduler.reconcile(services, run_id) == []
 
 
 def test_a_fedbuff_result_asks_for_a_fold_pass_only_when_it_holds_the_head(services: Services) -> None:
-    model = services.blobs.put(keys.global_key("run", 0), b"weights")
+    model = services.blobs.put(global_key("run", 0), b"weights")
 
     def result(device: int) -> DeviceTask:
         return DeviceTask(run_id="run", round_index=2, devices=(device,), model=model, enqueued_at=0.0, round_size=1)
@@ -377,7 +377,7 @@ def test_llm_repair_enqueues_a_lost_batch_again_then_fails_its_prompts(
     assert {row.error for row in rows} == {"worker lost during each of 3 attempts (crashed or killed)"}
     assert services.store.get_run(job_id).state == "finished"  # every prompt has its outcome
     # Its follower is woken at once.
-    assert services.ledger.wait_for_wake(keys.llm_stored(MEMORY_SETTINGS.key_prefix, job_id), 0.0)
+    assert services.ledger.wait_for_wake(stored_key(MEMORY_SETTINGS.key_prefix, job_id), 0.0)
 
 
 def test_fl_repair_leaves_the_next_round_to_an_aggregator_still_at_work(services: Services, clock: ManualClock) -> None:

@@ -13,8 +13,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fedqueue.core.codec import BlobRef
-from fedqueue.fl.messages import PACK_MAX, DeviceTask, MessageError
+from fedqueue.core.codec import BlobRef, MessageError
+from fedqueue.fl.messages import PACK_MAX, DeviceTask
 
 SHA = hashlib.sha256(b"weights").hexdigest()
 

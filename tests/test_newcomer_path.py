@@ -13,7 +13,7 @@ import pytest
 
 from fedqueue.llm.tiny import build_tiny_llama
 from tests.cli_runner import fedqueue_cli
-from tests.test_cli import cli_env
+from tests.support.cli_inputs import cli_env
 
 pytestmark = pytest.mark.sessions  # `make test-sessions`
 

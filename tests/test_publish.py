@@ -21,6 +21,7 @@ from fedqueue.queue.app import make_app
 def _counting(settings: Settings) -> tuple[Any, redis.Redis, str, list[int]]:
     """The app, a Redis client, the control queue, and how many messages wait there as each one is built."""
     app = make_app(settings)
+    assert settings.broker_url is not None  # the settings fixture's test Redis
     client = redis.Redis.from_url(settings.broker_url)
     queue = f"{settings.key_prefix}:{settings.queue(CONTROL_QUEUE)}"
     waiting_when_built: list[int] = []
@@ -76,6 +77,7 @@ def _decoded(body: dict[str, Any]) -> str:
 @pytest.mark.parametrize("count", [0, 1, publish.FIRST_BATCH, publish.SPLIT_ABOVE, publish.SPLIT_ABOVE + 1])
 def test_every_message_is_published_once(settings: Settings, count: int) -> None:
     app = make_app(settings)
+    assert settings.broker_url is not None  # the settings fixture's test Redis
     client = redis.Redis.from_url(settings.broker_url)
     queue = f"{settings.key_prefix}:{settings.queue(CONTROL_QUEUE)}"
     try:

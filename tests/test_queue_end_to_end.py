@@ -17,6 +17,7 @@ from fedqueue.report.summary import run_summary
 from tests.conftest import running_workers
 from tests.helpers import (
     assert_same_weights,
+    broker_redis,
     held_out_accuracy,
     reference_final_state,
     run_to_end,
@@ -74,13 +75,14 @@ def test_two_rounds_stored_aggregated_and_evaluated(backend_settings: Settings, 
     expected = reference_final_state(config)
     assert_same_weights(final_state(services.store, run_id), expected)
     # The stored accuracy is that of the aggregated model on the held-out split, and above chance.
-    assert rounds[-1].accuracy == pytest.approx(held_out_accuracy(config, expected), abs=1e-9)
-    assert rounds[-1].accuracy > 0.2
+    accuracy = rounds[-1].accuracy
+    assert accuracy is not None and accuracy > 0.2
+    assert accuracy == pytest.approx(held_out_accuracy(config, expected), abs=1e-9)
     summary = run_summary(store, run_id)
     assert summary["rounds_done"] == 2 and summary["tasks_done"] == 16
     # Aggregated updates are deleted; only the final global model stays (until its TTL).
     blobs = sorted(
-        key.decode() for key in services.ledger.redis.scan_iter(match=f"{backend_settings.key_prefix}:blob:*")
+        key.decode() for key in broker_redis(services).scan_iter(match=f"{backend_settings.key_prefix}:blob:*")
     )
     assert blobs == [f"{backend_settings.key_prefix}:blob:{run_id}/global/2"]
     assert len(summary["workers"]) == 2

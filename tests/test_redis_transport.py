@@ -41,7 +41,12 @@ def test_a_late_ack_refused_by_a_full_redis_waits_for_room_and_the_channel_takes
             client.config_set("maxmemory", 1)  # at its limit: every write that may grow it is refused
             refused = oom_replies(client)
             acked = threading.Event()
-            threading.Thread(target=lambda: (first.ack(), acked.set()), daemon=True).start()
+
+            def ack() -> None:
+                first.ack()
+                acked.set()
+
+            threading.Thread(target=ack, daemon=True).start()
             wait_until(lambda: oom_replies(client) > refused + 1, 10)  # refused, and tried again
             assert not acked.is_set()  # waiting, not dropped
             client.config_set("maxmemory", 0)  # room made

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from tests.cli_runner import fedqueue_cli
-from tests.test_cli import SMALL, cli_env, write_config
+from tests.support.cli_inputs import SMALL, cli_env, write_config
 
 
 def refused(tmp_path: Path, *args: str, **env: str) -> str:

@@ -23,7 +23,7 @@ from fedqueue.store import Store
 from fedqueue.store.schema import RunRow
 from tests.cli_runner import FEDQUEUE_CLI, fedqueue_cli, interruptible
 from tests.reliability_support import wait_until
-from tests.test_cli import cli_env
+from tests.support.cli_inputs import cli_env
 from tests.test_store import round_row
 
 GGUF = "/home/someone/models/smollm2-135m-instruct/HuggingFaceTB-SmolLM2-135M-Instruct-Q8_0.gguf"
@@ -150,8 +150,8 @@ def test_runs_at_80_columns_tells_each_run_apart(tmp_path: Path) -> None:
     # Wider, the data and model come in, a long GGUF path by its file name's end.
     wide = fedqueue_cli("runs", cwd=tmp_path, env={**env, "COLUMNS": "120"}).stdout.splitlines()
     assert max(len(line) for line in wide) <= 120 and "data · model" in wide[0]
-    (chat,) = [line for line in wide if line.startswith(ids["chat"])]
-    assert "Q8_0.gguf" in chat and GGUF not in chat
+    (chat_line,) = [line for line in wide if line.startswith(ids["chat"])]
+    assert "Q8_0.gguf" in chat_line and GGUF not in chat_line
 
 
 def test_a_run_is_stalled_only_when_running_past_the_grace_with_no_live_lease(tmp_path: Path) -> None:

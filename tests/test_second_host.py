@@ -28,8 +28,9 @@ from fedqueue.fl import api
 from fedqueue.fl.store.results import device_tasks
 from tests.cli_runner import FEDQUEUE_CLI
 from tests.helpers import assert_same_weights, reference_final_state
-from tests.reliability_support import cli_env, ping_count, reliable_settings, slow_config, wait_until
+from tests.reliability_support import ping_count, reliable_settings, slow_config, wait_until
 from tests.service_support import free_port, http_get, redis_answers, running_flower
+from tests.support.cli_inputs import cli_env
 
 PASSWORD = "second-host-redis-pw"
 

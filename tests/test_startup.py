@@ -25,7 +25,7 @@ from tests.conftest import running_workers
 from tests.helpers import assert_same_weights, reference_final_state, small_config
 from tests.own_processes import is_worker_or_embedded_redis
 from tests.reliability_support import ping_count, wait_until
-from tests.test_cli import SMALL, cli_env, write_config
+from tests.support.cli_inputs import SMALL, cli_env, write_config
 
 pytestmark = pytest.mark.sessions  # `make test-sessions`
 

@@ -458,7 +458,8 @@ def test_a_result_its_round_never_sent_out_is_refused_and_not_counted(store: Sto
     assert record_device_result(store, *device_result(run_id, 2, 1)) is None  # no such round
     pack = [device_result(run_id, 1, device, update_key=f"{run_id}/update/1/pack-1-2/x") for device in (1, 2)]
     assert record_device_results(store, pack, all_or_nothing=True) == [None, None]
-    assert device_tasks(store, run_id) == [] and get_round(store, run_id, 1).stored == 0
+    row = get_round(store, run_id, 1)
+    assert device_tasks(store, run_id) == [] and row is not None and row.stored == 0
     assert record_device_result(store, *device_result(run_id, 1, 3)) == 1
 
 
@@ -469,7 +470,7 @@ def test_concurrent_threads_lose_no_result(store: Store) -> None:
     threads, per_thread = 8, 10
     barrier = threading.Barrier(threads)
 
-    def write(worker: int) -> list[bool]:
+    def write(worker: int) -> list[int | None]:
         barrier.wait(timeout=30)
         return [
             record_device_result(store, *device_result(run_id, 1, worker * per_thread + i, worker=f"t{worker}"))
@@ -478,7 +479,7 @@ def test_concurrent_threads_lose_no_result(store: Store) -> None:
 
     with ThreadPoolExecutor(threads) as pool:
         outcomes = list(pool.map(write, range(threads)))
-    assert all(all(stored) for stored in outcomes)
+    assert all(None not in stored for stored in outcomes)  # None: a result refused
     assert count_done(store, run_id, 1) == threads * per_thread
     assert [row.device for row in device_tasks(store, run_id, 1)] == list(range(threads * per_thread))
 
@@ -528,7 +529,8 @@ def test_round_counts_its_stored_results_once_each(store: Store) -> None:
     delete_result(store, run_id, 1, 3)
     delete_result(store, run_id, 1, 3)  # a repeated delete uncounts nothing more
     assert record_device_result(store, *device_result(run_id, 1, 2, state="failed")) == 2
-    assert get_round(store, run_id, 1).stored == count_done(store, run_id, 1) == 2
+    row = get_round(store, run_id, 1)
+    assert row is not None and row.stored == count_done(store, run_id, 1) == 2
 
 
 def test_concurrent_threads_count_each_result_once(store: Store) -> None:

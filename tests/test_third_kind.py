@@ -17,7 +17,8 @@ from fedqueue.config import Settings
 from fedqueue.core.database import open_store
 from fedqueue.store.migrate import SchemaBranch, head_revision, schema_revision
 from tests.cli_runner import fedqueue_cli
-from tests.reliability_support import cli_env, launcher
+from tests.reliability_support import launcher
+from tests.support.cli_inputs import cli_env
 
 PLUGINS = Path(__file__).with_name("plugin_modules")
 PACKAGE = Path(__file__).resolve().parents[1] / "fedqueue"

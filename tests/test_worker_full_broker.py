@@ -26,7 +26,6 @@ from fedqueue.queue.embedded import EmbeddedRedis
 from tests.cli_runner import start_fedqueue_cli
 from tests.helpers import assert_same_weights, reference_final_state
 from tests.reliability_support import (
-    cli_env,
     launcher,
     ping_count,
     reliable_settings,
@@ -35,6 +34,7 @@ from tests.reliability_support import (
     wait_until,
     worker_children,
 )
+from tests.support.cli_inputs import cli_env
 
 pytestmark = pytest.mark.faults
 

@@ -1,14 +1,12 @@
-"""Every Redis key fedqueue uses, by family, and the names of the blobs it stores.
+"""The Redis keys of the core and of Celery, by family, and where blobs live in Redis.
 
 Each family is a function of the key prefix (`Settings.key_prefix`) and its ids. Running clusters
 hold these strings, so they never change: a new family gets a new function here, an old one keeps
-its string. Job kinds import their families from here; the core never imports a kind.
+its string. A job kind names its own keys and blobs beside its code (fedqueue.fl.messages,
+fedqueue.fl.strategy.fedbuff.fold, fedqueue.llm.wake), under the same prefix.
 """
 
 from __future__ import annotations
-
-import uuid
-from collections.abc import Sequence
 
 # --- Celery's own keys (queues, the unacked hash, its bookkeeping): all under this, as its global_keyprefix.
 
@@ -75,22 +73,12 @@ def requested(prefix: str, task_key: str) -> str:
     return _task_mark(prefix, "requested", task_key)
 
 
-# --- Job kinds' own keys.
-
-
-def fold_head(prefix: str, run_id: str) -> str:
-    """FedBuff: the trip (`round:device`) whose result lets a fold pass go on, named by the fold pass."""
-    return f"{prefix}:fold-head:{run_id}"
+# --- What a run waits for.
 
 
 def waiting(prefix: str, run_id: str) -> str:
     """What a run's workers wait for (an outage of the broker or store), written by a worker that met it; short-lived."""
     return f"{prefix}:waiting:{run_id}"
-
-
-def llm_stored(prefix: str, run_id: str) -> str:
-    """LLM: a list that wakes the job's follower, pushed to by workers after each batch they store."""
-    return f"{prefix}:llm-stored:{run_id}"
 
 
 # --- Messages refused for good.
@@ -127,26 +115,3 @@ def queue_readers(prefix: str, queue: str) -> str:
 def blob_prefix(prefix: str) -> str:
     """Where blob store strings live in Redis (written by whoever puts a blob, kept blob_ttl_s)."""
     return f"{prefix}:blob:"
-
-
-PACK_SUM_MARK = "pack-"  # in an update's name: the blob is a pack's pre-summed update
-
-
-def global_key(run_id: str, version: int) -> str:
-    """FL: a run's published global model of one version (its scheduler publishes it)."""
-    return f"{run_id}/global/{version}"
-
-
-def update_key(run_id: str, round_index: int, device: int) -> str:
-    """FL: one device's trained update, uploaded by its worker."""
-    # A fresh suffix per attempt: a duplicate delivery never overwrites the stored winner's blob.
-    return f"{run_id}/update/{round_index}/{device}/{uuid.uuid4().hex[:8]}"
-
-
-def pack_sum_key(run_id: str, round_index: int, devices: Sequence[int]) -> str:
-    """FL: a vmapped pack's pre-summed update, one blob for all its devices' rows (uploaded by its worker)."""
-    return f"{run_id}/update/{round_index}/{PACK_SUM_MARK}{devices[0]}-{devices[-1]}/{uuid.uuid4().hex[:8]}"
-
-
-def is_pack_sum_key(key: str) -> bool:
-    return key.split("/")[-2].startswith(PACK_SUM_MARK)

@@ -1,8 +1,14 @@
-"""The FL job kind's task messages: small, frozen, JSON-only. Each owns its encoding and its checks."""
+"""The FL job kind's task messages: small, frozen, JSON-only. Each owns its encoding and its checks.
+
+Also the names of the blobs they point to (global models, updates): running clusters hold these names, so
+they never change.
+"""
 
 from __future__ import annotations
 
 import math
+import uuid
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
@@ -13,6 +19,27 @@ DEVICES_QUEUE = "devices"  # the queue (a suffix of the prefixed name) device ta
 PACK_MODES = ("sequential", "vmap")
 LABEL_DEVICES = 32  # devices a pack's label lists
 PACK_MAX = 10_000  # devices in one task message: beyond this a message outgrows its purpose
+PACK_SUM_MARK = "pack-"  # in an update's name: the blob is a pack's pre-summed update
+
+
+def global_key(run_id: str, version: int) -> str:
+    """A run's published global model of one version (its scheduler publishes it)."""
+    return f"{run_id}/global/{version}"
+
+
+def update_key(run_id: str, round_index: int, device: int) -> str:
+    """One device's trained update, uploaded by its worker."""
+    # A fresh suffix per attempt: a duplicate delivery never overwrites the stored winner's blob.
+    return f"{run_id}/update/{round_index}/{device}/{uuid.uuid4().hex[:8]}"
+
+
+def pack_sum_key(run_id: str, round_index: int, devices: Sequence[int]) -> str:
+    """A vmapped pack's pre-summed update, one blob for all its devices' rows (uploaded by its worker)."""
+    return f"{run_id}/update/{round_index}/{PACK_SUM_MARK}{devices[0]}-{devices[-1]}/{uuid.uuid4().hex[:8]}"
+
+
+def is_pack_sum_key(key: str) -> bool:
+    return key.split("/")[-2].startswith(PACK_SUM_MARK)
 
 
 @dataclass(frozen=True)

@@ -9,18 +9,22 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from fedqueue.core import keys
 from fedqueue.core.services import Services
+
+
+def stored_key(prefix: str, run_id: str) -> str:
+    """The list that wakes the job's follower (a Redis key: running clusters hold it, so it never changes)."""
+    return f"{prefix}:llm-stored:{run_id}"
 
 
 def announce_stored(services: Services, run_id: str) -> None:
     """Wake the job's follower."""
-    services.ledger.wake(keys.llm_stored(services.settings.key_prefix, run_id))
+    services.ledger.wake(stored_key(services.settings.key_prefix, run_id))
 
 
 def stored_waiter(services: Services, run_id: str) -> Callable[[float], None]:
     """A wait of at most `timeout_s` that returns as soon as a batch of the job is stored."""
-    key = keys.llm_stored(services.settings.key_prefix, run_id)
+    key = stored_key(services.settings.key_prefix, run_id)
 
     def wait(timeout_s: float) -> None:
         services.ledger.wait_for_wake(key, timeout_s)  # every batch stored meanwhile: the store is read next

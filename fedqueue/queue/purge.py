@@ -35,8 +35,9 @@ def queue_lists(settings: Settings) -> list[str]:
     return [*names, *(f"{name}{PRIORITY_SEP}{step}" for name in names for step in PRIORITY_STEPS)]
 
 
-def message_run(raw: bytes) -> str | None:
-    """The run id in one queued Celery message; None for one that is not fedqueue's (or not readable)."""
+def message_run(raw: bytes | str) -> str | None:
+    """The run id in one queued Celery message (as read from Redis, decoded or not); None for one that is not
+    fedqueue's (or not readable)."""
     try:
         envelope = json.loads(raw)
         body = envelope["body"]

@@ -71,7 +71,8 @@ point, *arguments = sys.argv[1:]
 assert point in POINTS, point
 broker_url = Settings.from_env().broker_url or ""
 if point == "before-row":
-    RedisLedger.broker_id = before_row(RedisLedger.broker_id)  # type: ignore[method-assign]
+    # mypy types a method read off its class as bound, so a replacement with its self argument does not match.
+    RedisLedger.broker_id = before_row(RedisLedger.broker_id)  # type: ignore[method-assign, assignment]
 elif point == "after-row":
     Store.create_run = after_row(Store.create_run)  # type: ignore[method-assign]
 else:

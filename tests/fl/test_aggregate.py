@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import itertools
 import threading
+from collections.abc import Mapping, Sequence
 
 import pytest
 import torch
@@ -137,8 +138,8 @@ def test_updates_read_in_chunks_are_read_once_each_with_few_calls(read_ahead: in
     calls: list[list[int]] = []
     lock = threading.Lock()
 
-    def load_many(positions: object) -> list[dict[str, torch.Tensor]]:
-        chosen = list(positions)  # type: ignore[call-overload]
+    def load_many(positions: Sequence[int]) -> list[Mapping[str, torch.Tensor]]:
+        chosen = list(positions)
         with lock:
             calls.append(chosen)
         return [held[position][2] for position in chosen]
@@ -159,7 +160,10 @@ def test_pre_summed_packs_average_with_devices_alone() -> None:
 
     def pack_sum(members: list[tuple[int, int, dict[str, torch.Tensor]]]) -> tuple[int, int, dict[str, torch.Tensor]]:
         summed = {
-            name: sum((state[name] - base[name]) * samples for _, samples, state in members) for name in ("w", "b")
+            name: sum(
+                ((state[name] - base[name]) * samples for _, samples, state in members), torch.zeros_like(base[name])
+            )
+            for name in ("w", "b")
         }
         return members[0][0], sum(samples for _, samples, _ in members), {**summed, "count": members[0][2]["count"]}
 

@@ -320,7 +320,15 @@ def test_the_example_toml_is_their_file_resolved(name: str, tmp_path: Path) -> N
 
 
 # What a small example (examples/fedrevive/small/) keeps of its experiment as it is, and what it scales.
-KEPT = ("mode", "kd_augmentation", "buffer_size", "global_lr", "staleness_weight", "clock", "target_accuracy")
+KEPT: tuple[str, ...] = (
+    "mode",
+    "kd_augmentation",
+    "buffer_size",
+    "global_lr",
+    "staleness_weight",
+    "clock",
+    "target_accuracy",
+)
 KEPT += ("local_iters", "local_batch_size", "local_optimizer", "local_lr", "partition", "alpha", "eval_every", "seed")
 KEPT += ("download_delay", "localtrain_delay", "upload_delay", "kd_beta", "kd_iters", "kd_lr", "kd_temperature")
 

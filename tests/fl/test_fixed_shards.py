@@ -57,7 +57,9 @@ def test_deterministic_from_the_seed_and_different_with_another() -> None:
 def test_the_split_is_torch_random_split_with_seed_42() -> None:
     train, val, kd = fixed_split(50_000, 0.15, 0.1)
     assert (len(train), len(val), len(kd)) == (37_500, 7_500, 5_000)
-    parts = torch.utils.data.random_split(range(50_000), [37_500, 7_500, 5_000], torch.Generator().manual_seed(42))
+    # random_split takes a range as it takes a Dataset (its length, then Subsets of it); torch types only the latter.
+    everything: torch.utils.data.Dataset[int] = range(50_000)  # type: ignore[assignment]
+    parts = torch.utils.data.random_split(everything, [37_500, 7_500, 5_000], torch.Generator().manual_seed(42))
     assert [list(p.indices) for p in parts] == [train.tolist(), val.tolist(), kd.tolist()]
 
 

@@ -23,7 +23,8 @@ from fedqueue.fl.store.results import device_tasks
 from fedqueue.queue.embedded import EmbeddedRedis
 from tests.fl.test_buffered_async import reference as buffered_reference
 from tests.helpers import assert_same_weights, reference_final_state
-from tests.reliability_support import cli_env, one_result_per_device, printed_run_id, start_follower, stop_process
+from tests.reliability_support import one_result_per_device, printed_run_id, start_follower, stop_process
+from tests.support.cli_inputs import cli_env
 
 # Limits a Redis of its own under real workers, minutes of CNN training: `make test-faults`.
 pytestmark = pytest.mark.faults

@@ -34,7 +34,6 @@ from tests.fl.test_buffered_async import reference as buffered_reference
 from tests.fl.test_full_broker import FEDBUFF, MAXMEMORY, SYNC
 from tests.helpers import assert_same_weights, reference_final_state
 from tests.reliability_support import (
-    cli_env,
     launcher,
     one_result_per_device,
     printed_run_id,
@@ -42,6 +41,7 @@ from tests.reliability_support import (
     stop_process,
     wait_until,
 )
+from tests.support.cli_inputs import cli_env
 from tests.test_worker_full_broker import oom_replies
 
 # A CNN run on two worker processes, then its queue-free reference: about 5 minutes on a loaded 2-core machine,

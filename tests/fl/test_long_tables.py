@@ -14,7 +14,7 @@ from fedqueue.core.database import open_store
 from fedqueue.fl.store.results import add_round, claim_round, complete_round
 from tests.cli_runner import fedqueue_cli
 from tests.conftest import running_workers
-from tests.reliability_support import cli_env
+from tests.support.cli_inputs import cli_env
 from tests.test_store import round_row
 
 FEDBUFF_TOML = (

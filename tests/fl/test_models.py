@@ -23,10 +23,12 @@ def test_forward_gives_batch_by_classes(name: str, shape: tuple[int, ...]) -> No
 
 def test_resnet18_uses_a_small_image_stem() -> None:
     small = build_model("resnet18", (1, 8, 8), 10)
+    assert isinstance(small.conv1, nn.Conv2d)
     assert small.conv1.in_channels == 1
     assert small.conv1.kernel_size == (3, 3) and small.conv1.stride == (1, 1)
     assert isinstance(small.maxpool, nn.Identity)
     large = build_model("resnet18", (3, 96, 96), 10)
+    assert isinstance(large.conv1, nn.Conv2d)
     assert large.conv1.kernel_size == (7, 7) and not isinstance(large.maxpool, nn.Identity)
 
 

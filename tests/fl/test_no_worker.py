@@ -17,7 +17,6 @@ from fedqueue.fl.config import config_toml
 from fedqueue.queue.embedded import EmbeddedRedis
 from tests.helpers import assert_same_weights, reference_final_state
 from tests.reliability_support import (
-    cli_env,
     launcher,
     one_result_per_device,
     printed_run_id,
@@ -27,6 +26,7 @@ from tests.reliability_support import (
     stop_process,
     wait_until,
 )
+from tests.support.cli_inputs import cli_env
 
 # Runs a follower for many seconds with no worker, then a launcher: `make test-faults`.
 pytestmark = pytest.mark.faults

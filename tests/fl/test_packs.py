@@ -8,6 +8,7 @@ split, so a poisoned device fails alone; a worker killed mid-pack loses nothing.
 from __future__ import annotations
 
 import subprocess
+from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 
@@ -15,9 +16,9 @@ import pytest
 import torch
 
 from fedqueue.config import Settings
-from fedqueue.core.keys import is_pack_sum_key
 from fedqueue.errors import ConfigError
 from fedqueue.fl import api
+from fedqueue.fl.messages import is_pack_sum_key
 from fedqueue.fl.packs.tasks import cut_packs
 from fedqueue.fl.store.results import device_tasks
 from fedqueue.fl.strategy.sync.rounds import select_devices
@@ -28,7 +29,6 @@ from tests.conftest import running_workers
 from tests.helpers import assert_same_weights, reference_final_state, small_config
 from tests.reliability_support import (
     SLOW_STEP,
-    cli_env,
     launcher,
     one_result_per_device,
     pid_of_worker,
@@ -36,14 +36,17 @@ from tests.reliability_support import (
     slow_config,
     wait_until,
 )
+from tests.support.cli_inputs import cli_env
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "plugins"
 PACKED = small_config(num_devices=40, devices_per_round=20, rounds=2, local_iters=5, partition="dirichlet")
 
 
-def _finish_together(settings: Settings, configs: list[object], procs: int, tmp_path: Path) -> list[api.RunHandle]:
+def _finish_together(
+    settings: Settings, configs: Sequence[api.ConfigLike], procs: int, tmp_path: Path
+) -> list[api.RunHandle]:
     with running_workers(settings, procs=procs, log_dir=tmp_path / f"logs-{procs}"):
-        handles = [api.submit(config, settings=settings) for config in configs]  # type: ignore[arg-type]
+        handles = [api.submit(config, settings=settings) for config in configs]
         statuses = [handle.wait(timeout_s=180) for handle in handles]
     assert [status["state"] for status in statuses] == ["finished"] * len(configs), statuses
     return handles

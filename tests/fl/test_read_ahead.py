@@ -33,7 +33,7 @@ from fedqueue.fl.strategy.sync.strategy import SYNCHRONOUS
 from fedqueue.fl.worker.cache import WorkerCache
 from fedqueue.fl.worker.device_task import run_device_task
 from tests.conftest import running_workers
-from tests.helpers import assert_same_weights, reference_final_state, small_config
+from tests.helpers import assert_same_weights, broker_redis, reference_final_state, small_config
 from tests.reliability_support import reliable_settings, slow_config, wait_until
 
 
@@ -120,11 +120,11 @@ def test_the_read_ahead_holds_the_stored_updates_when_the_round_completes(tail: 
 def test_work_waiting_on_a_queue_takes_the_slot_back(tail: Tail) -> None:
     services, run_id, _, _ = tail
     queue = f"{services.settings.key_prefix}:{services.settings.queue(CONTROL_QUEUE)}"
-    services.ledger.redis.lpush(queue, "another run's aggregation")
+    broker_redis(services).lpush(queue, "another run's aggregation")
     try:
         assert read_round_ahead(services, run_id, 1, 3) is None
     finally:
-        services.ledger.redis.delete(queue)
+        broker_redis(services).delete(queue)
     # The request is forgotten, so the round's last result requests the aggregation again.
     assert services.ledger.request_once(aggregate_key(run_id, 1), within_s=30)
 

@@ -19,7 +19,7 @@ from fedqueue.fl.worker.cache import WorkerCache
 from fedqueue.fl.worker.device_task import run_device_task
 from tests.helpers import assert_same_weights, reference_final_state, small_config
 
-SETTINGS = Settings(key_prefix="lost-model", heartbeat_ttl_s=30.0, max_attempts=3, max_lost_attempts=3)
+SETTINGS = Settings(key_prefix="lost-model", heartbeat_ttl_s=30, max_attempts=3, max_lost_attempts=3)
 
 
 def test_an_aggregation_whose_global_model_left_the_broker_reads_it_from_the_store(tmp_path: Path) -> None:

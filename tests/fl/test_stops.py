@@ -35,7 +35,7 @@ from fedqueue.fl.worker.device_task import run_device_task
 from fedqueue.store import Store
 from tests.helpers import small_config
 
-SETTINGS = Settings(key_prefix="stops", heartbeat_ttl_s=30.0, max_attempts=3, max_lost_attempts=3)
+SETTINGS = Settings(key_prefix="stops", heartbeat_ttl_s=30, max_attempts=3, max_lost_attempts=3)
 CLOCK: dict[str, Any] = {
     "device_speed": {"mean": [0.01, 0.05], "std": [0.002, 0.01], "share": [0.6, 0.4]},
     "communication_delay": {"mean": 0.2, "std": 0.05},

@@ -23,7 +23,6 @@ from fedqueue.fl.store.results import count_done
 from fedqueue.queue.embedded import EmbeddedRedis
 from tests.helpers import assert_same_weights, reference_final_state
 from tests.reliability_support import (
-    cli_env,
     launcher,
     one_result_per_device,
     printed_run_id,
@@ -34,6 +33,7 @@ from tests.reliability_support import (
     wait_until,
     worker_children,
 )
+from tests.support.cli_inputs import cli_env
 
 # Fills a disk of its own under real workers: `make test-faults`.
 pytestmark = pytest.mark.faults

@@ -19,7 +19,7 @@ from fedqueue.fl.strategy.fedbuff.schedule import Arrival, ScheduleState, Trip
 from fedqueue.fl.view.bars import RoundProgress
 from fedqueue.store import Store
 from tests.cli_runner import fedqueue_cli
-from tests.test_cli import cli_env, write_config
+from tests.support.cli_inputs import cli_env, write_config
 
 pytestmark = pytest.mark.sessions  # `make test-sessions`
 

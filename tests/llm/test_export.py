@@ -10,7 +10,6 @@ from pathlib import Path
 import pytest
 
 from fedqueue.errors import ConfigError
-from fedqueue.llm import export
 from fedqueue.llm.export import write_atomically
 
 
@@ -46,7 +45,7 @@ def test_a_failed_write_leaves_the_old_file_and_nothing_beside_it(
     def full_disk(source: object, target: object) -> None:
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(export.os, "replace", full_disk)
+    monkeypatch.setattr(os, "replace", full_disk)  # the os.replace write_atomically calls
     with pytest.raises(ConfigError, match=r"^out .*out\.jsonl: cannot write it \(No space left on device\)$"):
         write_atomically(out, "new\n")
     assert out.read_text() == "old\n" and os.listdir(tmp_path) == ["out.jsonl"]

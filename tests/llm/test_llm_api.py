@@ -234,7 +234,7 @@ def test_submit_needs_a_broker_and_get_job_finds_only_llm_jobs(tmp_path: Path, t
 
 def test_the_request_from_python_prompts_is_the_file_they_stand_for(tmp_path: Path, tiny_model_path: Path) -> None:
     """The same prompts as a list or as a JSONL file: the same bytes, so the same job id (and resume)."""
-    items = ["plain", {"id": 2, "messages": [{"role": "user", "content": "hi"}]}]
+    items: list[str | dict[str, Any]] = ["plain", {"id": 2, "messages": [{"role": "user", "content": "hi"}]}]
     path = tmp_path / "in.jsonl"
     path.write_text('{"prompt": "plain"}\n{"id": 2, "messages": [{"role": "user", "content": "hi"}]}\n')
     from_list, from_file = job_request(items, tiny_model_path), job_request(path, tiny_model_path)

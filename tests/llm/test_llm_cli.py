@@ -14,7 +14,7 @@ import redis
 
 from tests.cli_runner import fedqueue_cli
 from tests.own_processes import ProcessMark
-from tests.test_cli import cli_env
+from tests.support.cli_inputs import cli_env
 
 
 def write_prompts(path: Path, lines: list[str]) -> Path:

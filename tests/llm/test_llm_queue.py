@@ -167,7 +167,9 @@ def drop_queued(settings: Settings, count: int) -> set[str]:
     keys: set[str] = set()
     try:
         for _ in range(count):
-            message = json.loads(client.rpop(f"{settings.key_prefix}:{settings.queue(LLM_QUEUE)}"))
+            raw = client.rpop(f"{settings.key_prefix}:{settings.queue(LLM_QUEUE)}")
+            assert isinstance(raw, bytes)  # a message was there, and the client does not decode replies
+            message = json.loads(raw)
             body = json.loads(base64.b64decode(message["body"]))
             keys.update(body[0][0]["keys"])
     finally:

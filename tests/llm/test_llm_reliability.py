@@ -32,6 +32,7 @@ def running_batch(settings: Settings, job_id: str, batches: list[int], pending: 
         for batch in batches:
             value = client.get(f"{settings.key_prefix}:running:llm:{job_id}:{batch}")
             if value and batch in pending:
+                assert isinstance(value, bytes)  # connect_redis's client does not decode replies
                 return batch, value.decode()
     finally:
         client.close()
@@ -58,7 +59,8 @@ def kill_a_worker_mid_batch(
     indices = [batch.index for batch in submitted.batches]
 
     def pending_batches() -> set[int]:
-        return {row.batch for row in prompt_rows(services.store, submitted.job_id) if row.state == "pending"}
+        rows = prompt_rows(services.store, submitted.job_id)
+        return {row.batch for row in rows if row.state == "pending" and row.batch is not None}
 
     try:
         with api.scheduling(handle) as scheduler:

@@ -6,9 +6,9 @@ import time
 
 from fedqueue.config import Settings
 from fedqueue.core.connect import open_services
-from fedqueue.core.keys import llm_stored
 from fedqueue.llm.slots import answering_slots, llm_slots
-from fedqueue.llm.wake import announce_stored, stored_waiter
+from fedqueue.llm.wake import announce_stored, stored_key, stored_waiter
+from tests.helpers import broker_redis
 
 LLM = "fq.llm"
 
@@ -42,6 +42,6 @@ def test_a_stored_batch_wakes_the_follower_before_its_timeout(settings: Settings
         began = time.monotonic()
         wait(30.0)
         assert time.monotonic() - began < 5.0
-        assert not services.ledger.redis.exists(llm_stored(settings.key_prefix, "job-1"))  # both stores woke it once
+        assert not broker_redis(services).exists(stored_key(settings.key_prefix, "job-1"))  # both stores woke it once
     finally:
         services.close()

@@ -68,7 +68,13 @@ class Square:
 
     @classmethod
     def from_dict(cls, raw: Any) -> Square:
-        fields = {"run_id": str, "number": int, "count": int, "sleep_s": (int, float), "enqueued_at": (int, float)}
+        fields: dict[str, type | tuple[type, ...]] = {
+            "run_id": str,
+            "number": int,
+            "count": int,
+            "sleep_s": (int, float),
+            "enqueued_at": (int, float),
+        }
         require_fields(raw, fields, "square")
         if not 0 <= raw["number"] < raw["count"] <= 10_000:
             raise MessageError("square.number: out of range")

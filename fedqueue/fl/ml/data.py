@@ -393,7 +393,9 @@ def _server_split(spec: DataSpec, size: int) -> tuple[np.ndarray | None, np.ndar
     return held, np.setdiff1d(everything, held, assume_unique=True)
 
 
-def _given_partitions(spec: DataSpec, partitions: Sequence[Sequence[int]], train_size: int) -> tuple[np.ndarray, ...]:
+def _given_partitions(
+    spec: DataSpec, partitions: Sequence[Sequence[int] | np.ndarray], train_size: int
+) -> tuple[np.ndarray, ...]:
     """A loader's own split (natural per-user data), checked and capped like fedqueue's."""
     if len(partitions) != spec.num_devices:
         raise DataError(

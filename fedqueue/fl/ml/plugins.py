@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from fedqueue.errors import ConfigError, DataError
 
 if TYPE_CHECKING:
+    import numpy as np
     import torch
     from torch import Tensor, nn
 
@@ -73,12 +74,13 @@ class DatasetRequest:
 
 @dataclass(frozen=True, eq=False)
 class LoadedDataset:
-    """A loader's answer. `partitions[d]` lists device d's indices into `train`; None lets fedqueue split."""
+    """A loader's answer. `partitions[d]` lists device d's indices into `train` (a sequence of ints or an integer
+    array, as fedqueue's own `partition_indices` gives); None lets fedqueue split."""
 
     train: TensorData
     test: TensorData
     num_classes: int
-    partitions: Sequence[Sequence[int]] | None = None
+    partitions: Sequence[Sequence[int] | np.ndarray] | None = None
 
 
 class ModelBuilder(Protocol):

@@ -8,11 +8,10 @@ import time
 from typing import TYPE_CHECKING
 
 from fedqueue.core.codec import BlobRef
-from fedqueue.core.keys import pack_sum_key, update_key
 from fedqueue.core.services import Services
 from fedqueue.errors import BlobIntegrityError
 from fedqueue.fl.config import RunConfig
-from fedqueue.fl.messages import DeviceTask
+from fedqueue.fl.messages import DeviceTask, pack_sum_key, update_key
 from fedqueue.fl.ml.seeding import task_seed
 from fedqueue.fl.ml.weights import encode_state
 from fedqueue.fl.store.results import DeviceResult, record_device_result, record_device_results, unstored_devices

@@ -24,15 +24,13 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from fedqueue.core import keys
 from fedqueue.core.blobs import blobs_per_read, checked_blob
 from fedqueue.core.codec import BlobRef
-from fedqueue.core.keys import global_key
 from fedqueue.core.services import Services
 from fedqueue.errors import BlobIntegrityError
 from fedqueue.fl.clock.stops import ACCURACY_RULES, Stop, accuracy_stop
 from fedqueue.fl.config import RunConfig
-from fedqueue.fl.messages import DeviceTask, FoldTask, fold_key
+from fedqueue.fl.messages import DeviceTask, FoldTask, fold_key, global_key
 from fedqueue.fl.ml.weights import decode_state, encode_state
 from fedqueue.fl.packs.tasks import tasks_of_packs
 from fedqueue.fl.store import schedule_rows
@@ -141,8 +139,14 @@ def dispatch_tasks(
     return tasks_of_packs(run_id, round_index, config, packs, model, now, sum(len(pack) for pack in packs))
 
 
+def head_key(prefix: str, run_id: str) -> str:
+    """The trip (`round:device`) whose result lets a fold pass go on, named by the fold pass (a Redis key:
+    running clusters hold it, so it never changes)."""
+    return f"{prefix}:fold-head:{run_id}"
+
+
 def _head_key(services: Services, run_id: str) -> str:
-    return keys.fold_head(services.settings.key_prefix, run_id)
+    return head_key(services.settings.key_prefix, run_id)
 
 
 def _trip_name(round_index: int, device: int) -> str:

@@ -19,11 +19,11 @@ import numpy as np
 
 from fedqueue.core.blobs import blobs_per_read, checked_blob
 from fedqueue.core.codec import BlobRef
-from fedqueue.core.keys import global_key, is_pack_sum_key
 from fedqueue.core.services import Services
 from fedqueue.errors import BlobIntegrityError
 from fedqueue.fl.clock.stops import Stop, accuracy_stop, time_stop, version_stop
 from fedqueue.fl.config import RunConfig
+from fedqueue.fl.messages import global_key, is_pack_sum_key
 from fedqueue.fl.ml.weights import decode_state, encode_state
 from fedqueue.fl.packs.tasks import tasks_of_round
 from fedqueue.fl.store.results import (

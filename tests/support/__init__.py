@@ -1,0 +1,1 @@
+"""What tests share besides fixtures: helpers to start, drive and check fedqueue as a user would."""
