@@ -2,7 +2,8 @@
 
 A page asks for a table with a marker line, which is replaced by what the code says now:
 
-- `<!-- reference: run-config -->`: every field of `fedqueue.fl.config.RunConfig`: key, type, default, meaning;
+- `<!-- reference: run-config -->`: every key of the run config, a table per section
+  (`fedqueue.fl.config.config_sections`): key, type, default, meaning;
 - `<!-- reference: dfkd -->`: every knob of the run config's `dfkd` table (`fedqueue.fl.ml.distill.dfkd_defaults`,
   from `ReviveSettings` and `fedqueue.fl.ml.synthesis.SynthesisSettings`);
 - `<!-- reference: settings -->`: every setting of `fedqueue.config.Settings`, by its environment variable;
@@ -105,15 +106,22 @@ def table(headers: tuple[str, ...], rows: Sequence[tuple[str, ...]]) -> str:
 
 
 def run_config_table() -> str:
+    """One table per section of the run config (fedqueue.fl.config.config_sections), each under its heading."""
     from fedqueue.fl import config
+    from fedqueue.fl.sections.base import default_of
 
-    docs = _described("RunConfig", source_fields(Path(config.__file__), "RunConfig"))
-    rows = []
-    for spec in dataclasses.fields(config.RunConfig):
-        default_factory: Callable[[], Any] | Any = spec.default_factory
-        default = default_factory() if callable(default_factory) else spec.default
-        rows.append((f"`{spec.name}`", type_words(str(spec.type)), toml_value(default), docs[spec.name].doc))
-    return table(("key", "type", "default", "meaning"), rows)
+    parts = []
+    for heading, section, keys in config.config_sections():
+        source = Path(inspect.getfile(section))
+        docs = _described(
+            section.__name__, [item for item in source_fields(source, section.__name__) if item.name in keys]
+        )
+        types = {spec.name: str(spec.type) for spec in dataclasses.fields(section)}
+        rows = [
+            (f"`{key}`", type_words(types[key]), toml_value(default_of(section, key)), docs[key].doc) for key in keys
+        ]
+        parts.append(f"### {heading}\n\n" + table(("key", "type", "default", "meaning"), rows))
+    return "\n\n".join(parts)
 
 
 def dfkd_table() -> str:

@@ -6,13 +6,13 @@ is one line that names the field at fault.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import tomllib
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from types import UnionType
-from typing import Any, get_args, get_origin, get_type_hints
+from typing import Any, TypeVar
 
 from fedqueue.errors import ConfigError, DataError, did_you_mean
 from fedqueue.fl.clock.delays import CLOCKS, PHASE_KEYS, phase_delay
@@ -20,6 +20,17 @@ from fedqueue.fl.clock.stops import StopRules, check_stop_rules
 from fedqueue.fl.config_files import ConfigFile, read_config_file
 from fedqueue.fl.messages import PACK_MAX, PACK_MODES
 from fedqueue.fl.ml.plugins import describe_choices, is_valid_name
+from fedqueue.fl.sections.base import (
+    SECTION,
+    KeyType,
+    Section,
+    check_type,
+    choice,
+    default_of,
+    key_types,
+    own_keys,
+    positive,
+)
 from fedqueue.fl.strategy.fedbuff.staleness import STALENESS_WEIGHTS
 from fedqueue.fl.strategy.mode import Mode
 from fedqueue.fl.strategy.modes import MODES as STRATEGY_MODES
@@ -130,8 +141,6 @@ class RunConfig:
     buffered modes)."""
     local_step: str = "cross_entropy"
     """The devices' objective: `cross_entropy`, or a plugin's `package.module:attribute`."""
-    aggregate: str = "fedavg"
-    """The server's rule in synchronous rounds: `fedavg`, or a plugin."""
     # Devices per task ("auto": chosen at submit from the round's size and the workers' slots), and
     # how a task trains its pack: "sequential" (back to back), "vmap" (one stacked step), or "auto"
     # (both timed at submit, see fl/packs/rules.py). The choice is written into the stored config.
@@ -247,9 +256,50 @@ class RunConfig:
     own id, one step per round or version, with FedRevive's names (`test/accuracy`, `test/loss`, `test/time`
     (simulated time), `label_wise/accuracy_i` and `loss_i`, `train/loss`, `aggregation/avg_staleness`) and
     fedqueue's own under `fedqueue/`; `--tensorboard DIR` sets it. None: no files."""
+    # The keys only the run's strategy reads, in its own section (its Mode's, fl/strategy/mode.py): written flat
+    # in the file and in the store like every key, held here as the mode's frozen dataclass.
+    strategy_settings: Section | None = field(default=None, metadata=SECTION)
+
+    def __post_init__(self) -> None:
+        mode = STRATEGY_MODES.get(self.mode)
+        if self.strategy_settings is None and mode is not None and mode.section is not None:
+            object.__setattr__(self, "strategy_settings", mode.section())
+
+    def strategy(self, kind: type[S]) -> S:
+        """The run's strategy section as `kind`, for the strategy that knows its mode has one."""
+        if not isinstance(self.strategy_settings, kind):
+            raise TypeError(f"mode = {self.mode!r} has no {kind.__name__}")
+        return self.strategy_settings
+
+    def with_keys(self, **changes: Any) -> RunConfig:
+        """This config with some flat keys changed, each in its section; not checked again (`from_dict` checks)."""
+        unknown = [key for key in changes if key not in _RUN_KEYS and key not in _fields_of(self.strategy_settings)]
+        if unknown:
+            raise TypeError(f"mode = {self.mode!r} has no key {unknown[0]!r}")
+        settings = self.strategy_settings
+        own = {key: value for key, value in changes.items() if key not in _RUN_KEYS}
+        if settings is not None and own:
+            settings = dataclasses.replace(settings, **own)
+        return dataclasses.replace(self, **_run_keys(changes), strategy_settings=settings)
+
+    def plugin_names(self) -> dict[str, str]:
+        """Each kind of plugin the run uses and its name here (a built-in's, or `module:attribute`): a strategy
+        section's key named after a kind names that one (FedAvg's `aggregate`); a mode naming no aggregate folds
+        by fedavg's sum."""
+        named = {"dataset": self.dataset, "model": self.model, "local_step": self.local_step, "aggregate": "fedavg"}
+        settings = self.strategy_settings
+        if settings is not None:
+            named.update({key: getattr(settings, key) for key in _fields_of(settings) if key in named})
+        return named
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        """The flat dict a file writes and the store holds: every key of every mode, another mode's at its
+        default, as before the keys had sections."""
+        flat = {key: value for key, value in asdict(self).items() if key in _RUN_KEYS}
+        flat.update({key: default_of(owner, key) for key, owner in _STRATEGY_KEYS.items()})
+        if self.strategy_settings is not None:
+            flat.update(asdict(self.strategy_settings))
+        return flat
 
     @classmethod
     def from_dict(cls, raw: dict[str, Any], check_data: bool = True) -> RunConfig:
@@ -265,8 +315,11 @@ class RunConfig:
         if isinstance(flare_weight, bool):  # FLARE's staleness_weight is a flag
             rule = "flare_sqrt" if flare_weight else "none"
             raise ConfigError(f'staleness_weight: FLARE\'s {str(flare_weight).lower()} is "{rule}" here')
-        values = {key: _check_type(key, value, _FIELD_TYPES[key]) for key, value in raw.items()}
-        config = cls(**_with_max_rounds(raw, values))
+        values = {key: check_type(key, value, _KEY_TYPES[key]) for key, value in raw.items()}
+        values = _with_max_rounds(raw, values)
+        choice("mode", values.get("mode", "fedavg"), MODES)
+        mode = STRATEGY_MODES[values.get("mode", "fedavg")]
+        config = cls(**_run_keys(values), strategy_settings=_strategy_section(mode, values))
         config._check_rules(check_data)
         return config
 
@@ -331,6 +384,8 @@ class RunConfig:
         _check_clock(self.device_speed, self.communication_delay)
         self._check_trip_clock()
         check_stop_rules(self.max_sim_time, self.target_accuracy, self.early_stop, self.eval_every, self.max_rounds)
+        if self.strategy_settings is not None:
+            self.strategy_settings.check(self)
         if self.strategy_mode.asynchronous:
             self._check_buffered_rules()
         if self.strategy_mode.distills:
@@ -349,10 +404,10 @@ class RunConfig:
             "eval_every",
             "min_devices_per_round",
         ):
-            _positive(key, getattr(self, key))
+            positive(key, getattr(self, key))
         for key in ("local_iters", "local_epochs", "samples_per_device"):
             if getattr(self, key) is not None:
-                _positive(key, getattr(self, key))
+                positive(key, getattr(self, key))
         if self.local_iters is not None and self.local_epochs is not None:
             raise ConfigError("local_iters: set either local_iters or local_epochs, not both")
         if self.devices_per_round > self.num_devices:
@@ -366,27 +421,26 @@ class RunConfig:
             )
         for key in ("concurrency", "max_model_version", "buffer_size", "min_refill"):
             if getattr(self, key) is not None:
-                _positive(key, getattr(self, key))
+                positive(key, getattr(self, key))
 
     def _check_names(self) -> None:
-        for kind in ("dataset", "model", "local_step", "aggregate"):
+        for kind in ("dataset", "model", "local_step"):
             name = getattr(self, kind)
             if not is_valid_name(kind, name):
                 raise ConfigError(f"{kind}: unknown {kind} {name!r} (choose from {describe_choices(kind)})")
         if len(self.name) > NAME_MAX:
             raise ConfigError(f"name: at most {NAME_MAX} characters, got {len(self.name)}")
-        _choice("partition", self.partition, PARTITIONS)
-        _choice("on_failure", self.on_failure, FAILURE_POLICIES)
-        _choice("local_optimizer", self.local_optimizer, OPTIMIZERS)
-        _choice("mode", self.mode, MODES)
-        _choice("staleness_weight", self.staleness_weight, STALENESS_WEIGHTS)
+        choice("partition", self.partition, PARTITIONS)
+        choice("on_failure", self.on_failure, FAILURE_POLICIES)
+        choice("local_optimizer", self.local_optimizer, OPTIMIZERS)
+        choice("staleness_weight", self.staleness_weight, STALENESS_WEIGHTS)
 
     def _check_packing(self) -> None:
-        _choice("pack_mode", self.pack_mode, (*PACK_MODES, "auto"))
+        choice("pack_mode", self.pack_mode, (*PACK_MODES, "auto"))
         if isinstance(self.pack_size, str) and self.pack_size != "auto":
             raise ConfigError(f'pack_size: a positive integer or "auto", got {self.pack_size!r}')
         if isinstance(self.pack_size, int):
-            _positive("pack_size", self.pack_size)
+            positive("pack_size", self.pack_size)
             if self.pack_size > PACK_MAX:
                 raise ConfigError(f"pack_size: at most {PACK_MAX}, got {self.pack_size}")
 
@@ -411,7 +465,7 @@ class RunConfig:
                 raise DataError(f"data_root: dataset root {self.data_root!r} does not exist")
 
     def _check_trip_clock(self) -> None:
-        _choice("clock", self.clock, CLOCKS)
+        choice("clock", self.clock, CLOCKS)
         if self.clock == "fedrevive":
             for key in ("device_speed", "communication_delay"):
                 if getattr(self, key):
@@ -431,7 +485,7 @@ class RunConfig:
             )
 
     def _check_fedrevive_data(self) -> None:
-        _choice("augment", self.augment, AUGMENTS)
+        choice("augment", self.augment, AUGMENTS)
         shape = IMAGE_SHAPES.get(self.dataset)
         if self.augment != "none" and shape is not None and shape[1:] != AUGMENT_SIZE:
             raise ConfigError(
@@ -444,7 +498,7 @@ class RunConfig:
             return
         if self.client_data_size is None:
             raise ConfigError('client_data_size: required with partition = "dirichlet_fixed" (samples per device)')
-        _positive("client_data_size", self.client_data_size)
+        positive("client_data_size", self.client_data_size)
         if self.samples_per_device is not None:
             raise ConfigError(
                 'samples_per_device: partition = "dirichlet_fixed" gives exactly client_data_size; unset it'
@@ -488,11 +542,6 @@ class RunConfig:
                 f"buffer_size = {self.buffer_size} need {self.buffer_size * self.last_version} devices "
                 f"(num_devices = {self.num_devices})"
             )
-        if self.aggregate != "fedavg":
-            raise ConfigError(
-                f"aggregate: mode = {self.mode!r} folds updates by its own rule; {self.aggregate!r} applies to"
-                " mode = 'fedavg'"
-            )
 
     @property
     def strategy_mode(self) -> Mode:
@@ -513,20 +562,20 @@ class RunConfig:
         # torch: every command reads a run config; FedRevive's names load with its math, for a FedRevive config only
         from fedqueue.fl.ml.distill import BETA_SCHEDULES, KD_AUGMENTATIONS, KD_VERSIONS
 
-        _choice("kd_augmentation", self.kd_augmentation, KD_AUGMENTATIONS)
+        choice("kd_augmentation", self.kd_augmentation, KD_AUGMENTATIONS)
         if not self.data_free and not 0 < self.kd_split < 1:
             raise ConfigError(f"kd_split: a share of the training set in (0, 1), got {self.kd_split}")
         if self.dfkd and not self.data_free:
             raise ConfigError('dfkd: these settings apply to kd_augmentation = "dfkd"')
         _check_dfkd(self.dfkd)
         for key in ("kd_buffer_size", "kd_iters", "kd_batch_size"):
-            _positive(key, getattr(self, key))
+            positive(key, getattr(self, key))
         for key in ("kd_lr", "kd_temperature", "kd_beta_factor"):
             if not (math.isfinite(getattr(self, key)) and getattr(self, key) > 0):
                 raise ConfigError(f"{key}: must be greater than 0, got {getattr(self, key)}")
-        _choice("kd_version", self.kd_version, KD_VERSIONS)
+        choice("kd_version", self.kd_version, KD_VERSIONS)
         if isinstance(self.kd_beta, str):
-            _choice("kd_beta", self.kd_beta, BETA_SCHEDULES)
+            choice("kd_beta", self.kd_beta, BETA_SCHEDULES)
         elif not 0 <= self.kd_beta <= 1:
             raise ConfigError(f"kd_beta: a number in [0, 1] or one of {', '.join(BETA_SCHEDULES)}, got {self.kd_beta}")
 
@@ -554,7 +603,7 @@ def _check_dfkd(table: dict[str, Any]) -> None:
     for name, value in table.items():
         default = defaults[name]
         if isinstance(default, str):
-            _choice(f"dfkd.{name}", value, choices[name])
+            choice(f"dfkd.{name}", value, choices[name])
         elif isinstance(default, int):
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
                 raise ConfigError(f"dfkd.{name}: a whole number of at least 0, got {value!r}")
@@ -574,11 +623,11 @@ def _check_table(key: str, table: dict[str, Any], allowed: tuple[str, ...]) -> N
 
 def check_known_key(key: str, where: str = "") -> None:
     """A run-config key, else one line: FLARE's name for it, the closest knob, or where every knob is listed."""
-    if key in _FIELD_TYPES:
+    if key in _KEY_TYPES:
         return
     if key in FLARE_NAMES:
         raise ConfigError(f"{where}{key}: {FLARE_NAMES[key]}")
-    hint = did_you_mean(key, _FIELD_TYPES) or " (every knob: docs/reference/run-config.md)"
+    hint = did_you_mean(key, _KEY_TYPES) or " (every knob: docs/reference/run-config.md)"
     raise ConfigError(f"{where}{key}: unknown setting{hint}")
 
 
@@ -600,40 +649,53 @@ def _check_clock(speed: dict[str, Any], delay: dict[str, Any]) -> None:
             raise ConfigError(f"communication_delay.{name}: one number (seconds), got {delay[name]!r}")
 
 
-# How a TOML value of each annotated type is checked: the Python types it may be (a float takes an int too) and the
-# words an error names it with.
-_ACCEPTED: dict[type, tuple[tuple[type, ...], str]] = {
-    str: ((str,), "a string"),
-    int: ((int,), "an integer"),
-    float: ((float, int), "a number"),
-    bool: ((bool,), "true or false"),
-    dict: ((dict,), "a table"),
-    list: ((list,), "a list"),
-}
+S = TypeVar("S")
+
+# The run's own keys; each strategy's section, and which key it declares (a section may extend another's, as
+# FedRevive's extends FedBuff's, whose keys stay FedBuff's).
+_RUN_KEYS = key_types(RunConfig)
+_STRATEGY_SECTIONS: tuple[type, ...] = tuple(
+    dict.fromkeys(mode.section for mode in STRATEGY_MODES.values() if mode.section is not None)
+)
+_STRATEGY_KEYS: dict[str, type] = {key: section for section in _STRATEGY_SECTIONS for key in own_keys(section)}
+_KEY_TYPES: dict[str, KeyType] = {**_RUN_KEYS, **{key: key_types(owner)[key] for key, owner in _STRATEGY_KEYS.items()}}
 
 
-def _field_types() -> dict[str, tuple[tuple[type, ...], str, bool]]:
-    """Each field's (accepted types, words for errors, may be None), read from RunConfig's annotations.
-
-    A field whose union the words of its parts would describe poorly says what it expects in its metadata.
-    """
-    hints = get_type_hints(RunConfig)
-    specs: dict[str, tuple[tuple[type, ...], str, bool]] = {}
-    for spec in fields(RunConfig):
-        hint = hints[spec.name]
-        members = get_args(hint) if isinstance(hint, UnionType) else (hint,)
-        accepted: tuple[type, ...] = ()
-        words: list[str] = []
-        for member in members:
-            if member is not type(None):
-                python_types, word = _ACCEPTED[get_origin(member) or member]
-                accepted += python_types
-                words.append(word)
-        specs[spec.name] = (accepted, spec.metadata.get("expected", " or ".join(words)), type(None) in members)
-    return specs
+def config_sections() -> list[tuple[str, type, list[str]]]:
+    """The reference page's order: a heading, the dataclass and the keys it declares, for the run's own keys, then
+    each strategy's section (a section that extends another lists only the keys it adds)."""
+    sections: list[tuple[str, type, list[str]]] = [("Every run", RunConfig, list(_RUN_KEYS))]
+    for section in _STRATEGY_SECTIONS:
+        heading = (section.__doc__ or section.__name__).strip().splitlines()[0].rstrip(".")
+        sections.append((heading, section, own_keys(section)))
+    return sections
 
 
-_FIELD_TYPES = _field_types()
+def _fields_of(section: Section | None) -> list[str]:
+    return [] if section is None else [spec.name for spec in dataclasses.fields(section)]
+
+
+def _run_keys(values: dict[str, Any]) -> dict[str, Any]:
+    return {key: value for key, value in values.items() if key in _RUN_KEYS}
+
+
+def _strategy_section(mode: Mode, values: dict[str, Any]) -> Section | None:
+    """The mode's section from its keys; another mode's key is refused unless it holds its default (a config
+    stored before sections holds every mode's key)."""
+    own: dict[str, Any] = {}
+    for key, owner in _STRATEGY_KEYS.items():
+        if key not in values:
+            continue
+        if mode.section is not None and issubclass(mode.section, owner):
+            own[key] = values[key]
+        elif values[key] != default_of(owner, key):
+            users = " or ".join(repr(other.name) for other in STRATEGY_MODES.values() if _uses(other, owner))
+            raise ConfigError(f"{key}: applies to mode = {users}; this run's mode is {mode.name!r} (remove the key)")
+    return None if mode.section is None else mode.section(**own)
+
+
+def _uses(mode: Mode, section: type) -> bool:
+    return mode.section is not None and issubclass(mode.section, section)
 
 
 def _with_max_rounds(raw: dict[str, Any], values: dict[str, Any]) -> dict[str, Any]:
@@ -651,30 +713,6 @@ def _with_max_rounds(raw: dict[str, Any], values: dict[str, Any]) -> dict[str, A
     return {**values, own: limit}
 
 
-def _check_type(key: str, value: Any, spec: tuple[tuple[type, ...], str, bool]) -> Any:
-    accepted, type_name, optional = spec
-    if value is None and optional:
-        return None
-    # bool is an int subclass in Python; `rounds = true` is still a mistake.
-    if (isinstance(value, bool) and bool not in accepted) or not isinstance(value, accepted):
-        raise ConfigError(f"{key}: expected {type_name}, got {type(value).__name__} {value!r}")
-    if float in accepted and not isinstance(value, str):
-        value = float(value)  # type: ignore[arg-type]  # an int or a float: checked just above
-        if value != value or value in (float("inf"), float("-inf")):
-            raise ConfigError(f"{key}: expected a finite number, got {value!r}")
-    return value
-
-
-def _positive(key: str, value: int) -> None:
-    if value <= 0:
-        raise ConfigError(f"{key}: must be a positive integer, got {value}")
-
-
-def _choice(key: str, value: str, choices: tuple[str, ...]) -> None:
-    if value not in choices:
-        raise ConfigError(f"{key}: unknown {key} {value!r} (choose from {', '.join(choices)})")
-
-
 def parse_override(text: str) -> tuple[str, Any]:
     """Parse one `key=value` override; the value is read as TOML (`rounds=5`, `model="cnn"`).
 
@@ -690,8 +728,8 @@ def parse_override(text: str) -> tuple[str, Any]:
         value = tomllib.loads(f"v = {raw.strip()}")["v"]
     except tomllib.TOMLDecodeError:
         value = raw.strip()
-    accepted, _, optional = _FIELD_TYPES[key]
-    if value == "none" and optional and str not in accepted:
+    spec = _KEY_TYPES[key]
+    if value == "none" and spec.optional and str not in spec.accepted:
         value = None
     return key, value
 

@@ -36,3 +36,6 @@ class Mode:
     takes_aggregate: bool = False
     # FedRevive's distillation: kd_* settings apply, and kd_split of the training set is held out.
     distills: bool = False
+    # Its config section: a frozen dataclass of the flat keys only this strategy reads (fl/sections/base.py),
+    # beside it in its folder; the config reader routes those keys to it. None: the mode has no keys of its own.
+    section: type | None = None
