@@ -24,6 +24,7 @@ from fedqueue.fl.sections.base import (
     SECTION,
     KeyType,
     Section,
+    check_table,
     check_type,
     choice,
     default_of,
@@ -31,7 +32,7 @@ from fedqueue.fl.sections.base import (
     own_keys,
     positive,
 )
-from fedqueue.fl.strategy.fedbuff.staleness import STALENESS_WEIGHTS
+from fedqueue.fl.strategy.fedrevive.section import FedReviveSection
 from fedqueue.fl.strategy.mode import Mode
 from fedqueue.fl.strategy.modes import MODES as STRATEGY_MODES
 from fedqueue.store.schema import NAME_MAX
@@ -157,59 +158,12 @@ class RunConfig:
     mode: str = "fedavg"
     """How updates become versions: `fedavg` (synchronous rounds), `fedbuff` (buffered asynchronous), or
     `fedrevive` (FedBuff whose stale updates are mixed with a distilled one)."""
-    # Buffered async (fedbuff): devices training at once (default devices_per_round), updates per
-    # new version, the last version (default `rounds`), staleness weighting and cut-off, reuse of
-    # devices that reported, and how many slots must free before new devices are sampled.
-    concurrency: int | None = None
-    """Buffered modes: devices training at once (none: `devices_per_round`; FLARE's `device_selection_size`)."""
-    buffer_size: int = 10
-    """Buffered modes: updates folded into each new version (FLARE's `num_updates_for_model`)."""
     max_model_version: int | None = None
     """Buffered modes: the run ends when this version is made (none: `rounds`; version 0 is the initial model)."""
-    staleness_weight: str = "none"
-    """Weight w(s) of an update s versions stale: `none` (1), `polynomial` ((1 + s)^-a, a =
-    `staleness_exponent`), `sqrt` (1 / (1 + sqrt(s))), `flare_sqrt` (FLARE's 1 / (1 + sqrt(s + 1))) or `afl_dw`
-    (FedRevive's cosine down-weighting, `staleness_s_max`)."""
-    staleness_exponent: float = 0.5
-    """The exponent a of `staleness_weight = "polynomial"`."""
-    max_staleness: int | None = None
-    """Drop updates more than this many versions stale (none keeps all)."""
-    device_reuse: bool = True
-    """A device that reported may be sampled again (never twice on the same version); false: each device trains
-    once."""
-    min_refill: int = 1
-    """Slots that must be free before new devices are sampled (FLARE's `min_hole_to_fill`)."""
-    # FedRevive (mode = "fedrevive"), named as in its code: the share of the training set the server
-    # holds out, the teachers (last updates), Adam steps, learning rate, batch, temperature and
-    # batches of the distillation, and beta: a number, or a schedule of staleness with its factor.
+    # FedRevive's held-out share: its server distils on it, and its fixed shards (dirichlet_fixed) leave it out in
+    # every mode, as their data split does.
     kd_split: float = 0.1
     """FedRevive: share of the training set the server holds out to distil on (`simple_kd`); no device gets it."""
-    kd_buffer_size: int = 8
-    """FedRevive: the teachers, the local models of this many last folded updates (this one included)."""
-    kd_iters: int = 10
-    """FedRevive: Adam steps of distillation per update (their `nb_of_iters`)."""
-    kd_lr: float = 0.0003
-    """FedRevive: the distillation's learning rate."""
-    kd_batch_size: int = 32
-    """FedRevive: samples per distillation step and teacher."""
-    kd_temperature: float = 2.0
-    """FedRevive: the softening temperature T; the loss is KL(student, teacher) x T^2."""
-    kd_version: str = "distribution_match_batch"
-    """FedRevive: how the teachers are asked: `distribution_match_batch` (each on a batch drawn like its device's
-    labels), `avg_logits` (one batch, the teachers' mean logits) or `avg_loss` (one batch, the mean loss)."""
-    kd_beta: float | str = field(default=0.5, metadata={"expected": "a number or a schedule name"})
-    """FedRevive: how much of an update the distilled change replaces: a constant in [0, 1], or a schedule of
-    staleness, `cosine`, `exponential`, `linear` or `stepwise`, scaled by `kd_beta_factor`."""
-    kd_beta_factor: float = 75.0
-    """FedRevive: the factor of the `kd_beta` schedules (their `adaptive_beta_factor`)."""
-    # Where the distillation's inputs come from: "simple_kd" (the held-out kd_split) or "dfkd"
-    # (images a generator learns from the teachers, fl/ml/synthesis.py), with the generator's knobs
-    # and freeze_rounds in the `dfkd` table, named as in FedRevive's dfkd_settings.
-    kd_augmentation: str = "simple_kd"
-    """FedRevive: what the distillation runs on: the held-out `kd_split` (`simple_kd`), or images synthesised from
-    the teachers (`dfkd`)."""
-    dfkd: dict[str, Any] = field(default_factory=dict)
-    """FedRevive with `kd_augmentation = "dfkd"`: the synthesizer's knobs, a table (FedRevive's `dfkd_settings`)."""
     # Simulated time (both modes): speed classes in seconds per training sample, and the
     # one-way communication delay, e.g. {mean = [0.01, 0.04], std = [0.001, 0.004], share = [0.7, 0.3]}.
     device_speed: dict[str, Any] = field(default_factory=dict)
@@ -230,10 +184,6 @@ class RunConfig:
     """With `clock = "fedrevive"`: the local-training phase, as `download_delay`; empty: FedRevive's default."""
     upload_delay: dict[str, Any] = field(default_factory=dict)
     """With `clock = "fedrevive"`: the upload phase, as `download_delay`; empty: FedRevive's default."""
-    # s_max of staleness_weight = "afl_dw": w(s) = (1 + cos(pi s / (2 s_max))) / 2, 0 beyond 2 s_max.
-    staleness_s_max: float = 75.0
-    """The s_max of `staleness_weight = "afl_dw"`: w(s) = (1 + cos(pi s / (2 s_max))) / 2 up to s = 2 s_max, then 0
-    (FedRevive's `adaptive_beta_factor`)."""
     # FedRevive's data: partition = "dirichlet_fixed" gives every device exactly
     # client_data_size samples, class shares from its own Dirichlet(alpha) draw, shards overlapping
     # across devices; drawn from the training set left after a fixed seed-42 split takes val_split and
@@ -323,6 +273,18 @@ class RunConfig:
         config._check_rules(check_data)
         return config
 
+    @classmethod
+    def from_stored(cls, stored: dict[str, Any]) -> RunConfig:
+        """A run's config as the store holds it. One stored before the keys had sections holds every mode's keys,
+        another mode's possibly set (nothing read them): those are left out."""
+        mode = STRATEGY_MODES.get(str(stored.get("mode", "fedavg")))
+        kept = {
+            key: value
+            for key, value in stored.items()
+            if key not in _STRATEGY_KEYS or (mode is not None and _uses(mode, _STRATEGY_KEYS[key]))
+        }
+        return cls.from_dict(kept)
+
     @property
     def missing_data_root(self) -> str | None:
         """The data_root a local dataset needs that does not exist here, else None."""
@@ -343,10 +305,6 @@ class RunConfig:
         if self.pack_mode not in PACK_MODES:
             raise ConfigError('pack_mode: "auto" is resolved when the run is submitted')
         return self.pack_mode
-
-    @property
-    def resolved_concurrency(self) -> int:
-        return self.concurrency if self.concurrency is not None else self.devices_per_round
 
     @property
     def last_version(self) -> int | None:
@@ -386,10 +344,6 @@ class RunConfig:
         check_stop_rules(self.max_sim_time, self.target_accuracy, self.early_stop, self.eval_every, self.max_rounds)
         if self.strategy_settings is not None:
             self.strategy_settings.check(self)
-        if self.strategy_mode.asynchronous:
-            self._check_buffered_rules()
-        if self.strategy_mode.distills:
-            self._check_revive_rules()
         self._check_data(check_data)
         self._check_fedrevive_data()
         if self.tensorboard_dir is not None and (not self.tensorboard_dir.strip() or "\0" in self.tensorboard_dir):
@@ -419,9 +373,8 @@ class RunConfig:
                 f"min_devices_per_round: {self.min_devices_per_round} is more than "
                 f"devices_per_round = {self.devices_per_round}"
             )
-        for key in ("concurrency", "max_model_version", "buffer_size", "min_refill"):
-            if getattr(self, key) is not None:
-                positive(key, getattr(self, key))
+        if self.max_model_version is not None:
+            positive("max_model_version", self.max_model_version)
 
     def _check_names(self) -> None:
         for kind in ("dataset", "model", "local_step"):
@@ -433,7 +386,6 @@ class RunConfig:
         choice("partition", self.partition, PARTITIONS)
         choice("on_failure", self.on_failure, FAILURE_POLICIES)
         choice("local_optimizer", self.local_optimizer, OPTIMIZERS)
-        choice("staleness_weight", self.staleness_weight, STALENESS_WEIGHTS)
 
     def _check_packing(self) -> None:
         choice("pack_mode", self.pack_mode, (*PACK_MODES, "auto"))
@@ -511,38 +463,6 @@ class RunConfig:
                 f"val_split: val_split + kd_split = {self.val_split + self.kd_split} leave no training set"
             )
 
-    def _check_buffered_rules(self) -> None:
-        concurrency = self.resolved_concurrency
-        if concurrency > self.num_devices:
-            raise ConfigError(
-                f"concurrency: {concurrency} devices at once is more than num_devices = {self.num_devices}"
-            )
-        if self.buffer_size > concurrency:
-            # A version would wait for more updates than are ever in flight beside each other.
-            source = "concurrency" if self.concurrency is not None else "concurrency (devices_per_round)"
-            raise ConfigError(
-                f"buffer_size: {self.buffer_size} updates per version is more than {source} = {concurrency} devices"
-                f" training at once; set buffer_size to at most {concurrency} or raise concurrency"
-            )
-        if self.min_refill > concurrency:
-            raise ConfigError(f"min_refill: {self.min_refill} is more than concurrency = {concurrency}")
-        if self.max_staleness is not None and self.max_staleness < 0:
-            raise ConfigError(f"max_staleness: must be 0 or more, got {self.max_staleness}")
-        if self.staleness_exponent < 0:
-            raise ConfigError(f"staleness_exponent: must be 0 or more, got {self.staleness_exponent}")
-        if not self.staleness_s_max > 0:
-            raise ConfigError(f"staleness_s_max: must be greater than 0, got {self.staleness_s_max}")
-        if (
-            not self.device_reuse
-            and self.last_version is not None
-            and self.num_devices < self.buffer_size * self.last_version
-        ):
-            raise ConfigError(
-                f"device_reuse: false uses each device once, and {self.last_version} versions of "
-                f"buffer_size = {self.buffer_size} need {self.buffer_size * self.last_version} devices "
-                f"(num_devices = {self.num_devices})"
-            )
-
     @property
     def strategy_mode(self) -> Mode:
         """What callers may know of the strategy that runs this config (fl/strategy/mode.py)."""
@@ -551,33 +471,14 @@ class RunConfig:
     @property
     def held_out(self) -> float:
         """The share of the training set no device gets (FedRevive's kd_split), else 0."""
-        return self.kd_split if self.strategy_mode.distills and self.kd_augmentation == "simple_kd" else 0.0
+        settings = self.strategy_settings
+        return self.kd_split if isinstance(settings, FedReviveSection) and not settings.data_free else 0.0
 
     @property
     def data_free(self) -> bool:
         """FedRevive distilling on synthesised images (kd_augmentation = "dfkd")."""
-        return self.strategy_mode.distills and self.kd_augmentation == "dfkd"
-
-    def _check_revive_rules(self) -> None:
-        # torch: every command reads a run config; FedRevive's names load with its math, for a FedRevive config only
-        from fedqueue.fl.ml.distill import BETA_SCHEDULES, KD_AUGMENTATIONS, KD_VERSIONS
-
-        choice("kd_augmentation", self.kd_augmentation, KD_AUGMENTATIONS)
-        if not self.data_free and not 0 < self.kd_split < 1:
-            raise ConfigError(f"kd_split: a share of the training set in (0, 1), got {self.kd_split}")
-        if self.dfkd and not self.data_free:
-            raise ConfigError('dfkd: these settings apply to kd_augmentation = "dfkd"')
-        _check_dfkd(self.dfkd)
-        for key in ("kd_buffer_size", "kd_iters", "kd_batch_size"):
-            positive(key, getattr(self, key))
-        for key in ("kd_lr", "kd_temperature", "kd_beta_factor"):
-            if not (math.isfinite(getattr(self, key)) and getattr(self, key) > 0):
-                raise ConfigError(f"{key}: must be greater than 0, got {getattr(self, key)}")
-        choice("kd_version", self.kd_version, KD_VERSIONS)
-        if isinstance(self.kd_beta, str):
-            choice("kd_beta", self.kd_beta, BETA_SCHEDULES)
-        elif not 0 <= self.kd_beta <= 1:
-            raise ConfigError(f"kd_beta: a number in [0, 1] or one of {', '.join(BETA_SCHEDULES)}, got {self.kd_beta}")
+        settings = self.strategy_settings
+        return isinstance(settings, FedReviveSection) and settings.data_free
 
 
 def _numbers(key: str, value: Any, minimum: float = 0.0) -> list[float]:
@@ -587,38 +488,6 @@ def _numbers(key: str, value: Any, minimum: float = 0.0) -> list[float]:
     if any(not math.isfinite(v) or v < minimum for v in values):
         raise ConfigError(f"{key}: every value must be a finite number of at least {minimum}, got {value!r}")
     return [float(v) for v in values]
-
-
-def _check_dfkd(table: dict[str, Any]) -> None:
-    """dfkd = {...}: each key a knob of the synthesizer or the server step, each value of its default's type."""
-    # torch, as above
-    from fedqueue.fl.ml.distill import PROPORTION_SOURCES, dfkd_defaults
-    from fedqueue.fl.ml.synthesis import ADV_GATES
-
-    if not table:
-        return
-    defaults = dfkd_defaults()
-    _check_table("dfkd", table, tuple(defaults))
-    choices = {"adv_gate": ADV_GATES, "class_proportion_source": PROPORTION_SOURCES}
-    for name, value in table.items():
-        default = defaults[name]
-        if isinstance(default, str):
-            choice(f"dfkd.{name}", value, choices[name])
-        elif isinstance(default, int):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-                raise ConfigError(f"dfkd.{name}: a whole number of at least 0, got {value!r}")
-        elif isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) or value < 0:
-            raise ConfigError(f"dfkd.{name}: a number of at least 0, got {value!r}")
-    for name in ("synthesis_interval", "proxy_uploads", "proxy_probes"):
-        if table.get(name) == 0:
-            raise ConfigError(f"dfkd.{name}: must be at least 1, got 0")
-
-
-def _check_table(key: str, table: dict[str, Any], allowed: tuple[str, ...]) -> None:
-    for name in table:
-        if name not in allowed:
-            hint = did_you_mean(name, allowed) or f" (known: {', '.join(allowed)})"
-            raise ConfigError(f"{key}: unknown setting {name!r}{hint}")
 
 
 def check_known_key(key: str, where: str = "") -> None:
@@ -633,7 +502,7 @@ def check_known_key(key: str, where: str = "") -> None:
 
 def _check_clock(speed: dict[str, Any], delay: dict[str, Any]) -> None:
     """device_speed = {mean, std, share} (one entry per class) and communication_delay = {mean, std}."""
-    _check_table("device_speed", speed, ("mean", "std", "share"))
+    check_table("device_speed", speed, ("mean", "std", "share"))
     if speed:
         if "mean" not in speed:
             raise ConfigError("device_speed.mean: required (seconds per training sample, one per speed class)")
@@ -643,7 +512,7 @@ def _check_clock(speed: dict[str, Any], delay: dict[str, Any]) -> None:
                 raise ConfigError(f"device_speed.{name}: one value per speed class ({classes}), got {speed[name]!r}")
         if "share" in speed and sum(_numbers("device_speed.share", speed["share"])) <= 0:
             raise ConfigError("device_speed.share: the shares must add up to more than 0")
-    _check_table("communication_delay", delay, ("mean", "std"))
+    check_table("communication_delay", delay, ("mean", "std"))
     for name in ("mean", "std"):
         if name in delay and len(_numbers(f"communication_delay.{name}", delay[name])) != 1:
             raise ConfigError(f"communication_delay.{name}: one number (seconds), got {delay[name]!r}")

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from types import UnionType
 from typing import Any, ClassVar, Protocol, get_args, get_origin, get_type_hints, runtime_checkable
 
-from fedqueue.errors import ConfigError
+from fedqueue.errors import ConfigError, did_you_mean
 
 # How a TOML value of each annotated type is checked: the Python types it may be (a float takes an int too) and the
 # words an error names it with.
@@ -100,6 +100,14 @@ def choice(key: str, value: str, choices: tuple[str, ...]) -> None:
         raise ConfigError(f"{key}: unknown {key} {value!r} (choose from {', '.join(choices)})")
 
 
+def check_table(key: str, table: dict[str, Any], allowed: tuple[str, ...]) -> None:
+    """A table's keys, each one of `allowed`, else one line with the closest."""
+    for name in table:
+        if name not in allowed:
+            hint = did_you_mean(name, allowed) or f" (known: {', '.join(allowed)})"
+            raise ConfigError(f"{key}: unknown setting {name!r}{hint}")
+
+
 class Run(Protocol):
     """What a section's check may read of the run beside its own keys."""
 
@@ -111,6 +119,8 @@ class Run(Protocol):
     def devices_per_round(self) -> int: ...
     @property
     def last_version(self) -> int | None: ...
+    @property
+    def kd_split(self) -> float: ...
 
 
 @runtime_checkable

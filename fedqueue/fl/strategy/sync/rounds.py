@@ -179,7 +179,7 @@ def _aggregate_claimed_round(
     run = services.store.get_run(run_id)
     if run.state != "running":
         return
-    config = RunConfig.from_dict(run.config)
+    config = RunConfig.from_stored(run.config)
     row = get_round(services.store, run_id, round_index)
     assert row is not None
     tasks = round_outcomes(services.store, run_id, round_index)
