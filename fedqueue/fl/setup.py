@@ -110,15 +110,15 @@ class Plugins:
 def resolve_plugins(config: RunConfig) -> Plugins:
     return Plugins(
         local_step=resolve("local_step", config.local_step),
-        aggregate=resolve("aggregate", config.aggregate),
+        aggregate=resolve("aggregate", config.plugin_names()["aggregate"]),
         options=dict(config.plugin),
     )
 
 
 def check_plugins(config: RunConfig) -> None:
     """Import every plugin the run names and let each check its options: before anything is written."""
-    for kind in ("dataset", "model", "local_step", "aggregate"):
-        check_options(kind, resolve(kind, getattr(config, kind)), config.plugin)
+    for kind, name in config.plugin_names().items():
+        check_options(kind, resolve(kind, name), config.plugin)
 
 
 def call_plugin(kind: str, name: str, function: Any, *args: Any) -> Any:

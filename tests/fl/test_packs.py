@@ -69,7 +69,7 @@ def test_vmapped_packs_are_deterministic_and_match_sequential(settings: Settings
     """The same seed gives the same weights with 1 and with 2 workers, within float tolerance of sequential."""
     vmapped = replace(PACKED, pack_size=6, pack_mode="vmap")
     # A rule that needs every update apart (the clipping example, unclipped: FedAvg's result).
-    every_update = replace(vmapped, aggregate="fedqueue_examples.clipping:clipped_fedavg", plugin={"clip_norm": 1e9})
+    every_update = vmapped.with_keys(aggregate="fedqueue_examples.clipping:clipped_fedavg", plugin={"clip_norm": 1e9})
     one = _finish_together(settings, [vmapped], 1, tmp_path)[0]
     two, apart = _finish_together(settings.with_plugin_path([str(EXAMPLES)]), [vmapped, every_update], 2, tmp_path)
     assert_same_weights(one.final_weights(), two.final_weights())

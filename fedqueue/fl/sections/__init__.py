@@ -1,0 +1,5 @@
+"""The run config's sections: each a frozen dataclass of flat keys, checked beside what it configures.
+
+base.py says what a section is and how its keys are read; the strategies' sections live in their own folders
+(fl/strategy/<name>/section.py), named by their `Mode`.
+"""
