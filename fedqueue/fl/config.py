@@ -8,14 +8,13 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import math
 import tomllib
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
 from fedqueue.errors import ConfigError, DataError, did_you_mean
-from fedqueue.fl.clock.delays import CLOCKS, PHASE_KEYS, phase_delay
+from fedqueue.fl.clock.section import ClockSection
 from fedqueue.fl.clock.stops import StopRules, check_stop_rules
 from fedqueue.fl.config_files import ConfigFile, read_config_file
 from fedqueue.fl.messages import PACK_MAX, PACK_MODES
@@ -24,7 +23,6 @@ from fedqueue.fl.sections.base import (
     SECTION,
     KeyType,
     Section,
-    check_table,
     check_type,
     choice,
     default_of,
@@ -164,26 +162,8 @@ class RunConfig:
     # every mode, as their data split does.
     kd_split: float = 0.1
     """FedRevive: share of the training set the server holds out to distil on (`simple_kd`); no device gets it."""
-    # Simulated time (both modes): speed classes in seconds per training sample, and the
-    # one-way communication delay, e.g. {mean = [0.01, 0.04], std = [0.001, 0.004], share = [0.7, 0.3]}.
-    device_speed: dict[str, Any] = field(default_factory=dict)
-    """Simulated speed classes, `{mean = [...], std = [...], share = [...]}`: seconds per training sample of each
-    class (with `clock = "flare"`, seconds per trip), classes drawn by `share`; empty: 0.01 s per sample."""
-    communication_delay: dict[str, Any] = field(default_factory=dict)
-    """Simulated `{mean, std}` seconds of each one-way transfer (none when empty)."""
-    # How a trip is timed (fl/clock/delays.py): "per_sample" (the two tables above), "flare" (FLARE's edge
-    # simulator: device_speed in seconds per trip, one communication delay per trip) or "fedrevive"
-    # (FedRevive's per-phase tables below, each {type, mean_distribution, std}; one left out is theirs).
-    clock: str = "per_sample"
-    """How a simulated trip is timed: `per_sample` (`device_speed` per sample, plus `communication_delay`),
-    `flare` (FLARE's edge simulator: seconds per trip) or `fedrevive` (FedRevive's per-phase tables)."""
-    download_delay: dict[str, Any] = field(default_factory=dict)
-    """With `clock = "fedrevive"`: the download phase, `{type, mean_distribution = [[share, mean], ...], std}`;
-    empty: FedRevive's default."""
-    localtrain_delay: dict[str, Any] = field(default_factory=dict)
-    """With `clock = "fedrevive"`: the local-training phase, as `download_delay`; empty: FedRevive's default."""
-    upload_delay: dict[str, Any] = field(default_factory=dict)
-    """With `clock = "fedrevive"`: the upload phase, as `download_delay`; empty: FedRevive's default."""
+    # How a simulated trip is timed: its keys (clock, device_speed, ...) in the clock's section (fl/clock/section.py).
+    timing: ClockSection = field(default_factory=ClockSection, metadata=SECTION)
     # FedRevive's data: partition = "dirichlet_fixed" gives every device exactly
     # client_data_size samples, class shares from its own Dirichlet(alpha) draw, shards overlapping
     # across devices; drawn from the training set left after a fixed seed-42 split takes val_split and
@@ -223,14 +203,22 @@ class RunConfig:
 
     def with_keys(self, **changes: Any) -> RunConfig:
         """This config with some flat keys changed, each in its section; not checked again (`from_dict` checks)."""
-        unknown = [key for key in changes if key not in _RUN_KEYS and key not in _fields_of(self.strategy_settings)]
+        strategy_keys = _fields_of(self.strategy_settings)
+        unknown = [
+            key for key in changes if key not in _KEY_TYPES or (key in _STRATEGY_KEYS and key not in strategy_keys)
+        ]
         if unknown:
             raise TypeError(f"mode = {self.mode!r} has no key {unknown[0]!r}")
+        shared = {
+            name: dataclasses.replace(getattr(self, name), **_keys_of(name, changes))
+            for name in _SHARED_SECTIONS
+            if _keys_of(name, changes)
+        }
         settings = self.strategy_settings
-        own = {key: value for key, value in changes.items() if key not in _RUN_KEYS}
+        own = {key: value for key, value in changes.items() if key in _STRATEGY_KEYS}
         if settings is not None and own:
             settings = dataclasses.replace(settings, **own)
-        return dataclasses.replace(self, **_run_keys(changes), strategy_settings=settings)
+        return dataclasses.replace(self, **_run_keys(changes), **shared, strategy_settings=settings)
 
     def plugin_names(self) -> dict[str, str]:
         """Each kind of plugin the run uses and its name here (a built-in's, or `module:attribute`): a strategy
@@ -245,7 +233,12 @@ class RunConfig:
     def to_dict(self) -> dict[str, Any]:
         """The flat dict a file writes and the store holds: every key of every mode, another mode's at its
         default, as before the keys had sections."""
-        flat = {key: value for key, value in asdict(self).items() if key in _RUN_KEYS}
+        flat: dict[str, Any] = {}
+        for key, value in asdict(self).items():
+            if key in _SHARED_SECTIONS:
+                flat.update(value)  # a section's keys where the section stands
+            elif key in _RUN_KEYS:
+                flat[key] = value
         flat.update({key: default_of(owner, key) for key, owner in _STRATEGY_KEYS.items()})
         if self.strategy_settings is not None:
             flat.update(asdict(self.strategy_settings))
@@ -269,7 +262,8 @@ class RunConfig:
         values = _with_max_rounds(raw, values)
         choice("mode", values.get("mode", "fedavg"), MODES)
         mode = STRATEGY_MODES[values.get("mode", "fedavg")]
-        config = cls(**_run_keys(values), strategy_settings=_strategy_section(mode, values))
+        shared = {name: section(**_keys_of(name, values)) for name, section in _SHARED_SECTIONS.items()}
+        config = cls(**_run_keys(values), **shared, strategy_settings=_strategy_section(mode, values))
         config._check_rules(check_data)
         return config
 
@@ -339,8 +333,8 @@ class RunConfig:
         self._check_names()
         self._check_packing()
         self._check_rates()
-        _check_clock(self.device_speed, self.communication_delay)
-        self._check_trip_clock()
+        for name in _SHARED_SECTIONS:
+            getattr(self, name).check(self)
         check_stop_rules(self.max_sim_time, self.target_accuracy, self.early_stop, self.eval_every, self.max_rounds)
         if self.strategy_settings is not None:
             self.strategy_settings.check(self)
@@ -416,26 +410,6 @@ class RunConfig:
             if check_data and self.missing_data_root is not None:
                 raise DataError(f"data_root: dataset root {self.data_root!r} does not exist")
 
-    def _check_trip_clock(self) -> None:
-        choice("clock", self.clock, CLOCKS)
-        if self.clock == "fedrevive":
-            for key in ("device_speed", "communication_delay"):
-                if getattr(self, key):
-                    raise ConfigError(
-                        f'{key}: applies to clock = "per_sample" or "flare"; clock = "fedrevive" times trips by'
-                        f" {', '.join(PHASE_KEYS)}"
-                    )
-            for key in PHASE_KEYS:
-                phase_delay(key, getattr(self, key))
-            return
-        for key in PHASE_KEYS:
-            if getattr(self, key):
-                raise ConfigError(f'{key}: applies to clock = "fedrevive", not {self.clock!r}')
-        if self.clock == "flare" and not self.device_speed:
-            raise ConfigError(
-                'clock: "flare" needs device_speed = {mean = [...], std = [...]}, seconds per trip of each tier'
-            )
-
     def _check_fedrevive_data(self) -> None:
         choice("augment", self.augment, AUGMENTS)
         shape = IMAGE_SHAPES.get(self.dataset)
@@ -481,15 +455,6 @@ class RunConfig:
         return isinstance(settings, FedReviveSection) and settings.data_free
 
 
-def _numbers(key: str, value: Any, minimum: float = 0.0) -> list[float]:
-    values = value if isinstance(value, list) else [value]
-    if not values or any(isinstance(v, bool) or not isinstance(v, int | float) for v in values):
-        raise ConfigError(f"{key}: expected a number or a list of numbers, got {value!r}")
-    if any(not math.isfinite(v) or v < minimum for v in values):
-        raise ConfigError(f"{key}: every value must be a finite number of at least {minimum}, got {value!r}")
-    return [float(v) for v in values]
-
-
 def check_known_key(key: str, where: str = "") -> None:
     """A run-config key, else one line: FLARE's name for it, the closest knob, or where every knob is listed."""
     if key in _KEY_TYPES:
@@ -500,44 +465,42 @@ def check_known_key(key: str, where: str = "") -> None:
     raise ConfigError(f"{where}{key}: unknown setting{hint}")
 
 
-def _check_clock(speed: dict[str, Any], delay: dict[str, Any]) -> None:
-    """device_speed = {mean, std, share} (one entry per class) and communication_delay = {mean, std}."""
-    check_table("device_speed", speed, ("mean", "std", "share"))
-    if speed:
-        if "mean" not in speed:
-            raise ConfigError("device_speed.mean: required (seconds per training sample, one per speed class)")
-        classes = len(_numbers("device_speed.mean", speed["mean"]))
-        for name in ("std", "share"):
-            if name in speed and len(_numbers(f"device_speed.{name}", speed[name])) != classes:
-                raise ConfigError(f"device_speed.{name}: one value per speed class ({classes}), got {speed[name]!r}")
-        if "share" in speed and sum(_numbers("device_speed.share", speed["share"])) <= 0:
-            raise ConfigError("device_speed.share: the shares must add up to more than 0")
-    check_table("communication_delay", delay, ("mean", "std"))
-    for name in ("mean", "std"):
-        if name in delay and len(_numbers(f"communication_delay.{name}", delay[name])) != 1:
-            raise ConfigError(f"communication_delay.{name}: one number (seconds), got {delay[name]!r}")
-
-
 S = TypeVar("S")
 
-# The run's own keys; each strategy's section, and which key it declares (a section may extend another's, as
-# FedRevive's extends FedBuff's, whose keys stay FedBuff's).
+# The run's own keys; the sections every run has, by the field that holds each, and which section holds each of
+# their keys; each strategy's section, and which key it declares (a section may extend another's, as FedRevive's
+# extends FedBuff's, whose keys stay FedBuff's).
 _RUN_KEYS = key_types(RunConfig)
+_SHARED_SECTIONS: dict[str, type] = {"timing": ClockSection}
+_SHARED_KEYS: dict[str, str] = {key: name for name, section in _SHARED_SECTIONS.items() for key in key_types(section)}
 _STRATEGY_SECTIONS: tuple[type, ...] = tuple(
     dict.fromkeys(mode.section for mode in STRATEGY_MODES.values() if mode.section is not None)
 )
 _STRATEGY_KEYS: dict[str, type] = {key: section for section in _STRATEGY_SECTIONS for key in own_keys(section)}
-_KEY_TYPES: dict[str, KeyType] = {**_RUN_KEYS, **{key: key_types(owner)[key] for key, owner in _STRATEGY_KEYS.items()}}
+_KEY_TYPES: dict[str, KeyType] = {
+    **_RUN_KEYS,
+    **{key: key_types(_SHARED_SECTIONS[name])[key] for key, name in _SHARED_KEYS.items()},
+    **{key: key_types(owner)[key] for key, owner in _STRATEGY_KEYS.items()},
+}
 
 
 def config_sections() -> list[tuple[str, type, list[str]]]:
-    """The reference page's order: a heading, the dataclass and the keys it declares, for the run's own keys, then
-    each strategy's section (a section that extends another lists only the keys it adds)."""
+    """The reference page's order: a heading, the dataclass and the keys it declares, for the run's own keys, the
+    sections every run has, then each strategy's section (a section that extends another lists only the keys it
+    adds)."""
     sections: list[tuple[str, type, list[str]]] = [("Every run", RunConfig, list(_RUN_KEYS))]
-    for section in _STRATEGY_SECTIONS:
-        heading = (section.__doc__ or section.__name__).strip().splitlines()[0].rstrip(".")
-        sections.append((heading, section, own_keys(section)))
+    sections += [(_heading(section), section, list(key_types(section))) for section in _SHARED_SECTIONS.values()]
+    sections += [(_heading(section), section, own_keys(section)) for section in _STRATEGY_SECTIONS]
     return sections
+
+
+def _heading(section: type) -> str:
+    return (section.__doc__ or section.__name__).strip().splitlines()[0].rstrip(".")
+
+
+def _keys_of(name: str, values: dict[str, Any]) -> dict[str, Any]:
+    """The keys of `values` that the shared section held by field `name` declares."""
+    return {key: value for key, value in values.items() if _SHARED_KEYS.get(key) == name}
 
 
 def _fields_of(section: Section | None) -> list[str]:

@@ -116,7 +116,7 @@ def test_a_buffer_larger_than_the_devices_training_at_once_is_refused_in_one_lin
 def test_clock_tables_apply_to_sync_runs_too() -> None:
     speeds = {"mean": [0.01, 0.04], "std": [0.001, 0.004], "share": [0.7, 0.3]}
     chosen = RunConfig.from_dict({**BASE, "device_speed": speeds, "communication_delay": {"mean": 1, "std": 0.2}})
-    assert chosen.device_speed == speeds
+    assert chosen.timing.device_speed == speeds
     with pytest.raises(ConfigError, match="^device_speed.share:"):
         RunConfig.from_dict({**BASE, "device_speed": {"mean": [1.0], "share": [1, 2]}})
 
@@ -130,13 +130,13 @@ def test_fedrevive_clock_reads_their_tables() -> None:
         staleness_weight="afl_dw",
         staleness_s_max=75,
     )
-    assert (chosen.clock, chosen.download_delay, chosen.strategy(FedBuffSection).staleness_s_max) == (
+    assert (chosen.timing.clock, chosen.timing.download_delay, chosen.strategy(FedBuffSection).staleness_s_max) == (
         "fedrevive",
         {},
         75.0,
     )
-    assert config().clock == "per_sample" and config().strategy(FedBuffSection).staleness_s_max == 75.0
-    assert config(clock="flare", device_speed={"mean": [100, 200, 400], "std": [1, 2, 4]}).clock == "flare"
+    assert config().timing.clock == "per_sample" and config().strategy(FedBuffSection).staleness_s_max == 75.0
+    assert config(clock="flare", device_speed={"mean": [100, 200, 400], "std": [1, 2, 4]}).timing.clock == "flare"
     assert config(staleness_weight="flare_sqrt").strategy(FedBuffSection).staleness_weight == "flare_sqrt"
 
 

@@ -233,7 +233,7 @@ def test_every_example_is_accepted_by_check(path: Path, monkeypatch: pytest.Monk
 
 def test_the_flare_example_is_flare_s_recipe_in_fedqueue_s_names() -> None:
     config = load_run_config(REPO / "examples" / "flare_fedbuff.toml")
-    assert (config.mode, config.clock, config.strategy(FedBuffSection).staleness_weight) == (
+    assert (config.mode, config.timing.clock, config.strategy(FedBuffSection).staleness_weight) == (
         "fedbuff",
         "flare",
         "flare_sqrt",
@@ -244,4 +244,4 @@ def test_the_flare_example_is_flare_s_recipe_in_fedqueue_s_names() -> None:
         config.strategy(FedBuffSection).min_refill,
         config.strategy(FedBuffSection).max_staleness,
     ) == (20, 10, 1, 9)
-    assert config.max_model_version == 20 - 1 and config.device_speed["mean"] == [100.0, 200.0, 400.0]
+    assert config.max_model_version == 20 - 1 and config.timing.device_speed["mean"] == [100.0, 200.0, 400.0]

@@ -241,7 +241,7 @@ def test_their_dfkd_settings_become_the_synthesizer_s_knobs(tmp_path: Path) -> N
         config.strategy(FedReviveSection).dfkd["g_steps"],
         config.strategy(FedReviveSection).dfkd["bn"],
     ) == (0.003, 2, 0.003)
-    assert config.localtrain_delay["mean_distribution"] == [[0.25, 1], [0.5, 1.3], [0.25, 1.6]]
+    assert config.timing.localtrain_delay["mean_distribution"] == [[0.25, 1], [0.5, 1.3], [0.25, 1.6]]
 
 
 @pytest.mark.parametrize(

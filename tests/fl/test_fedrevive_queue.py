@@ -127,7 +127,7 @@ def test_their_reduced_file_makes_the_same_versions_and_weights_with_one_or_two_
         config.strategy(FedBuffSection).concurrency,
         config.strategy(FedBuffSection).buffer_size,
     ) == (100, 20, 1)
-    assert config.max_sim_time == MAX_WAIT_TIME and config.clock == "fedrevive"
+    assert config.max_sim_time == MAX_WAIT_TIME and config.timing.phased
     assert any(note.startswith("model_name: convnet is read as fedqueue's cnn") for note in notes)
     expected = versions_on_the_clock(config)
     assert expected > WARMUP_ROUNDS  # the student distils in the later versions
