@@ -17,8 +17,8 @@ from fedqueue.errors import ConfigError, DataError, did_you_mean
 from fedqueue.fl.clock.section import ClockSection
 from fedqueue.fl.clock.stops import StopRules, check_stop_rules
 from fedqueue.fl.config_files import ConfigFile, read_config_file
-from fedqueue.fl.messages import PACK_MAX, PACK_MODES
 from fedqueue.fl.ml.plugins import describe_choices, is_valid_name
+from fedqueue.fl.packs.section import PackSection
 from fedqueue.fl.sections.base import (
     SECTION,
     KeyType,
@@ -140,17 +140,8 @@ class RunConfig:
     buffered modes)."""
     local_step: str = "cross_entropy"
     """The devices' objective: `cross_entropy`, or a plugin's `package.module:attribute`."""
-    # Devices per task ("auto": chosen at submit from the round's size and the workers' slots), and
-    # how a task trains its pack: "sequential" (back to back), "vmap" (one stacked step), or "auto"
-    # (both timed at submit, see fl/packs/rules.py). The choice is written into the stored config.
-    pack_size: int | str = field(default="auto", metadata={"expected": 'a positive integer or "auto"'})
-    """Devices per task (1: one device per task), or `"auto"`: two packs per worker slot, chosen at submit."""
-    pack_mode: str = "auto"
-    """How a task trains its pack: `sequential` (back to back), `vmap` (one stacked step), or `"auto"` (both
-    timed at submit)."""
-    # Written at submit: how "auto" was resolved, for the config and the report to show.
-    pack_choice: str = ""
-    """Written at submit, not set by hand: how `"auto"` chose the pack size and mode, and the timings behind it."""
+    # Devices per task and how a task trains them, in packing's section (fl/packs/section.py).
+    packing: PackSection = field(default_factory=PackSection, metadata=SECTION)
     # How updates become versions: a strategy per mode, each in its folder of fl/strategy/.
     mode: str = "fedavg"
     """How updates become versions: `fedavg` (synchronous rounds), `fedbuff` (buffered asynchronous), `fedrevive`
@@ -287,20 +278,6 @@ class RunConfig:
         return None
 
     @property
-    def resolved_pack_size(self) -> int:
-        """Devices per task; a stored run's config always holds a number (submit resolves "auto")."""
-        if not isinstance(self.pack_size, int):
-            raise ConfigError('pack_size: "auto" is resolved when the run is submitted')
-        return self.pack_size
-
-    @property
-    def resolved_pack_mode(self) -> str:
-        """How packs train; a stored run's config always holds sequential or vmap (submit resolves "auto")."""
-        if self.pack_mode not in PACK_MODES:
-            raise ConfigError('pack_mode: "auto" is resolved when the run is submitted')
-        return self.pack_mode
-
-    @property
     def last_version(self) -> int | None:
         """The most versions a run makes: `rounds` synchronous rounds, or fedbuff's `max_model_version` (`rounds`
         when unset; None when unset beside max_sim_time: that time bounds it). A stop rule may end it sooner."""
@@ -331,7 +308,6 @@ class RunConfig:
     def _check_rules(self, check_data: bool = True) -> None:
         self._check_counts()
         self._check_names()
-        self._check_packing()
         self._check_rates()
         for name in _SHARED_SECTIONS:
             getattr(self, name).check(self)
@@ -380,15 +356,6 @@ class RunConfig:
         choice("partition", self.partition, PARTITIONS)
         choice("on_failure", self.on_failure, FAILURE_POLICIES)
         choice("local_optimizer", self.local_optimizer, OPTIMIZERS)
-
-    def _check_packing(self) -> None:
-        choice("pack_mode", self.pack_mode, (*PACK_MODES, "auto"))
-        if isinstance(self.pack_size, str) and self.pack_size != "auto":
-            raise ConfigError(f'pack_size: a positive integer or "auto", got {self.pack_size!r}')
-        if isinstance(self.pack_size, int):
-            positive("pack_size", self.pack_size)
-            if self.pack_size > PACK_MAX:
-                raise ConfigError(f"pack_size: at most {PACK_MAX}, got {self.pack_size}")
 
     def _check_rates(self) -> None:
         for key in ("local_lr", "global_lr", "alpha"):
@@ -471,7 +438,7 @@ S = TypeVar("S")
 # their keys; each strategy's section, and which key it declares (a section may extend another's, as FedRevive's
 # extends FedBuff's, whose keys stay FedBuff's).
 _RUN_KEYS = key_types(RunConfig)
-_SHARED_SECTIONS: dict[str, type] = {"timing": ClockSection}
+_SHARED_SECTIONS: dict[str, type] = {"packing": PackSection, "timing": ClockSection}
 _SHARED_KEYS: dict[str, str] = {key: name for name, section in _SHARED_SECTIONS.items() for key in key_types(section)}
 _STRATEGY_SECTIONS: tuple[type, ...] = tuple(
     dict.fromkeys(mode.section for mode in STRATEGY_MODES.values() if mode.section is not None)

@@ -11,6 +11,7 @@ from fedqueue.errors import ConfigError
 from fedqueue.fl.clock.delays import FEDREVIVE_CLOCK
 from fedqueue.fl.clock.section import ClockSection
 from fedqueue.fl.config import RunConfig, config_sections
+from fedqueue.fl.packs.section import PackSection
 
 SPEED = {"mean": [0.01, 0.04], "std": [0.001, 0.004], "share": [0.7, 0.3]}
 
@@ -45,8 +46,28 @@ def test_the_clock_section_checks_its_keys_naming_each() -> None:
         assert str(raised.value).startswith(message), (raw, str(raised.value))
 
 
-def test_the_reference_lists_the_clock_section_after_the_run_s_own_keys() -> None:
+def test_packing_keys_are_held_by_its_section_and_auto_is_resolved_before_a_task_reads_them() -> None:
+    config = RunConfig.from_dict({"pack_size": 4, "pack_mode": "vmap"})
+    assert config.packing == PackSection(pack_size=4, pack_mode="vmap")
+    assert (config.packing.resolved_size, config.packing.resolved_mode) == (4, "vmap")
+    assert config.to_dict()["pack_size"] == 4 and "packing" not in config.to_dict()
+    auto = RunConfig.from_dict({})
+    assert auto.packing.pack_size == "auto"
+    with pytest.raises(ConfigError, match='^pack_size: "auto" is resolved when the run is submitted'):
+        assert auto.packing.resolved_size
+    chosen = auto.with_keys(pack_size=2, pack_mode="sequential", pack_choice="by hand")
+    assert chosen.packing == PackSection(2, "sequential", "by hand") and auto.packing.pack_size == "auto"
+    for raw, message in [({"pack_size": "big"}, "pack_size: a positive integer"), ({"pack_mode": "x"}, "pack_mode")]:
+        with pytest.raises(ConfigError, match=f"^{message}"):
+            RunConfig.from_dict(raw)
+
+
+def test_the_reference_lists_the_shared_sections_after_the_run_s_own_keys() -> None:
     headings = [(heading, section) for heading, section, _ in config_sections()]
-    assert headings[0] == ("Every run", RunConfig) and headings[1] == ("The simulated clock (every mode)", ClockSection)
+    assert headings[:3] == [
+        ("Every run", RunConfig),
+        ("Packing devices into tasks (every mode)", PackSection),
+        ("The simulated clock (every mode)", ClockSection),
+    ]
     run_keys = config_sections()[0][2]
-    assert "clock" not in run_keys and "timing" not in run_keys
+    assert not {"clock", "timing", "pack_size", "packing"} & set(run_keys)

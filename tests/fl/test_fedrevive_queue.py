@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -100,7 +99,7 @@ def versions_on_the_clock(config: RunConfig) -> int:
     from fedqueue.fl.strategy.fedbuff import schedule
     from fedqueue.fl.strategy.registry import rules_of
 
-    config = replace(config, pack_size=1)  # how devices are packed into tasks moves no arrival
+    config = config.with_keys(pack_size=1)  # how devices are packed into tasks moves no arrival
     trip, rules = run_clock(config).trip_seconds, rules_of(config)
     state, _ = schedule.start(rules, trip)
     events = schedule.advance(state, rules, trip, lambda _: schedule.Outcome(ok=True), stop_after_version=False)

@@ -72,7 +72,7 @@ def _config_rules(config: RunConfig) -> Rules:
         seed=config.seed,
         staleness_weight=settings.staleness_weight,
         staleness_exponent=settings.staleness_exponent,
-        pack_size=config.resolved_pack_size,
+        pack_size=config.packing.resolved_size,
         staleness_s_max=settings.staleness_s_max,
         max_sim_time=config.max_sim_time,
         bound=config.stop_rules().bound,
