@@ -53,11 +53,11 @@ TITLES = {
 def run_case(cluster: object, config: RunConfig, procs: int) -> tuple[list[Way], RunConfig]:
     size = auto_pack_size(config.devices_per_round, procs)
     ways = [
-        through_fedqueue(cluster, replace(config, pack_size=1, pack_mode="sequential"), "fedqueue, 1 device per task"),
+        through_fedqueue(cluster, config.with_keys(pack_size=1, pack_mode="sequential"), "fedqueue, 1 device per task"),
         through_fedqueue(
-            cluster, replace(config, pack_size=size, pack_mode="sequential"), f"sequential packs of {size}"
+            cluster, config.with_keys(pack_size=size, pack_mode="sequential"), f"sequential packs of {size}"
         ),
-        through_fedqueue(cluster, replace(config, pack_size=size, pack_mode="vmap"), f"vmapped packs of {size}"),
+        through_fedqueue(cluster, config.with_keys(pack_size=size, pack_mode="vmap"), f"vmapped packs of {size}"),
         through_fedqueue(cluster, config, "fedqueue defaults (auto)"),
     ]
     handle = ways[-1].run
@@ -96,7 +96,9 @@ def main() -> None:
             for way in [loop, *ways]
         ]
         print(markdown_table(["way", "s per round", "loop / way", "way / best tuned"], rows))
-        print(f"\nauto chose pack_size {chosen.pack_size}, pack_mode {chosen.pack_mode}: {chosen.pack_choice}")
+        print(
+            f"\nauto chose pack_size {chosen.packing.pack_size}, pack_mode {chosen.packing.pack_mode}: {chosen.packing.pack_choice}"
+        )
         measured = defaults.seconds / best.seconds
         summary.append((TITLES[name], f"{measured:.2f}x ({best.label})", f"<= {TARGET}x", verdict(measured <= TARGET)))
     print("\n" + markdown_table(["defaults / best tuned", "measured", "target", ""], summary))

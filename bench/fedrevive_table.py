@@ -52,6 +52,7 @@ from common import REPO, ForeignLoad, machine, machine_line, markdown_table, wai
 from fedqueue.config import Settings  # noqa: E402
 from fedqueue.fl.config import RunConfig  # noqa: E402
 from fedqueue.fl.store.results import list_rounds  # noqa: E402
+from fedqueue.fl.strategy.fedrevive.section import FedReviveSection
 
 EXPERIMENTS = ("fedavg", "fedbuff", "fedrevive", "dd_fedrevive", "afl_dw")
 LABELS = {
@@ -148,10 +149,11 @@ def curve(handle: Any, config: RunConfig) -> tuple[list[tuple[float, float]], in
     versions = sum(1 for row in rows if row.state == "done")
     made_at = {row.round_index: row.sim_time for row in rows if row.state == "done"}
     milestones: dict[str, float | None] = {}
-    if config.kd_augmentation == "dfkd":
+    settings = config.strategy(FedReviveSection)
+    if settings.kd_augmentation == "dfkd":
         for key in ("freeze_rounds", "warmup_rounds"):
-            if key in config.dfkd:
-                milestones[f"{key} {config.dfkd[key]}"] = made_at.get(int(config.dfkd[key]))
+            if key in settings.dfkd:
+                milestones[f"{key} {settings.dfkd[key]}"] = made_at.get(int(settings.dfkd[key]))
     return points, versions, milestones
 
 

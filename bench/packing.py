@@ -26,7 +26,7 @@ import os
 import sys
 import tempfile
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -199,11 +199,13 @@ def cpu_cases(timed: int, procs: int, folder: Path, only: str) -> list[tuple[str
             print(f"{title}: fedqueue ...", flush=True)
             ways = [
                 through_fedqueue(
-                    cluster, replace(config, pack_size=1, pack_mode="sequential"), f"fedqueue pack 1, {procs} processes"
+                    cluster,
+                    config.with_keys(pack_size=1, pack_mode="sequential"),
+                    f"fedqueue pack 1, {procs} processes",
                 ),
-                through_fedqueue(cluster, replace(config, pack_size=PACK), f"fedqueue pack {PACK} sequential"),
+                through_fedqueue(cluster, config.with_keys(pack_size=PACK), f"fedqueue pack {PACK} sequential"),
                 through_fedqueue(
-                    cluster, replace(config, pack_size=PACK, pack_mode="vmap"), f"fedqueue pack {PACK} vmap"
+                    cluster, config.with_keys(pack_size=PACK, pack_mode="vmap"), f"fedqueue pack {PACK} vmap"
                 ),
             ]
             results.append((title, config, ways))
@@ -267,10 +269,10 @@ def gpu_case(timed: int, folder: Path) -> None:
     ways = [thread_pool(config, "cuda:0")]
     torch.cuda.empty_cache()
     with fedqueue.local_cluster(settings=settings) as cluster:
-        one_each = replace(config, pack_size=1, pack_mode="sequential")
+        one_each = config.with_keys(pack_size=1, pack_mode="sequential")
         ways.append(through_fedqueue(cluster, one_each, "fedqueue pack 1, 1 process per GPU"))
         for size in (25, 100):
-            packed = replace(config, pack_size=size, pack_mode="vmap")
+            packed = config.with_keys(pack_size=size, pack_mode="vmap")
             ways.append(through_fedqueue(cluster, packed, f"fedqueue vmapped packs of {size}"))
     with fedqueue.local_cluster(settings=settings, procs_per_gpu=4) as cluster:
         ways.insert(2, through_fedqueue(cluster, one_each, "fedqueue pack 1, 4 processes per GPU"))

@@ -18,7 +18,6 @@ import argparse
 import sys
 import tempfile
 import time
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -53,7 +52,7 @@ def in_process(config: RunConfig, repeats: int) -> list[tuple[str, str]]:
     model = build_model(config.model, federated.input_shape, federated.num_classes, config.plugin)
     initial = {key: value.clone() for key, value in model.state_dict().items()}
     devices = list(range(config.devices_per_round))
-    pack = devices[: int(config.pack_size)] if isinstance(config.pack_size, int) else devices
+    pack = devices[: int(config.packing.pack_size)] if isinstance(config.packing.pack_size, int) else devices
     datas = [device_data(spec, device) for device in pack]
     cfg = train_config(config)
 
@@ -151,8 +150,8 @@ def main() -> None:
     parser.add_argument("--skip-in-process", action="store_true")
     args = parser.parse_args()
     print(machine_line(machine()))
-    config = replace(
-        cnn_case(args.timed_rounds, devices=args.devices, steps=args.steps), pack_size=args.pack, pack_mode=args.mode
+    config = cnn_case(args.timed_rounds, devices=args.devices, steps=args.steps).with_keys(
+        pack_size=args.pack, pack_mode=args.mode
     )
     title = f"{args.devices} devices x {args.steps} steps, pack {args.pack} {args.mode}"
     if not args.skip_in_process:

@@ -2,8 +2,9 @@
 
 A page asks for a table with a marker line, which is replaced by what the code says now:
 
-- `<!-- reference: run-config -->`: every field of `fedqueue.fl.config.RunConfig`: key, type, default, meaning;
-- `<!-- reference: strategy-keys -->`: each mode's own keys (its `Mode.section`), a table per mode;
+- `<!-- reference: run-config -->`: every key of the run config, a table per section
+  (`fedqueue.fl.config.config_sections`, each anchored by its class's name less "Section": `#fedasync`): key, type,
+  default, meaning;
 - `<!-- reference: dfkd -->`: every knob of the run config's `dfkd` table (`fedqueue.fl.ml.distill.dfkd_defaults`,
   from `ReviveSettings` and `fedqueue.fl.ml.synthesis.SynthesisSettings`);
 - `<!-- reference: settings -->`: every setting of `fedqueue.config.Settings`, by its environment variable;
@@ -106,35 +107,27 @@ def table(headers: tuple[str, ...], rows: Sequence[tuple[str, ...]]) -> str:
 
 
 def run_config_table() -> str:
+    """One table per section of the run config (fedqueue.fl.config.config_sections), each under its heading."""
     from fedqueue.fl import config
-
-    docs = _described("RunConfig", source_fields(Path(config.__file__), "RunConfig"))
-    rows = []
-    for spec in dataclasses.fields(config.RunConfig):
-        default_factory: Callable[[], Any] | Any = spec.default_factory
-        default = default_factory() if callable(default_factory) else spec.default
-        rows.append((f"`{spec.name}`", type_words(str(spec.type)), toml_value(default), docs[spec.name].doc))
-    return table(("key", "type", "default", "meaning"), rows)
-
-
-def strategy_keys_sections() -> str:
-    """Each mode's own keys (its Mode's `section`, fedqueue.fl.strategy.mode), a heading and a table per mode."""
-    from fedqueue.fl.strategy.modes import MODES
+    from fedqueue.fl.sections.base import default_of
 
     parts = []
-    for mode in MODES.values():
-        if mode.section is None:
-            continue
-        path = Path(inspect.getfile(mode.section))
-        docs = _described(mode.section.__name__, source_fields(path, mode.section.__name__))
-        rows = []
-        for spec in dataclasses.fields(mode.section):
-            rows.append((f"`{spec.name}`", type_words(str(spec.type)), toml_value(spec.default), docs[spec.name].doc))
-        heading = f"### {mode.name}"
-        lead = (
-            f'Keys of `mode = "{mode.name}"` only, at the top level of the file; under another mode they are refused.'
+    for heading, section, keys in config.config_sections():
+        source = Path(inspect.getfile(section))
+        docs = _described(
+            section.__name__, [item for item in source_fields(source, section.__name__) if item.name in keys]
         )
-        parts.append("\n\n".join((heading, lead, table((f"`{mode.name}` key", "type", "default", "meaning"), rows))))
+        types = {spec.name: str(spec.type) for spec in dataclasses.fields(section)}
+        rows = [
+            (f"`{key}`", type_words(types[key]), toml_value(default_of(section, key)), docs[key].doc) for key in keys
+        ]
+        # A section's anchor is its class's name less "Section" (FedAsyncSection: #fedasync), for pages to link to.
+        anchor = (
+            f" {{ #{section.__name__.removesuffix('Section').lower()} }}"
+            if section.__name__.endswith("Section")
+            else ""
+        )
+        parts.append(f"### {heading}{anchor}\n\n" + table(("key", "type", "default", "meaning"), rows))
     return "\n\n".join(parts)
 
 
@@ -253,7 +246,6 @@ def cli_reference() -> str:
 GENERATORS: dict[str, Callable[[], str]] = {
     "run-config": run_config_table,
     "dfkd": dfkd_table,
-    "strategy-keys": strategy_keys_sections,
     "settings": settings_table,
     "cli": cli_reference,
 }

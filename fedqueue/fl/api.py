@@ -47,7 +47,6 @@ __all__ = [
 ]
 
 ConfigLike = RunConfig | Mapping[str, Any] | str | os.PathLike[str]
-PLUGIN_KINDS = ("dataset", "model", "local_step", "aggregate")  # the config's fields that name a plugin
 
 
 def load_config(config: ConfigLike, overrides: Mapping[str, Any] | None = None) -> RunConfig:
@@ -76,8 +75,7 @@ class RunSubmission:
         any worker starts. The built-ins need no such check (and would load torch here)."""
         from fedqueue.fl.ml.plugins import BUILTINS, check_options, resolve
 
-        for kind in PLUGIN_KINDS:
-            name = getattr(self.config, kind)
+        for kind, name in self.config.plugin_names().items():
             if name not in BUILTINS[kind]:
                 check_options(kind, resolve(kind, name), self.config.plugin)
 

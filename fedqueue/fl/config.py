@@ -6,21 +6,31 @@ is one line that names the field at fault.
 
 from __future__ import annotations
 
+import dataclasses
 import json
-import math
 import tomllib
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from types import UnionType
-from typing import Any, get_args, get_origin, get_type_hints
+from typing import Any, TypeVar
 
 from fedqueue.errors import ConfigError, DataError, did_you_mean
-from fedqueue.fl.clock.delays import CLOCKS, PHASE_KEYS, phase_delay
+from fedqueue.fl.clock.section import ClockSection
 from fedqueue.fl.clock.stops import StopRules, check_stop_rules
 from fedqueue.fl.config_files import ConfigFile, read_config_file
-from fedqueue.fl.messages import PACK_MAX, PACK_MODES
 from fedqueue.fl.ml.plugins import describe_choices, is_valid_name
-from fedqueue.fl.strategy.fedbuff.staleness import STALENESS_WEIGHTS
+from fedqueue.fl.packs.section import PackSection
+from fedqueue.fl.sections.base import (
+    SECTION,
+    KeyType,
+    Section,
+    check_type,
+    choice,
+    default_of,
+    key_types,
+    own_keys,
+    positive,
+)
+from fedqueue.fl.strategy.fedrevive.section import FedReviveSection
 from fedqueue.fl.strategy.mode import Mode
 from fedqueue.fl.strategy.modes import MODES as STRATEGY_MODES
 from fedqueue.store.schema import NAME_MAX
@@ -130,101 +140,21 @@ class RunConfig:
     buffered modes)."""
     local_step: str = "cross_entropy"
     """The devices' objective: `cross_entropy`, or a plugin's `package.module:attribute`."""
-    aggregate: str = "fedavg"
-    """The server's rule in synchronous rounds: `fedavg`, or a plugin."""
-    # Devices per task ("auto": chosen at submit from the round's size and the workers' slots), and
-    # how a task trains its pack: "sequential" (back to back), "vmap" (one stacked step), or "auto"
-    # (both timed at submit, see fl/packs/rules.py). The choice is written into the stored config.
-    pack_size: int | str = field(default="auto", metadata={"expected": 'a positive integer or "auto"'})
-    """Devices per task (1: one device per task), or `"auto"`: two packs per worker slot, chosen at submit."""
-    pack_mode: str = "auto"
-    """How a task trains its pack: `sequential` (back to back), `vmap` (one stacked step), or `"auto"` (both
-    timed at submit)."""
-    # Written at submit: how "auto" was resolved, for the config and the report to show.
-    pack_choice: str = ""
-    """Written at submit, not set by hand: how `"auto"` chose the pack size and mode, and the timings behind it."""
+    # Devices per task and how a task trains them, in packing's section (fl/packs/section.py).
+    packing: PackSection = field(default_factory=PackSection, metadata=SECTION)
     # How updates become versions: a strategy per mode, each in its folder of fl/strategy/.
     mode: str = "fedavg"
     """How updates become versions: `fedavg` (synchronous rounds), `fedbuff` (buffered asynchronous), `fedrevive`
     (FedBuff whose stale updates are mixed with a distilled one) or `fedasync` (each update mixed in as it
     arrives)."""
-    # Buffered async (fedbuff): devices training at once (default devices_per_round), updates per
-    # new version, the last version (default `rounds`), staleness weighting and cut-off, reuse of
-    # devices that reported, and how many slots must free before new devices are sampled.
-    concurrency: int | None = None
-    """Buffered modes: devices training at once (none: `devices_per_round`; FLARE's `device_selection_size`)."""
-    buffer_size: int = 10
-    """Buffered modes: updates folded into each new version (FLARE's `num_updates_for_model`)."""
     max_model_version: int | None = None
     """Buffered modes: the run ends when this version is made (none: `rounds`; version 0 is the initial model)."""
-    staleness_weight: str = "none"
-    """Weight w(s) of an update s versions stale: `none` (1), `polynomial` ((1 + s)^-a, a =
-    `staleness_exponent`), `sqrt` (1 / (1 + sqrt(s))), `flare_sqrt` (FLARE's 1 / (1 + sqrt(s + 1))) or `afl_dw`
-    (FedRevive's cosine down-weighting, `staleness_s_max`)."""
-    staleness_exponent: float = 0.5
-    """The exponent a of `staleness_weight = "polynomial"`."""
-    max_staleness: int | None = None
-    """Drop updates more than this many versions stale (none keeps all)."""
-    device_reuse: bool = True
-    """A device that reported may be sampled again (never twice on the same version); false: each device trains
-    once."""
-    min_refill: int = 1
-    """Slots that must be free before new devices are sampled (FLARE's `min_hole_to_fill`)."""
-    # FedRevive (mode = "fedrevive"), named as in its code: the share of the training set the server
-    # holds out, the teachers (last updates), Adam steps, learning rate, batch, temperature and
-    # batches of the distillation, and beta: a number, or a schedule of staleness with its factor.
+    # FedRevive's held-out share: its server distils on it, and its fixed shards (dirichlet_fixed) leave it out in
+    # every mode, as their data split does.
     kd_split: float = 0.1
     """FedRevive: share of the training set the server holds out to distil on (`simple_kd`); no device gets it."""
-    kd_buffer_size: int = 8
-    """FedRevive: the teachers, the local models of this many last folded updates (this one included)."""
-    kd_iters: int = 10
-    """FedRevive: Adam steps of distillation per update (their `nb_of_iters`)."""
-    kd_lr: float = 0.0003
-    """FedRevive: the distillation's learning rate."""
-    kd_batch_size: int = 32
-    """FedRevive: samples per distillation step and teacher."""
-    kd_temperature: float = 2.0
-    """FedRevive: the softening temperature T; the loss is KL(student, teacher) x T^2."""
-    kd_version: str = "distribution_match_batch"
-    """FedRevive: how the teachers are asked: `distribution_match_batch` (each on a batch drawn like its device's
-    labels), `avg_logits` (one batch, the teachers' mean logits) or `avg_loss` (one batch, the mean loss)."""
-    kd_beta: float | str = field(default=0.5, metadata={"expected": "a number or a schedule name"})
-    """FedRevive: how much of an update the distilled change replaces: a constant in [0, 1], or a schedule of
-    staleness, `cosine`, `exponential`, `linear` or `stepwise`, scaled by `kd_beta_factor`."""
-    kd_beta_factor: float = 75.0
-    """FedRevive: the factor of the `kd_beta` schedules (their `adaptive_beta_factor`)."""
-    # Where the distillation's inputs come from: "simple_kd" (the held-out kd_split) or "dfkd"
-    # (images a generator learns from the teachers, fl/ml/synthesis.py), with the generator's knobs
-    # and freeze_rounds in the `dfkd` table, named as in FedRevive's dfkd_settings.
-    kd_augmentation: str = "simple_kd"
-    """FedRevive: what the distillation runs on: the held-out `kd_split` (`simple_kd`), or images synthesised from
-    the teachers (`dfkd`)."""
-    dfkd: dict[str, Any] = field(default_factory=dict)
-    """FedRevive with `kd_augmentation = "dfkd"`: the synthesizer's knobs, a table (FedRevive's `dfkd_settings`)."""
-    # Simulated time (both modes): speed classes in seconds per training sample, and the
-    # one-way communication delay, e.g. {mean = [0.01, 0.04], std = [0.001, 0.004], share = [0.7, 0.3]}.
-    device_speed: dict[str, Any] = field(default_factory=dict)
-    """Simulated speed classes, `{mean = [...], std = [...], share = [...]}`: seconds per training sample of each
-    class (with `clock = "flare"`, seconds per trip), classes drawn by `share`; empty: 0.01 s per sample."""
-    communication_delay: dict[str, Any] = field(default_factory=dict)
-    """Simulated `{mean, std}` seconds of each one-way transfer (none when empty)."""
-    # How a trip is timed (fl/clock/delays.py): "per_sample" (the two tables above), "flare" (FLARE's edge
-    # simulator: device_speed in seconds per trip, one communication delay per trip) or "fedrevive"
-    # (FedRevive's per-phase tables below, each {type, mean_distribution, std}; one left out is theirs).
-    clock: str = "per_sample"
-    """How a simulated trip is timed: `per_sample` (`device_speed` per sample, plus `communication_delay`),
-    `flare` (FLARE's edge simulator: seconds per trip) or `fedrevive` (FedRevive's per-phase tables)."""
-    download_delay: dict[str, Any] = field(default_factory=dict)
-    """With `clock = "fedrevive"`: the download phase, `{type, mean_distribution = [[share, mean], ...], std}`;
-    empty: FedRevive's default."""
-    localtrain_delay: dict[str, Any] = field(default_factory=dict)
-    """With `clock = "fedrevive"`: the local-training phase, as `download_delay`; empty: FedRevive's default."""
-    upload_delay: dict[str, Any] = field(default_factory=dict)
-    """With `clock = "fedrevive"`: the upload phase, as `download_delay`; empty: FedRevive's default."""
-    # s_max of staleness_weight = "afl_dw": w(s) = (1 + cos(pi s / (2 s_max))) / 2, 0 beyond 2 s_max.
-    staleness_s_max: float = 75.0
-    """The s_max of `staleness_weight = "afl_dw"`: w(s) = (1 + cos(pi s / (2 s_max))) / 2 up to s = 2 s_max, then 0
-    (FedRevive's `adaptive_beta_factor`)."""
+    # How a simulated trip is timed: its keys (clock, device_speed, ...) in the clock's section (fl/clock/section.py).
+    timing: ClockSection = field(default_factory=ClockSection, metadata=SECTION)
     # FedRevive's data: partition = "dirichlet_fixed" gives every device exactly
     # client_data_size samples, class shares from its own Dirichlet(alpha) draw, shards overlapping
     # across devices; drawn from the training set left after a fixed seed-42 split takes val_split and
@@ -242,19 +172,68 @@ class RunConfig:
     """Free-form settings handed to every plugin (the TOML `[plugin]` table)."""
     # Written by the process that follows the run (`fedqueue run`, `fedqueue resume`, `fedqueue.run()`),
     # from the store, as each round or version is made (fl/view/tensorboard.py).
-    strategy_keys: dict[str, Any] = field(default_factory=dict)
-    """Not a key of its own: the keys of the mode's own section (below), which the file sets at its top level like
-    any other."""
     tensorboard_dir: str | None = None
     """A folder for TensorBoard event files (`tensorboard --logdir` it): each run writes under a folder of its
     own id, one step per round or version, with FedRevive's names (`test/accuracy`, `test/loss`, `test/time`
     (simulated time), `label_wise/accuracy_i` and `loss_i`, `train/loss`, `aggregation/avg_staleness`) and
     fedqueue's own under `fedqueue/`; `--tensorboard DIR` sets it. None: no files."""
+    # The keys only the run's strategy reads, in its own section (its Mode's, fl/strategy/mode.py): written flat
+    # in the file and in the store like every key, held here as the mode's frozen dataclass.
+    strategy_settings: Section | None = field(default=None, metadata=SECTION)
+
+    def __post_init__(self) -> None:
+        mode = STRATEGY_MODES.get(self.mode)
+        if self.strategy_settings is None and mode is not None and mode.section is not None:
+            object.__setattr__(self, "strategy_settings", mode.section())
+
+    def strategy(self, kind: type[S]) -> S:
+        """The run's strategy section as `kind`, for the strategy that knows its mode has one."""
+        if not isinstance(self.strategy_settings, kind):
+            raise TypeError(f"mode = {self.mode!r} has no {kind.__name__}")
+        return self.strategy_settings
+
+    def with_keys(self, **changes: Any) -> RunConfig:
+        """This config with some flat keys changed, each in its section; not checked again (`from_dict` checks)."""
+        strategy_keys = _fields_of(self.strategy_settings)
+        unknown = [
+            key for key in changes if key not in _KEY_TYPES or (key in _STRATEGY_KEYS and key not in strategy_keys)
+        ]
+        if unknown:
+            raise TypeError(f"mode = {self.mode!r} has no key {unknown[0]!r}")
+        shared = {
+            name: dataclasses.replace(getattr(self, name), **_keys_of(name, changes))
+            for name in _SHARED_SECTIONS
+            if _keys_of(name, changes)
+        }
+        settings = self.strategy_settings
+        own = {key: value for key, value in changes.items() if key in _STRATEGY_KEYS}
+        if settings is not None and own:
+            settings = dataclasses.replace(settings, **own)
+        return dataclasses.replace(self, **_run_keys(changes), **shared, strategy_settings=settings)
+
+    def plugin_names(self) -> dict[str, str]:
+        """Each kind of plugin the run uses and its name here (a built-in's, or `module:attribute`): a strategy
+        section's key named after a kind names that one (FedAvg's `aggregate`); a mode naming no aggregate folds
+        by fedavg's sum."""
+        named = {"dataset": self.dataset, "model": self.model, "local_step": self.local_step, "aggregate": "fedavg"}
+        settings = self.strategy_settings
+        if settings is not None:
+            named.update({key: getattr(settings, key) for key in _fields_of(settings) if key in named})
+        return named
 
     def to_dict(self) -> dict[str, Any]:
-        flat = asdict(self)
-        own = flat.pop("strategy_keys")
-        return {**flat, **own}  # the mode's own keys flat, as the file writes them
+        """The flat dict a file writes and the store holds: every key of every mode, another mode's at its
+        default, as before the keys had sections."""
+        flat: dict[str, Any] = {}
+        for key, value in asdict(self).items():
+            if key in _SHARED_SECTIONS:
+                flat.update(value)  # a section's keys where the section stands
+            elif key in _RUN_KEYS:
+                flat[key] = value
+        flat.update({key: default_of(owner, key) for key, owner in _STRATEGY_KEYS.items()})
+        if self.strategy_settings is not None:
+            flat.update(asdict(self.strategy_settings))
+        return flat
 
     @classmethod
     def from_dict(cls, raw: dict[str, Any], check_data: bool = True) -> RunConfig:
@@ -270,12 +249,26 @@ class RunConfig:
         if isinstance(flare_weight, bool):  # FLARE's staleness_weight is a flag
             rule = "flare_sqrt" if flare_weight else "none"
             raise ConfigError(f'staleness_weight: FLARE\'s {str(flare_weight).lower()} is "{rule}" here')
-        values = {key: _check_type(key, value, _FIELD_TYPES[key]) for key, value in raw.items() if key in _FIELD_TYPES}
-        own = {key: value for key, value in raw.items() if key in _SECTION_KEYS}
-        values["strategy_keys"] = {**values.get("strategy_keys", {}), **own}
-        config = cls(**_with_max_rounds(raw, _with_fixes(raw, values)))
+        values = {key: check_type(key, value, _KEY_TYPES[key]) for key, value in raw.items()}
+        values = _with_max_rounds(raw, values)
+        choice("mode", values.get("mode", "fedavg"), MODES)
+        mode = STRATEGY_MODES[values.get("mode", "fedavg")]
+        shared = {name: section(**_keys_of(name, values)) for name, section in _SHARED_SECTIONS.items()}
+        config = cls(**_run_keys(values), **shared, strategy_settings=_strategy_section(mode, values))
         config._check_rules(check_data)
         return config
+
+    @classmethod
+    def from_stored(cls, stored: dict[str, Any]) -> RunConfig:
+        """A run's config as the store holds it. One stored before the keys had sections holds every mode's keys,
+        another mode's possibly set (nothing read them): those are left out."""
+        mode = STRATEGY_MODES.get(str(stored.get("mode", "fedavg")))
+        kept = {
+            key: value
+            for key, value in stored.items()
+            if key not in _STRATEGY_KEYS or (mode is not None and _uses(mode, _STRATEGY_KEYS[key]))
+        }
+        return cls.from_dict(kept)
 
     @property
     def missing_data_root(self) -> str | None:
@@ -283,24 +276,6 @@ class RunConfig:
         if self.dataset in LOCAL_DATASETS and self.data_root is not None and not Path(self.data_root).is_dir():
             return self.data_root
         return None
-
-    @property
-    def resolved_pack_size(self) -> int:
-        """Devices per task; a stored run's config always holds a number (submit resolves "auto")."""
-        if not isinstance(self.pack_size, int):
-            raise ConfigError('pack_size: "auto" is resolved when the run is submitted')
-        return self.pack_size
-
-    @property
-    def resolved_pack_mode(self) -> str:
-        """How packs train; a stored run's config always holds sequential or vmap (submit resolves "auto")."""
-        if self.pack_mode not in PACK_MODES:
-            raise ConfigError('pack_mode: "auto" is resolved when the run is submitted')
-        return self.pack_mode
-
-    @property
-    def resolved_concurrency(self) -> int:
-        return self.concurrency if self.concurrency is not None else self.devices_per_round
 
     @property
     def last_version(self) -> int | None:
@@ -333,16 +308,12 @@ class RunConfig:
     def _check_rules(self, check_data: bool = True) -> None:
         self._check_counts()
         self._check_names()
-        self._check_strategy_keys()
-        self._check_packing()
         self._check_rates()
-        _check_clock(self.device_speed, self.communication_delay)
-        self._check_trip_clock()
+        for name in _SHARED_SECTIONS:
+            getattr(self, name).check(self)
         check_stop_rules(self.max_sim_time, self.target_accuracy, self.early_stop, self.eval_every, self.max_rounds)
-        if self.strategy_mode.asynchronous:
-            self._check_buffered_rules()
-        if self.strategy_mode.distills:
-            self._check_revive_rules()
+        if self.strategy_settings is not None:
+            self.strategy_settings.check(self)
         self._check_data(check_data)
         self._check_fedrevive_data()
         if self.tensorboard_dir is not None and (not self.tensorboard_dir.strip() or "\0" in self.tensorboard_dir):
@@ -357,10 +328,10 @@ class RunConfig:
             "eval_every",
             "min_devices_per_round",
         ):
-            _positive(key, getattr(self, key))
+            positive(key, getattr(self, key))
         for key in ("local_iters", "local_epochs", "samples_per_device"):
             if getattr(self, key) is not None:
-                _positive(key, getattr(self, key))
+                positive(key, getattr(self, key))
         if self.local_iters is not None and self.local_epochs is not None:
             raise ConfigError("local_iters: set either local_iters or local_epochs, not both")
         if self.devices_per_round > self.num_devices:
@@ -372,31 +343,19 @@ class RunConfig:
                 f"min_devices_per_round: {self.min_devices_per_round} is more than "
                 f"devices_per_round = {self.devices_per_round}"
             )
-        for key in ("concurrency", "max_model_version", "buffer_size", "min_refill"):
-            if getattr(self, key) is not None:
-                _positive(key, getattr(self, key))
+        if self.max_model_version is not None:
+            positive("max_model_version", self.max_model_version)
 
     def _check_names(self) -> None:
-        for kind in ("dataset", "model", "local_step", "aggregate"):
+        for kind in ("dataset", "model", "local_step"):
             name = getattr(self, kind)
             if not is_valid_name(kind, name):
                 raise ConfigError(f"{kind}: unknown {kind} {name!r} (choose from {describe_choices(kind)})")
         if len(self.name) > NAME_MAX:
             raise ConfigError(f"name: at most {NAME_MAX} characters, got {len(self.name)}")
-        _choice("partition", self.partition, PARTITIONS)
-        _choice("on_failure", self.on_failure, FAILURE_POLICIES)
-        _choice("local_optimizer", self.local_optimizer, OPTIMIZERS)
-        _choice("mode", self.mode, MODES)
-        _choice("staleness_weight", self.staleness_weight, STALENESS_WEIGHTS)
-
-    def _check_packing(self) -> None:
-        _choice("pack_mode", self.pack_mode, (*PACK_MODES, "auto"))
-        if isinstance(self.pack_size, str) and self.pack_size != "auto":
-            raise ConfigError(f'pack_size: a positive integer or "auto", got {self.pack_size!r}')
-        if isinstance(self.pack_size, int):
-            _positive("pack_size", self.pack_size)
-            if self.pack_size > PACK_MAX:
-                raise ConfigError(f"pack_size: at most {PACK_MAX}, got {self.pack_size}")
+        choice("partition", self.partition, PARTITIONS)
+        choice("on_failure", self.on_failure, FAILURE_POLICIES)
+        choice("local_optimizer", self.local_optimizer, OPTIMIZERS)
 
     def _check_rates(self) -> None:
         for key in ("local_lr", "global_lr", "alpha"):
@@ -418,28 +377,8 @@ class RunConfig:
             if check_data and self.missing_data_root is not None:
                 raise DataError(f"data_root: dataset root {self.data_root!r} does not exist")
 
-    def _check_trip_clock(self) -> None:
-        _choice("clock", self.clock, CLOCKS)
-        if self.clock == "fedrevive":
-            for key in ("device_speed", "communication_delay"):
-                if getattr(self, key):
-                    raise ConfigError(
-                        f'{key}: applies to clock = "per_sample" or "flare"; clock = "fedrevive" times trips by'
-                        f" {', '.join(PHASE_KEYS)}"
-                    )
-            for key in PHASE_KEYS:
-                phase_delay(key, getattr(self, key))
-            return
-        for key in PHASE_KEYS:
-            if getattr(self, key):
-                raise ConfigError(f'{key}: applies to clock = "fedrevive", not {self.clock!r}')
-        if self.clock == "flare" and not self.device_speed:
-            raise ConfigError(
-                'clock: "flare" needs device_speed = {mean = [...], std = [...]}, seconds per trip of each tier'
-            )
-
     def _check_fedrevive_data(self) -> None:
-        _choice("augment", self.augment, AUGMENTS)
+        choice("augment", self.augment, AUGMENTS)
         shape = IMAGE_SHAPES.get(self.dataset)
         if self.augment != "none" and shape is not None and shape[1:] != AUGMENT_SIZE:
             raise ConfigError(
@@ -452,7 +391,7 @@ class RunConfig:
             return
         if self.client_data_size is None:
             raise ConfigError('client_data_size: required with partition = "dirichlet_fixed" (samples per device)')
-        _positive("client_data_size", self.client_data_size)
+        positive("client_data_size", self.client_data_size)
         if self.samples_per_device is not None:
             raise ConfigError(
                 'samples_per_device: partition = "dirichlet_fixed" gives exactly client_data_size; unset it'
@@ -465,54 +404,6 @@ class RunConfig:
                 f"val_split: val_split + kd_split = {self.val_split + self.kd_split} leave no training set"
             )
 
-    def _check_buffered_rules(self) -> None:
-        concurrency = self.resolved_concurrency
-        if concurrency > self.num_devices:
-            raise ConfigError(
-                f"concurrency: {concurrency} devices at once is more than num_devices = {self.num_devices}"
-            )
-        if self.buffer_size > concurrency:
-            # A version would wait for more updates than are ever in flight beside each other.
-            source = "concurrency" if self.concurrency is not None else "concurrency (devices_per_round)"
-            raise ConfigError(
-                f"buffer_size: {self.buffer_size} updates per version is more than {source} = {concurrency} devices"
-                f" training at once; set buffer_size to at most {concurrency} or raise concurrency"
-            )
-        if self.min_refill > concurrency:
-            raise ConfigError(f"min_refill: {self.min_refill} is more than concurrency = {concurrency}")
-        if self.max_staleness is not None and self.max_staleness < 0:
-            raise ConfigError(f"max_staleness: must be 0 or more, got {self.max_staleness}")
-        if self.staleness_exponent < 0:
-            raise ConfigError(f"staleness_exponent: must be 0 or more, got {self.staleness_exponent}")
-        if not self.staleness_s_max > 0:
-            raise ConfigError(f"staleness_s_max: must be greater than 0, got {self.staleness_s_max}")
-        if (
-            not self.device_reuse
-            and self.last_version is not None
-            and self.num_devices < self.buffer_size * self.last_version
-        ):
-            raise ConfigError(
-                f"device_reuse: false uses each device once, and {self.last_version} versions of "
-                f"buffer_size = {self.buffer_size} need {self.buffer_size * self.last_version} devices "
-                f"(num_devices = {self.num_devices})"
-            )
-        if self.aggregate != "fedavg":
-            raise ConfigError(
-                f"aggregate: mode = {self.mode!r} folds updates by its own rule; {self.aggregate!r} applies to"
-                " mode = 'fedavg'"
-            )
-
-    def _check_strategy_keys(self) -> None:
-        """Each key of a mode's own section applies under that mode; its section checks them."""
-        for key in self.strategy_keys:
-            owner = _SECTION_KEYS.get(key)
-            if owner is None:
-                raise ConfigError(f"strategy_keys: {key!r} is no mode's own key")
-            if owner is not self.strategy_mode:
-                raise ConfigError(f"{key}: applies to mode = {owner.name!r}, not {self.mode!r}")
-        if self.strategy_mode.section is not None:
-            self.strategy_mode.section.read(self.strategy_keys)
-
     @property
     def strategy_mode(self) -> Mode:
         """What callers may know of the strategy that runs this config (fl/strategy/mode.py)."""
@@ -521,153 +412,89 @@ class RunConfig:
     @property
     def held_out(self) -> float:
         """The share of the training set no device gets (FedRevive's kd_split), else 0."""
-        return self.kd_split if self.strategy_mode.distills and self.kd_augmentation == "simple_kd" else 0.0
+        settings = self.strategy_settings
+        return self.kd_split if isinstance(settings, FedReviveSection) and not settings.data_free else 0.0
 
     @property
     def data_free(self) -> bool:
         """FedRevive distilling on synthesised images (kd_augmentation = "dfkd")."""
-        return self.strategy_mode.distills and self.kd_augmentation == "dfkd"
-
-    def _check_revive_rules(self) -> None:
-        # torch: every command reads a run config; FedRevive's names load with its math, for a FedRevive config only
-        from fedqueue.fl.ml.distill import BETA_SCHEDULES, KD_AUGMENTATIONS, KD_VERSIONS
-
-        _choice("kd_augmentation", self.kd_augmentation, KD_AUGMENTATIONS)
-        if not self.data_free and not 0 < self.kd_split < 1:
-            raise ConfigError(f"kd_split: a share of the training set in (0, 1), got {self.kd_split}")
-        if self.dfkd and not self.data_free:
-            raise ConfigError('dfkd: these settings apply to kd_augmentation = "dfkd"')
-        _check_dfkd(self.dfkd)
-        for key in ("kd_buffer_size", "kd_iters", "kd_batch_size"):
-            _positive(key, getattr(self, key))
-        for key in ("kd_lr", "kd_temperature", "kd_beta_factor"):
-            if not (math.isfinite(getattr(self, key)) and getattr(self, key) > 0):
-                raise ConfigError(f"{key}: must be greater than 0, got {getattr(self, key)}")
-        _choice("kd_version", self.kd_version, KD_VERSIONS)
-        if isinstance(self.kd_beta, str):
-            _choice("kd_beta", self.kd_beta, BETA_SCHEDULES)
-        elif not 0 <= self.kd_beta <= 1:
-            raise ConfigError(f"kd_beta: a number in [0, 1] or one of {', '.join(BETA_SCHEDULES)}, got {self.kd_beta}")
-
-
-def _numbers(key: str, value: Any, minimum: float = 0.0) -> list[float]:
-    values = value if isinstance(value, list) else [value]
-    if not values or any(isinstance(v, bool) or not isinstance(v, int | float) for v in values):
-        raise ConfigError(f"{key}: expected a number or a list of numbers, got {value!r}")
-    if any(not math.isfinite(v) or v < minimum for v in values):
-        raise ConfigError(f"{key}: every value must be a finite number of at least {minimum}, got {value!r}")
-    return [float(v) for v in values]
-
-
-def _check_dfkd(table: dict[str, Any]) -> None:
-    """dfkd = {...}: each key a knob of the synthesizer or the server step, each value of its default's type."""
-    # torch, as above
-    from fedqueue.fl.ml.distill import PROPORTION_SOURCES, dfkd_defaults
-    from fedqueue.fl.ml.synthesis import ADV_GATES
-
-    if not table:
-        return
-    defaults = dfkd_defaults()
-    _check_table("dfkd", table, tuple(defaults))
-    choices = {"adv_gate": ADV_GATES, "class_proportion_source": PROPORTION_SOURCES}
-    for name, value in table.items():
-        default = defaults[name]
-        if isinstance(default, str):
-            _choice(f"dfkd.{name}", value, choices[name])
-        elif isinstance(default, int):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-                raise ConfigError(f"dfkd.{name}: a whole number of at least 0, got {value!r}")
-        elif isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) or value < 0:
-            raise ConfigError(f"dfkd.{name}: a number of at least 0, got {value!r}")
-    for name in ("synthesis_interval", "proxy_uploads", "proxy_probes"):
-        if table.get(name) == 0:
-            raise ConfigError(f"dfkd.{name}: must be at least 1, got 0")
-
-
-def _check_table(key: str, table: dict[str, Any], allowed: tuple[str, ...]) -> None:
-    for name in table:
-        if name not in allowed:
-            hint = did_you_mean(name, allowed) or f" (known: {', '.join(allowed)})"
-            raise ConfigError(f"{key}: unknown setting {name!r}{hint}")
+        settings = self.strategy_settings
+        return isinstance(settings, FedReviveSection) and settings.data_free
 
 
 def check_known_key(key: str, where: str = "") -> None:
     """A run-config key, else one line: FLARE's name for it, the closest knob, or where every knob is listed."""
-    if key in _FIELD_TYPES or key in _SECTION_KEYS:
+    if key in _KEY_TYPES:
         return
     if key in FLARE_NAMES:
         raise ConfigError(f"{where}{key}: {FLARE_NAMES[key]}")
-    hint = did_you_mean(key, [*_FIELD_TYPES, *_SECTION_KEYS]) or " (every knob: docs/reference/run-config.md)"
+    hint = did_you_mean(key, _KEY_TYPES) or " (every knob: docs/reference/run-config.md)"
     raise ConfigError(f"{where}{key}: unknown setting{hint}")
 
 
-def _check_clock(speed: dict[str, Any], delay: dict[str, Any]) -> None:
-    """device_speed = {mean, std, share} (one entry per class) and communication_delay = {mean, std}."""
-    _check_table("device_speed", speed, ("mean", "std", "share"))
-    if speed:
-        if "mean" not in speed:
-            raise ConfigError("device_speed.mean: required (seconds per training sample, one per speed class)")
-        classes = len(_numbers("device_speed.mean", speed["mean"]))
-        for name in ("std", "share"):
-            if name in speed and len(_numbers(f"device_speed.{name}", speed[name])) != classes:
-                raise ConfigError(f"device_speed.{name}: one value per speed class ({classes}), got {speed[name]!r}")
-        if "share" in speed and sum(_numbers("device_speed.share", speed["share"])) <= 0:
-            raise ConfigError("device_speed.share: the shares must add up to more than 0")
-    _check_table("communication_delay", delay, ("mean", "std"))
-    for name in ("mean", "std"):
-        if name in delay and len(_numbers(f"communication_delay.{name}", delay[name])) != 1:
-            raise ConfigError(f"communication_delay.{name}: one number (seconds), got {delay[name]!r}")
+S = TypeVar("S")
 
-
-# How a TOML value of each annotated type is checked: the Python types it may be (a float takes an int too) and the
-# words an error names it with.
-_ACCEPTED: dict[type, tuple[tuple[type, ...], str]] = {
-    str: ((str,), "a string"),
-    int: ((int,), "an integer"),
-    float: ((float, int), "a number"),
-    bool: ((bool,), "true or false"),
-    dict: ((dict,), "a table"),
-    list: ((list,), "a list"),
+# The run's own keys; the sections every run has, by the field that holds each, and which section holds each of
+# their keys; each strategy's section, and which key it declares (a section may extend another's, as FedRevive's
+# extends FedBuff's, whose keys stay FedBuff's).
+_RUN_KEYS = key_types(RunConfig)
+_SHARED_SECTIONS: dict[str, type] = {"packing": PackSection, "timing": ClockSection}
+_SHARED_KEYS: dict[str, str] = {key: name for name, section in _SHARED_SECTIONS.items() for key in key_types(section)}
+_STRATEGY_SECTIONS: tuple[type, ...] = tuple(
+    dict.fromkeys(mode.section for mode in STRATEGY_MODES.values() if mode.section is not None)
+)
+_STRATEGY_KEYS: dict[str, type] = {key: section for section in _STRATEGY_SECTIONS for key in own_keys(section)}
+_KEY_TYPES: dict[str, KeyType] = {
+    **_RUN_KEYS,
+    **{key: key_types(_SHARED_SECTIONS[name])[key] for key, name in _SHARED_KEYS.items()},
+    **{key: key_types(owner)[key] for key, owner in _STRATEGY_KEYS.items()},
 }
 
 
-def _field_types() -> dict[str, tuple[tuple[type, ...], str, bool]]:
-    """Each field's (accepted types, words for errors, may be None), read from RunConfig's annotations.
-
-    A field whose union the words of its parts would describe poorly says what it expects in its metadata.
-    """
-    hints = get_type_hints(RunConfig)
-    specs: dict[str, tuple[tuple[type, ...], str, bool]] = {}
-    for spec in fields(RunConfig):
-        hint = hints[spec.name]
-        members = get_args(hint) if isinstance(hint, UnionType) else (hint,)
-        accepted: tuple[type, ...] = ()
-        words: list[str] = []
-        for member in members:
-            if member is not type(None):
-                python_types, word = _ACCEPTED[get_origin(member) or member]
-                accepted += python_types
-                words.append(word)
-        specs[spec.name] = (accepted, spec.metadata.get("expected", " or ".join(words)), type(None) in members)
-    return specs
+def config_sections() -> list[tuple[str, type, list[str]]]:
+    """The reference page's order: a heading, the dataclass and the keys it declares, for the run's own keys, the
+    sections every run has, then each strategy's section (a section that extends another lists only the keys it
+    adds)."""
+    sections: list[tuple[str, type, list[str]]] = [("Every run", RunConfig, list(_RUN_KEYS))]
+    sections += [(_heading(section), section, list(key_types(section))) for section in _SHARED_SECTIONS.values()]
+    sections += [(_heading(section), section, own_keys(section)) for section in _STRATEGY_SECTIONS]
+    return sections
 
 
-_FIELD_TYPES = _field_types()
-# The keys each mode's own section declares, and that mode (fl/strategy/mode.py): flat in the file.
-_SECTION_KEYS = {
-    spec.name: mode for mode in STRATEGY_MODES.values() if mode.section is not None for spec in fields(mode.section)
-}
+def _heading(section: type) -> str:
+    return (section.__doc__ or section.__name__).strip().splitlines()[0].rstrip(".")
 
 
-def _with_fixes(raw: dict[str, Any], values: dict[str, Any]) -> dict[str, Any]:
-    """The keys the mode fixes, at their value; given another, refused."""
-    mode = STRATEGY_MODES.get(str(values.get("mode", "fedavg")))
-    if mode is None:
-        return values  # named by the mode check
-    for key, fixed in mode.fixes:
-        if raw.get(key, fixed) != fixed:
-            raise ConfigError(f"{key}: mode = {mode.name!r} sets it to {fixed!r}; remove it, got {raw[key]!r}")
-    return {**values, **dict(mode.fixes)}
+def _keys_of(name: str, values: dict[str, Any]) -> dict[str, Any]:
+    """The keys of `values` that the shared section held by field `name` declares."""
+    return {key: value for key, value in values.items() if _SHARED_KEYS.get(key) == name}
+
+
+def _fields_of(section: Section | None) -> list[str]:
+    return [] if section is None else [spec.name for spec in dataclasses.fields(section)]
+
+
+def _run_keys(values: dict[str, Any]) -> dict[str, Any]:
+    return {key: value for key, value in values.items() if key in _RUN_KEYS}
+
+
+def _strategy_section(mode: Mode, values: dict[str, Any]) -> Section | None:
+    """The mode's section from its keys; another mode's key is refused unless it holds its default (a config
+    stored before sections holds every mode's key)."""
+    own: dict[str, Any] = {}
+    for key, owner in _STRATEGY_KEYS.items():
+        if key not in values:
+            continue
+        if mode.section is not None and issubclass(mode.section, owner):
+            own[key] = values[key]
+        elif values[key] != default_of(owner, key):
+            users = " or ".join(repr(other.name) for other in STRATEGY_MODES.values() if _uses(other, owner))
+            raise ConfigError(f"{key}: applies to mode = {users}; this run's mode is {mode.name!r} (remove the key)")
+    return None if mode.section is None else mode.section(**own)
+
+
+def _uses(mode: Mode, section: type) -> bool:
+    return mode.section is not None and issubclass(mode.section, section)
 
 
 def _with_max_rounds(raw: dict[str, Any], values: dict[str, Any]) -> dict[str, Any]:
@@ -685,30 +512,6 @@ def _with_max_rounds(raw: dict[str, Any], values: dict[str, Any]) -> dict[str, A
     return {**values, own: limit}
 
 
-def _check_type(key: str, value: Any, spec: tuple[tuple[type, ...], str, bool]) -> Any:
-    accepted, type_name, optional = spec
-    if value is None and optional:
-        return None
-    # bool is an int subclass in Python; `rounds = true` is still a mistake.
-    if (isinstance(value, bool) and bool not in accepted) or not isinstance(value, accepted):
-        raise ConfigError(f"{key}: expected {type_name}, got {type(value).__name__} {value!r}")
-    if float in accepted and not isinstance(value, str):
-        value = float(value)  # type: ignore[arg-type]  # an int or a float: checked just above
-        if value != value or value in (float("inf"), float("-inf")):
-            raise ConfigError(f"{key}: expected a finite number, got {value!r}")
-    return value
-
-
-def _positive(key: str, value: int) -> None:
-    if value <= 0:
-        raise ConfigError(f"{key}: must be a positive integer, got {value}")
-
-
-def _choice(key: str, value: str, choices: tuple[str, ...]) -> None:
-    if value not in choices:
-        raise ConfigError(f"{key}: unknown {key} {value!r} (choose from {', '.join(choices)})")
-
-
 def parse_override(text: str) -> tuple[str, Any]:
     """Parse one `key=value` override; the value is read as TOML (`rounds=5`, `model="cnn"`).
 
@@ -724,10 +527,8 @@ def parse_override(text: str) -> tuple[str, Any]:
         value = tomllib.loads(f"v = {raw.strip()}")["v"]
     except tomllib.TOMLDecodeError:
         value = raw.strip()
-    if key in _SECTION_KEYS:
-        return key, value  # its mode's section checks it
-    accepted, _, optional = _FIELD_TYPES[key]
-    if value == "none" and optional and str not in accepted:
+    spec = _KEY_TYPES[key]
+    if value == "none" and spec.optional and str not in spec.accepted:
         value = None
     return key, value
 

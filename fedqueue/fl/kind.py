@@ -79,7 +79,7 @@ class FlKind(JobKind, KindViews):
 
     def retry_failed(self, services: Services, run_id: str) -> list[str]:
         run = services.store.get_run(run_id)
-        config = RunConfig.from_dict(run.config)
+        config = RunConfig.from_stored(run.config)
         if entry_for(config).mode.asynchronous and "on_failure = 'abort'" in (run.error or ""):
             # The schedule already folded on without the device: a retry could not give the run's own weights.
             raise ConfigError(f"run {run_id} stopped on a failed device under on_failure = 'abort': submit it again")

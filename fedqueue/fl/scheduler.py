@@ -65,7 +65,7 @@ def reconcile(services: Services, run_id: str) -> list[str]:
     run = services.store.get_run(run_id)
     if run.state != "running":
         return []
-    config = RunConfig.from_dict(run.config)
+    config = RunConfig.from_stored(run.config)
     actions: list[str] = []
     # Redis's own run_id changes when it restarts; without persistence its queue and blobs are gone.
     broker_id = services.ledger.broker_id()

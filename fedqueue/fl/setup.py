@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from fedqueue.errors import ConfigError, FedqueueError
-from fedqueue.fl.clock.delays import PHASE_KEYS, phase_delay
+from fedqueue.fl.clock.delays import FLARE_CLOCK, PHASE_KEYS, phase_delay
 from fedqueue.fl.clock.phases import FlareClock, PhaseClock, TripClock
 from fedqueue.fl.clock.trips import Delay, DeviceClock, DeviceSpeed, samples_processed
 from fedqueue.fl.config import RunConfig
@@ -69,25 +69,26 @@ def run_clock(config: RunConfig) -> TripClock:
 def _clock_of(config_json: str) -> TripClock:
     config = RunConfig.from_dict(json.loads(config_json))
     # Only the per-sample clock reads the devices' data sizes: the others need no partition.
-    return device_clock(config, load_federated(data_spec(config)) if config.clock == "per_sample" else None)
+    return device_clock(config, load_federated(data_spec(config)) if config.timing.per_sample else None)
 
 
 def device_clock(config: RunConfig, data: FederatedData | None) -> TripClock:
     """The run's simulated trip times: FedRevive's phases, FLARE's tiers, or (per_sample) its speed
     classes and delays and each device's training work (from `data`)."""
-    if config.clock == "fedrevive":
-        phases = [phase_delay(key, getattr(config, key)) for key in PHASE_KEYS]
+    timing = config.timing
+    if timing.phased:
+        phases = [phase_delay(key, table) for key, table in zip(PHASE_KEYS, timing.phases(), strict=True)]
         return PhaseClock(config.seed, phases, config.num_devices)
     speed = DeviceSpeed()
-    if config.device_speed:
-        mean = _floats(config.device_speed["mean"])
-        std = _floats(config.device_speed.get("std", [0.0] * len(mean)))
-        share = _floats(config.device_speed["share"]) if "share" in config.device_speed else None
+    if timing.device_speed:
+        mean = _floats(timing.device_speed["mean"])
+        std = _floats(timing.device_speed.get("std", [0.0] * len(mean)))
+        share = _floats(timing.device_speed["share"]) if "share" in timing.device_speed else None
         speed = DeviceSpeed(mean=mean, std=std, share=share)
     delay = Delay(
-        mean=float(config.communication_delay.get("mean", 0.0)), std=float(config.communication_delay.get("std", 0.0))
+        mean=float(timing.communication_delay.get("mean", 0.0)), std=float(timing.communication_delay.get("std", 0.0))
     )
-    if config.clock == "flare":
+    if timing.clock == FLARE_CLOCK:
         return FlareClock(config.seed, speed, delay, config.num_devices)
     if data is None:
         raise ValueError("the per-sample clock needs the devices' data sizes")
@@ -110,15 +111,15 @@ class Plugins:
 def resolve_plugins(config: RunConfig) -> Plugins:
     return Plugins(
         local_step=resolve("local_step", config.local_step),
-        aggregate=resolve("aggregate", config.aggregate),
+        aggregate=resolve("aggregate", config.plugin_names()["aggregate"]),
         options=dict(config.plugin),
     )
 
 
 def check_plugins(config: RunConfig) -> None:
     """Import every plugin the run names and let each check its options: before anything is written."""
-    for kind in ("dataset", "model", "local_step", "aggregate"):
-        check_options(kind, resolve(kind, getattr(config, kind)), config.plugin)
+    for kind, name in config.plugin_names().items():
+        check_options(kind, resolve(kind, name), config.plugin)
 
 
 def call_plugin(kind: str, name: str, function: Any, *args: Any) -> Any:

@@ -22,6 +22,7 @@ from fedqueue.fl import api
 from fedqueue.fl.config import RunConfig
 from fedqueue.fl.messages import DeviceTask
 from fedqueue.fl.store.results import count_done, device_tasks, get_round, list_rounds
+from fedqueue.fl.strategy.fedbuff.section import FedBuffSection
 from fedqueue.queue.client import open_client_services
 from fedqueue.store import Store
 from tests.conftest import running_workers, with_database
@@ -178,7 +179,11 @@ def assert_reported(handle: api.RunHandle, config: RunConfig, folder: Path) -> N
     simulated = numbers["simulated"]
     buffered = simulated["buffered"]
     made = reference(config)[0]
-    assert buffered["folded"] == sum(len(updates) for _, updates in made) == config.buffer_size * versions(config)
+    assert (
+        buffered["folded"]
+        == sum(len(updates) for _, updates in made)
+        == config.strategy(FedBuffSection).buffer_size * versions(config)
+    )
     assert sum(buffered["staleness"].values()) == buffered["folded"] + buffered["stale"]
     last = list_rounds(handle.store, handle.id)[versions(config) - 1]
     assert simulated["sim_s"] == pytest.approx(last.sim_time, abs=1e-3)

@@ -9,6 +9,8 @@ import pytest
 
 from fedqueue.errors import ConfigError
 from fedqueue.fl.config import RunConfig
+from fedqueue.fl.strategy.fedbuff.section import FedBuffSection
+from fedqueue.fl.strategy.fedrevive.section import FedReviveSection
 
 BASE: dict[str, Any] = {"dataset": "digits", "num_devices": 20, "devices_per_round": 10, "rounds": 3}
 
@@ -19,9 +21,14 @@ def config(**overrides: Any) -> RunConfig:
 
 def test_defaults_follow_the_sync_knobs() -> None:
     chosen = config()
-    assert chosen.resolved_concurrency == 10  # devices_per_round
+    assert chosen.strategy(FedBuffSection).resolved_concurrency(chosen) == 10  # devices_per_round
     assert chosen.last_version == 3  # rounds
-    assert (chosen.buffer_size, chosen.staleness_weight, chosen.device_reuse, chosen.min_refill) == (
+    assert (
+        chosen.strategy(FedBuffSection).buffer_size,
+        chosen.strategy(FedBuffSection).staleness_weight,
+        chosen.strategy(FedBuffSection).device_reuse,
+        chosen.strategy(FedBuffSection).min_refill,
+    ) == (
         10,
         "none",
         True,
@@ -34,7 +41,7 @@ def test_defaults_follow_the_sync_knobs() -> None:
 @pytest.mark.parametrize(
     ("overrides", "field"),
     [
-        ({"mode": "fedprox"}, "mode"),
+        ({"mode": "fedprox"}, "mode"),  # no such strategy here
         ({"concurrency": 0}, "concurrency"),
         ({"concurrency": 21}, "concurrency"),
         ({"buffer_size": 21}, "buffer_size"),
@@ -101,15 +108,15 @@ def test_a_buffer_larger_than_the_devices_training_at_once_is_refused_in_one_lin
     )
     with pytest.raises(ConfigError, match=r"^buffer_size: 10 .* concurrency \(devices_per_round\) = 5 "):
         config(devices_per_round=5)
-    assert config(concurrency=4, buffer_size=4).buffer_size == 4
+    assert config(concurrency=4, buffer_size=4).strategy(FedBuffSection).buffer_size == 4
     # A synchronous run has no buffer: its buffer_size is never read.
-    assert RunConfig.from_dict({**BASE, "devices_per_round": 5}).buffer_size == 10
+    assert RunConfig.from_dict({**BASE, "devices_per_round": 5}).to_dict()["buffer_size"] == 10
 
 
 def test_clock_tables_apply_to_sync_runs_too() -> None:
     speeds = {"mean": [0.01, 0.04], "std": [0.001, 0.004], "share": [0.7, 0.3]}
     chosen = RunConfig.from_dict({**BASE, "device_speed": speeds, "communication_delay": {"mean": 1, "std": 0.2}})
-    assert chosen.device_speed == speeds
+    assert chosen.timing.device_speed == speeds
     with pytest.raises(ConfigError, match="^device_speed.share:"):
         RunConfig.from_dict({**BASE, "device_speed": {"mean": [1.0], "share": [1, 2]}})
 
@@ -123,10 +130,14 @@ def test_fedrevive_clock_reads_their_tables() -> None:
         staleness_weight="afl_dw",
         staleness_s_max=75,
     )
-    assert (chosen.clock, chosen.download_delay, chosen.staleness_s_max) == ("fedrevive", {}, 75.0)
-    assert config().clock == "per_sample" and config().staleness_s_max == 75.0
-    assert config(clock="flare", device_speed={"mean": [100, 200, 400], "std": [1, 2, 4]}).clock == "flare"
-    assert config(staleness_weight="flare_sqrt").staleness_weight == "flare_sqrt"
+    assert (chosen.timing.clock, chosen.timing.download_delay, chosen.strategy(FedBuffSection).staleness_s_max) == (
+        "fedrevive",
+        {},
+        75.0,
+    )
+    assert config().timing.clock == "per_sample" and config().strategy(FedBuffSection).staleness_s_max == 75.0
+    assert config(clock="flare", device_speed={"mean": [100, 200, 400], "std": [1, 2, 4]}).timing.clock == "flare"
+    assert config(staleness_weight="flare_sqrt").strategy(FedBuffSection).staleness_weight == "flare_sqrt"
 
 
 def test_the_examples_load(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -178,11 +189,15 @@ def test_bad_fedrevive_knobs_name_their_field(overrides: dict[str, Any], field: 
 
 def test_fedrevive_holds_out_its_kd_split() -> None:
     revive = config(mode="fedrevive", kd_beta="cosine", kd_beta_factor=75)
-    assert revive.held_out == 0.1 and revive.strategy_mode.asynchronous and revive.kd_beta == "cosine"
+    assert (
+        revive.held_out == 0.1
+        and revive.strategy_mode.asynchronous
+        and revive.strategy(FedReviveSection).kd_beta == "cosine"
+    )
     assert config().held_out == 0.0  # fedbuff's devices share the whole training set
 
 
 def test_data_free_fedrevive_holds_nothing_out() -> None:
     free = config(mode="fedrevive", kd_augmentation="dfkd", dfkd={"nz": 16, "lr_g": 0.01, "freeze_rounds": 0})
-    assert free.data_free and free.held_out == 0.0 and free.dfkd["nz"] == 16
+    assert free.data_free and free.held_out == 0.0 and free.strategy(FedReviveSection).dfkd["nz"] == 16
     assert not config(mode="fedrevive").data_free

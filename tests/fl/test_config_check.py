@@ -23,6 +23,8 @@ from fedqueue.fl.config_files.explain import marked_toml
 from fedqueue.fl.ml.augment import augment_batch, augment_generator, augmentation
 from fedqueue.fl.ml.cifar_fixture import write_cifar100_files, write_cifar_batches
 from fedqueue.fl.ml.data import DataSpec, clear_caches, load_federated
+from fedqueue.fl.strategy.fedbuff.section import FedBuffSection
+from fedqueue.fl.strategy.fedrevive.section import FedReviveSection
 from tests.cli_runner import fedqueue_cli
 from tests.fl.test_fedrevive_json import fedrevive
 
@@ -203,7 +205,11 @@ def test_the_shrink_recipe_checks(tmp_path: Path) -> None:
     assert "warning" not in checked.stderr  # the digits need no data folder
     config = RunConfig.from_dict(tomllib.loads(checked.stdout))
     assert (config.dataset, config.model, config.augment, config.num_devices) == ("digits", "mlp", "none", 100)
-    assert config.data_free and config.dfkd["freeze_rounds"] == 10 and config.max_model_version == 10000
+    assert (
+        config.data_free
+        and config.strategy(FedReviveSection).dfkd["freeze_rounds"] == 10
+        and config.max_model_version == 10000
+    )
     # Without augment=none, the digits are refused by name.
     at = words.index("augment=none")
     refused = fedqueue_cli(*words[1 : at - 1], *words[at + 1 :], cwd=tmp_path)
@@ -227,6 +233,15 @@ def test_every_example_is_accepted_by_check(path: Path, monkeypatch: pytest.Monk
 
 def test_the_flare_example_is_flare_s_recipe_in_fedqueue_s_names() -> None:
     config = load_run_config(REPO / "examples" / "flare_fedbuff.toml")
-    assert (config.mode, config.clock, config.staleness_weight) == ("fedbuff", "flare", "flare_sqrt")
-    assert (config.concurrency, config.buffer_size, config.min_refill, config.max_staleness) == (20, 10, 1, 9)
-    assert config.max_model_version == 20 - 1 and config.device_speed["mean"] == [100.0, 200.0, 400.0]
+    assert (config.mode, config.timing.clock, config.strategy(FedBuffSection).staleness_weight) == (
+        "fedbuff",
+        "flare",
+        "flare_sqrt",
+    )
+    assert (
+        config.strategy(FedBuffSection).concurrency,
+        config.strategy(FedBuffSection).buffer_size,
+        config.strategy(FedBuffSection).min_refill,
+        config.strategy(FedBuffSection).max_staleness,
+    ) == (20, 10, 1, 9)
+    assert config.max_model_version == 20 - 1 and config.timing.device_speed["mean"] == [100.0, 200.0, 400.0]

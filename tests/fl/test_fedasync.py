@@ -16,7 +16,7 @@ from fedqueue.errors import ConfigError
 from fedqueue.fl import api
 from fedqueue.fl.config import RunConfig
 from fedqueue.fl.store.results import device_tasks, list_rounds
-from fedqueue.fl.strategy.fedasync.rule import MIX, mix, section_of
+from fedqueue.fl.strategy.fedasync.rule import MIX, mix
 from fedqueue.fl.strategy.fedasync.section import FedAsyncSection
 from fedqueue.fl.strategy.fedbuff.rule import VersionInputs
 from fedqueue.fl.strategy.fedbuff.schedule import Arrival, NewVersion, Trip
@@ -61,7 +61,7 @@ def test_a_version_is_the_current_one_moved_alpha_times_s_towards_the_update() -
     # Through the rule: staleness 3 under the polynomial s with a = 0.5 weighs 0.5, so a = 0.6 * 0.5 = 0.3.
     config = RunConfig.from_dict({"mode": "fedasync", "fedasync_alpha": 0.6, "fedasync_a": 0.5})
     trip = Trip(arrives=9.0, device=2, round_index=2, dispatched=1.0, pack=(2,))
-    arrival = Arrival(trip, "folded", 3, section_of(config).weight(3), 5)
+    arrival = Arrival(trip, "folded", 3, config.strategy(FedAsyncSection).weight(3), 5)
     assert arrival.weight == 0.5
     inputs = VersionInputs(
         config=config,
@@ -81,10 +81,13 @@ def test_a_version_is_the_current_one_moved_alpha_times_s_towards_the_update() -
 
 def test_its_keys_are_flat_checked_by_name_and_its_own() -> None:
     config = fedasync_config()
-    assert section_of(config) == FedAsyncSection(0.8, "hinge", 2.0, 1)
+    settings = config.strategy(FedAsyncSection)
+    own = (settings.fedasync_alpha, settings.fedasync_staleness, settings.fedasync_a, settings.fedasync_b)
+    assert own == (0.8, "hinge", 2.0, 1) and settings.concurrency == 4
     # A version per update, whatever FedBuff's defaults; stored flat and read back the same.
-    assert (config.buffer_size, rules_of(config).buffer_size, rules_of(config).weigh is not None) == (1, 1, True)
-    assert config.to_dict()["fedasync_alpha"] == 0.8 and "strategy_keys" not in config.to_dict()
+    assert (settings.buffer_size, rules_of(config).buffer_size, rules_of(config).weigh is not None) == (1, 1, True)
+    assert config.to_dict()["fedasync_alpha"] == 0.8 and config.to_dict()["buffer_size"] == 1
+    assert "strategy_settings" not in config.to_dict()
     assert RunConfig.from_dict(json.loads(json.dumps(config.to_dict()))) == config
     assert "1 updates per version" in strategy_for(config).describe(config)
     refused: list[tuple[dict[str, Any], str]] = [
@@ -93,7 +96,9 @@ def test_its_keys_are_flat_checked_by_name_and_its_own() -> None:
         ({"fedasync_staleness": "polynomial"}, 'fedasync_b: applies to fedasync_staleness = "hinge"'),
         ({"fedasync_a": "big"}, "fedasync_a: expected a number"),
         ({"buffer_size": 4}, "buffer_size: mode = 'fedasync' sets it to 1"),
-        ({"mode": "fedbuff"}, "fedasync_alpha: applies to mode = 'fedasync', not 'fedbuff'"),
+        ({"staleness_weight": "sqrt"}, "staleness_weight: mode = 'fedasync' sets it to 'none'"),
+        ({"global_lr": 0.5}, "global_lr: mode = 'fedasync' sets it to 1.0"),
+        ({"mode": "fedbuff"}, "fedasync_alpha: applies to mode = 'fedasync'; this run's mode is 'fedbuff'"),
         ({"fedasync_alpah": 0.5}, "fedasync_alpah: unknown setting; did you mean 'fedasync_alpha'?"),
     ]
     for overrides, message in refused:
@@ -128,7 +133,7 @@ def _reference(config_json: str) -> tuple[Made, dict[str, torch.Tensor]]:
     state, _ = schedule.start(rules, trip_time)
     events = schedule.advance(state, rules, trip_time, lambda _: schedule.Outcome(ok=True), stop_after_version=False)
     versions = {0: initial_state(config.model, data.input_shape, data.num_classes, config.seed)}
-    alpha = section_of(config).fedasync_alpha
+    alpha = config.strategy(FedAsyncSection).fedasync_alpha
     made: Made = []
     for event in events:
         if isinstance(event, schedule.NewVersion):

@@ -16,6 +16,8 @@ import pytest
 
 from fedqueue.errors import ConfigError
 from fedqueue.fl.config import RunConfig, config_toml, load_run_config, load_run_config_with_notes
+from fedqueue.fl.strategy.fedbuff.section import FedBuffSection
+from fedqueue.fl.strategy.fedrevive.section import FedReviveSection
 from tests.cli_runner import fedqueue_cli
 
 
@@ -222,7 +224,7 @@ def test_their_file_is_read_as_it_is_and_resolves_to_these_knobs(name: str, tmp_
     make, knobs = EXPECTED[name]
     config, notes = load_run_config_with_notes(_write(tmp_path, name, make()), {"data_root": str(tmp_path)})
     for key, value in {**COMMON, **knobs}.items():
-        assert getattr(config, key) == value, key
+        assert config.to_dict()[key] == value, key
     assert config.name == name
     assert "gpu_id: ignored: workers own their GPUs (`fedqueue worker --gpus`)" in notes
     assert any(note.startswith("wandb_flag: ignored") for note in notes)
@@ -230,9 +232,16 @@ def test_their_file_is_read_as_it_is_and_resolves_to_these_knobs(name: str, tmp_
 
 def test_their_dfkd_settings_become_the_synthesizer_s_knobs(tmp_path: Path) -> None:
     config = load_run_config(_write(tmp_path, "fedrevive", fedrevive()), {"data_root": str(tmp_path)})
-    assert config.dfkd["pool_size"] == 16000 and config.dfkd["freeze_rounds"] == 50
-    assert (config.dfkd["lr_g"], config.dfkd["g_steps"], config.dfkd["bn"]) == (0.003, 2, 0.003)
-    assert config.localtrain_delay["mean_distribution"] == [[0.25, 1], [0.5, 1.3], [0.25, 1.6]]
+    assert (
+        config.strategy(FedReviveSection).dfkd["pool_size"] == 16000
+        and config.strategy(FedReviveSection).dfkd["freeze_rounds"] == 50
+    )
+    assert (
+        config.strategy(FedReviveSection).dfkd["lr_g"],
+        config.strategy(FedReviveSection).dfkd["g_steps"],
+        config.strategy(FedReviveSection).dfkd["bn"],
+    ) == (0.003, 2, 0.003)
+    assert config.timing.localtrain_delay["mean_distribution"] == [[0.25, 1], [0.5, 1.3], [0.25, 1.6]]
 
 
 @pytest.mark.parametrize(
@@ -341,12 +350,19 @@ def test_the_small_example_keeps_its_experiment_s_strategy_clock_and_stops(name:
     full = load_run_config(folder / f"{name}.toml", {"data_root": str(tmp_path)})
     small = load_run_config(folder / "small" / f"{name}.toml")
     for key in KEPT:
-        assert getattr(small, key) == getattr(full, key), key
-    assert (small.dataset, small.num_devices, small.resolved_concurrency) == ("digits", 100, 20)
+        assert small.to_dict()[key] == full.to_dict()[key], key
+    settings = small.strategy_settings
+    # Devices at once: FedBuff's concurrency, a round's devices in synchronous rounds.
+    at_once = settings.resolved_concurrency(small) if isinstance(settings, FedBuffSection) else small.devices_per_round
+    assert (small.dataset, small.num_devices, at_once) == ("digits", 100, 20)
     bound = small.strategy_mode.bound
-    assert getattr(small, bound) == getattr(full, bound) // 5
+    assert small.to_dict()[bound] == full.to_dict()[bound] // 5
     assert small.early_stop == [{"version": 200, "accuracy": 0.15}] and small.max_sim_time == 40
-    if small.staleness_weight == "afl_dw":
-        assert small.staleness_s_max == full.staleness_s_max / 5
+    if isinstance(settings, FedBuffSection) and settings.staleness_weight == "afl_dw":
+        assert small.strategy(FedBuffSection).staleness_s_max == full.strategy(FedBuffSection).staleness_s_max / 5
     if small.data_free:
-        assert (small.kd_beta_factor, small.dfkd["freeze_rounds"], small.dfkd["warmup_rounds"]) == (15, 10, 20)
+        assert (
+            small.strategy(FedReviveSection).kd_beta_factor,
+            small.strategy(FedReviveSection).dfkd["freeze_rounds"],
+            small.strategy(FedReviveSection).dfkd["warmup_rounds"],
+        ) == (15, 10, 20)

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +18,8 @@ from fedqueue.fl import api
 from fedqueue.fl.config import RunConfig, load_run_config_with_notes
 from fedqueue.fl.ml.cifar_fixture import write_cifar_batches
 from fedqueue.fl.store.results import device_tasks, list_rounds
+from fedqueue.fl.strategy.fedbuff.section import FedBuffSection
+from fedqueue.fl.strategy.fedrevive.section import FedReviveSection
 from tests.conftest import running_workers
 from tests.helpers import assert_same_weights
 
@@ -98,7 +99,7 @@ def versions_on_the_clock(config: RunConfig) -> int:
     from fedqueue.fl.strategy.fedbuff import schedule
     from fedqueue.fl.strategy.registry import rules_of
 
-    config = replace(config, pack_size=1)  # how devices are packed into tasks moves no arrival
+    config = config.with_keys(pack_size=1)  # how devices are packed into tasks moves no arrival
     trip, rules = run_clock(config).trip_seconds, rules_of(config)
     state, _ = schedule.start(rules, trip)
     events = schedule.advance(state, rules, trip, lambda _: schedule.Outcome(ok=True), stop_after_version=False)
@@ -115,9 +116,17 @@ def test_their_reduced_file_makes_the_same_versions_and_weights_with_one_or_two_
     config, notes = load_run_config_with_notes(
         path, {"data_root": str(tmp_path / "cifar10"), "pack_mode": "sequential"}
     )
-    assert (config.mode, config.kd_augmentation, config.model) == ("fedrevive", "dfkd", "cnn")
-    assert (config.num_devices, config.concurrency, config.buffer_size) == (100, 20, 1)
-    assert config.max_sim_time == MAX_WAIT_TIME and config.clock == "fedrevive"
+    assert (config.mode, config.strategy(FedReviveSection).kd_augmentation, config.model) == (
+        "fedrevive",
+        "dfkd",
+        "cnn",
+    )
+    assert (
+        config.num_devices,
+        config.strategy(FedBuffSection).concurrency,
+        config.strategy(FedBuffSection).buffer_size,
+    ) == (100, 20, 1)
+    assert config.max_sim_time == MAX_WAIT_TIME and config.timing.phased
     assert any(note.startswith("model_name: convnet is read as fedqueue's cnn") for note in notes)
     expected = versions_on_the_clock(config)
     assert expected > WARMUP_ROUNDS  # the student distils in the later versions

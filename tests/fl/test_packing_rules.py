@@ -76,10 +76,10 @@ def test_auto_is_resolved_at_submit_and_the_choice_noted(
 
     config = _config(model=model, pack_size="auto", pack_mode="auto")
     resolved = resolve_packing(config, load_federated(data_spec(config)), lambda: workers, timer)
-    assert (resolved.pack_size, resolved.pack_mode) == (size, mode)
-    assert resolved.pack_choice.startswith(f"pack_size {size}: 24 devices, ")
-    assert f"pack_mode {mode}: " in resolved.pack_choice
-    assert ("timed" in resolved.pack_choice) == (timings is not None)
+    assert (resolved.packing.pack_size, resolved.packing.pack_mode) == (size, mode)
+    assert resolved.packing.pack_choice.startswith(f"pack_size {size}: 24 devices, ")
+    assert f"pack_mode {mode}: " in resolved.packing.pack_choice
+    assert ("timed" in resolved.packing.pack_choice) == (timings is not None)
     assert RunConfig.from_dict(resolved.to_dict()) == resolved  # the stored config reads back
 
 
@@ -89,21 +89,21 @@ def test_the_default_is_auto_and_timing_it_twice_gives_the_same_choice(
     """The digits MLP of the demo: a vmapped step is well inside the tolerance, so noise cannot flip it.
     Each submit has a cache of its own, so both are timed."""
     config = RunConfig.from_dict({"dataset": "digits", "model": "mlp", "num_devices": 40, "devices_per_round": 20})
-    assert (config.pack_size, config.pack_mode) == ("auto", "auto")
+    assert (config.packing.pack_size, config.packing.pack_mode) == ("auto", "auto")
     data = load_federated(data_spec(config))
     chosen = []
     for attempt in range(2):
         monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / str(attempt)))
         chosen.append(resolve_packing(config, data, lambda: {"cpu0@h": 1, "cpu1@h": 1}))
-    assert not any("remembered" in c.pack_choice for c in chosen)
-    assert [(c.pack_size, c.pack_mode) for c in chosen] == [(5, "vmap"), (5, "vmap")]
-    assert all("timed" in c.pack_choice for c in chosen)
+    assert not any("remembered" in c.packing.pack_choice for c in chosen)
+    assert [(c.packing.pack_size, c.packing.pack_mode) for c in chosen] == [(5, "vmap"), (5, "vmap")]
+    assert all("timed" in c.packing.pack_choice for c in chosen)
 
 
 def test_a_single_device_per_task_is_not_timed() -> None:
     config = _config(pack_size=1)
     resolved = resolve_packing(config, load_federated(data_spec(config)), lambda: {"cpu0@h": 1}, _never_timed)
-    assert (resolved.pack_size, resolved.pack_mode) == (1, "sequential")
+    assert (resolved.packing.pack_size, resolved.packing.pack_mode) == (1, "sequential")
 
 
 def _never_timed(config: RunConfig, data: object, pack: int) -> tuple[float, float]:
@@ -131,8 +131,12 @@ def test_a_timed_mode_is_remembered_per_config_on_this_machine(tmp_path: Path, m
     first = resolve_packing(config, data, lambda: workers, timer)
     again = resolve_packing(replace(config, name="renamed", rounds=9), data, lambda: workers, timer)
     assert timed == [config.local_batch_size]
-    assert (again.pack_size, again.pack_mode) == (first.pack_size, first.pack_mode) == (6, "vmap")
-    assert "remembered from an earlier submit" in again.pack_choice and "timed" in again.pack_choice
+    assert (
+        (again.packing.pack_size, again.packing.pack_mode)
+        == (first.packing.pack_size, first.packing.pack_mode)
+        == (6, "vmap")
+    )
+    assert "remembered from an earlier submit" in again.packing.pack_choice and "timed" in again.packing.pack_choice
     other = replace(config, local_batch_size=config.local_batch_size + 1)
     resolve_packing(other, load_federated(data_spec(other)), lambda: workers, timer)
     assert timed == [config.local_batch_size, config.local_batch_size + 1]

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import subprocess
 from collections.abc import Sequence
-from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -53,7 +52,7 @@ def _finish_together(
 
 
 def test_sequential_packs_of_1_5_and_20_give_the_same_weights(settings: Settings, tmp_path: Path) -> None:
-    configs = [replace(PACKED, pack_size=size) for size in (1, 5, 20)]
+    configs = [PACKED.with_keys(pack_size=size) for size in (1, 5, 20)]
     handles = _finish_together(settings, configs, 2, tmp_path)
     reference = reference_final_state(PACKED)
     for handle in handles:
@@ -70,9 +69,9 @@ def test_sequential_packs_of_1_5_and_20_give_the_same_weights(settings: Settings
 
 def test_vmapped_packs_are_deterministic_and_match_sequential(settings: Settings, tmp_path: Path) -> None:
     """The same seed gives the same weights with 1 and with 2 workers, within float tolerance of sequential."""
-    vmapped = replace(PACKED, pack_size=6, pack_mode="vmap")
+    vmapped = PACKED.with_keys(pack_size=6, pack_mode="vmap")
     # A rule that needs every update apart (the clipping example, unclipped: FedAvg's result).
-    every_update = replace(vmapped, aggregate="fedqueue_examples.clipping:clipped_fedavg", plugin={"clip_norm": 1e9})
+    every_update = vmapped.with_keys(aggregate="fedqueue_examples.clipping:clipped_fedavg", plugin={"clip_norm": 1e9})
     one = _finish_together(settings, [vmapped], 1, tmp_path)[0]
     two, apart = _finish_together(settings.with_plugin_path([str(EXAMPLES)]), [vmapped, every_update], 2, tmp_path)
     assert_same_weights(one.final_weights(), two.final_weights())
@@ -176,7 +175,7 @@ def test_what_cannot_be_vmapped_is_refused_at_submit(
     settings: Settings, changes: dict[str, object], message: str
 ) -> None:
     settings = reliable_settings(settings)
-    config = replace(small_config(), pack_size=4, pack_mode="vmap", **changes)  # type: ignore[arg-type]
+    config = small_config().with_keys(pack_size=4, pack_mode="vmap", **changes)
     with pytest.raises(ConfigError, match=message) as refused:
         api.submit(config, settings=settings)
     assert str(refused.value).endswith('use pack_mode = "sequential"')
@@ -199,13 +198,13 @@ def test_the_demo_config_packed_by_default_reaches_the_accuracy_of_one_device_pe
     """The demo as shipped ("auto": chosen at submit) against one device per task, and the same default
     config submitted twice: the same choice both times, and the same weights bit for bit."""
     demo = api.load_config(Path(__file__).resolve().parents[2] / "examples" / "digits_fedavg.toml")
-    assert (demo.pack_size, demo.pack_mode) == ("auto", "auto")
-    plain = replace(demo, pack_size=1, pack_mode="sequential")
+    assert (demo.packing.pack_size, demo.packing.pack_mode) == ("auto", "auto")
+    plain = demo.with_keys(pack_size=1, pack_mode="sequential")
     single, auto, again = _finish_together(settings, [plain, demo, demo], 2, tmp_path)
     chosen = [api.load_config(handle.store.get_run(handle.id).config) for handle in (auto, again)]
     # 2 worker slots answered: packs of 5, vmapped (the MLP's stacked step timed faster than the loop).
-    assert [(config.pack_size, config.pack_mode) for config in chosen] == [(5, "vmap")] * 2, chosen
-    assert "timed" in chosen[0].pack_choice
+    assert [(config.packing.pack_size, config.packing.pack_mode) for config in chosen] == [(5, "vmap")] * 2, chosen
+    assert "timed" in chosen[0].packing.pack_choice
     assert_same_weights(auto.final_weights(), again.final_weights())
     accuracy = [handle.status()["final_accuracy"] for handle in (single, auto)]
     assert accuracy[0] > 0.9 and abs(accuracy[0] - accuracy[1]) <= 0.005, accuracy

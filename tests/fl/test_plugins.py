@@ -57,7 +57,7 @@ def test_clipped_aggregation_rule_runs_on_the_workers(plugin_settings: Settings,
     from fedqueue.fl.setup import data_spec
 
     builtin = small_config(rounds=1, global_lr=0.5)
-    loose = replace(builtin, aggregate="fedqueue_examples.clipping:clipped_fedavg", plugin={"clip_norm": 1e9})
+    loose = builtin.with_keys(aggregate="fedqueue_examples.clipping:clipped_fedavg", plugin={"clip_norm": 1e9})
     tight = replace(loose, plugin={"clip_norm": 0.01})
     plugin_settings.activate_plugin_path()
     resolve.cache_clear()

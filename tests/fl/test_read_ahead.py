@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Iterator
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -41,7 +40,7 @@ def test_the_aggregator_reads_the_stored_packs_while_the_last_one_trains(setting
     # Packs of 5 and 2 devices on two workers, each device stored as it is trained. The device queue
     # is empty from the first stored result on, so the aggregation is requested then; the slot of the
     # pack of 2 takes it when that pack is done and reads what is stored while the pack of 5 trains on.
-    config = replace(slow_config(0.1, devices_per_round=7, rounds=2, local_iters=4), pack_size=5)
+    config = slow_config(0.1, devices_per_round=7, rounds=2, local_iters=4).with_keys(pack_size=5)
     settings = reliable_settings(settings)
     with running_workers(settings, procs=2, log_dir=tmp_path / "logs"):
         handle = api.submit(config, settings=settings)

@@ -18,6 +18,7 @@ from fedqueue.fl.ml.models import build_model
 from fedqueue.fl.ml.proportion_proxy import ProportionProxy
 from fedqueue.fl.ml.synthesis import SynthesisSettings, Synthesizer, weighted_terms
 from fedqueue.fl.ml.teacher_stack import TeacherStack
+from fedqueue.fl.strategy.fedrevive.section import FedReviveSection
 
 SMALL = SynthesisSettings(nz=8, ngf=8, synth_batch_size=8, g_steps=2, warmup_rounds=3, pool_size=40)
 
@@ -152,7 +153,7 @@ def test_the_dfkd_table_takes_the_new_knobs_and_names_a_bad_one() -> None:
     config = RunConfig.from_dict(
         {**base, "dfkd": {"class_proportion_source": "estimated", "synthesis_interval": 10, "adv_gate": "version"}}
     )
-    assert config.dfkd["synthesis_interval"] == 10
+    assert config.strategy(FedReviveSection).dfkd["synthesis_interval"] == 10
     for bad, field in (
         ({"class_proportion_source": "guessed"}, "dfkd.class_proportion_source"),
         ({"adv_gate": 3}, "dfkd.adv_gate"),

@@ -11,9 +11,8 @@ import torch
 
 from fedqueue.config import Settings
 from fedqueue.core.database import open_store
-from fedqueue.core.keys import global_key
 from fedqueue.core.memory import RecordingEnqueuer, memory_services
-from fedqueue.fl.messages import DeviceTask, FoldTask
+from fedqueue.fl.messages import DeviceTask, FoldTask, global_key
 from fedqueue.fl.scheduler import submit_run
 from fedqueue.fl.strategy.common import final_state
 from fedqueue.fl.strategy.fedbuff.fold import fold_updates

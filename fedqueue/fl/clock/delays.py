@@ -22,7 +22,11 @@ from typing import Any
 from fedqueue.errors import ConfigError, did_you_mean
 
 # How trips are timed: fedqueue's per-sample model (the default), FLARE's per-trip tiers, FedRevive's phases.
-CLOCKS = ("per_sample", "flare", "fedrevive")
+# The clocks are named after the simulators they follow; a clock is not a strategy (any mode runs on any).
+PER_SAMPLE_CLOCK = "per_sample"
+FLARE_CLOCK = "flare"
+FEDREVIVE_CLOCK = "fedrevive"
+CLOCKS = (PER_SAMPLE_CLOCK, FLARE_CLOCK, FEDREVIVE_CLOCK)
 DELAY_TYPES = ("constant", "exponential", "uniform", "normal")
 PHASE_KEYS = ("download_delay", "localtrain_delay", "upload_delay")  # in a trip's order
 _TABLE_KEYS = ("type", "mean_distribution", "std")

@@ -18,7 +18,7 @@ def tasks_of_round(
     run_id: str, round_index: int, config: RunConfig, selected: Sequence[int], model: BlobRef, enqueued_at: float
 ) -> list[DeviceTask]:
     """The device tasks of a round, one per pack."""
-    packs = cut_packs(selected, config.resolved_pack_size)
+    packs = cut_packs(selected, config.packing.resolved_size)
     return tasks_of_packs(run_id, round_index, config, packs, model, enqueued_at, len(selected))
 
 
@@ -40,7 +40,7 @@ def tasks_of_packs(
             model=model,
             enqueued_at=enqueued_at,
             round_size=round_size,
-            mode=config.resolved_pack_mode if len(pack) > 1 else "sequential",
+            mode=config.packing.resolved_mode if len(pack) > 1 else "sequential",
         )
         for pack in packs
     ]

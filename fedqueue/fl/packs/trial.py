@@ -31,6 +31,7 @@ from fedqueue.fl.packs.rules import (
     measured_pack_mode,
     total_slots,
 )
+from fedqueue.fl.packs.section import AUTO
 from fedqueue.fl.setup import data_spec, resolve_plugins, train_config
 
 PackTimer = Callable[[RunConfig, FederatedData, int], tuple[float, float]]
@@ -43,26 +44,27 @@ def resolve_packing(
     timer: PackTimer | None = None,
 ) -> RunConfig:
     """The config with "auto" pack size and mode chosen (and the choice noted), checked for vmap; else as given."""
-    if config.pack_size != "auto" and config.pack_mode != "auto":
+    packing = config.packing
+    if packing.pack_size != AUTO and packing.pack_mode != AUTO:
         check_pack_mode(config, data)
         return config
     workers = worker_slots()
     notes = []
-    size = config.pack_size
+    size = packing.pack_size
     if not isinstance(size, int):
         slots = total_slots(workers) if workers else os.cpu_count() or 1
         size = auto_pack_size(config.devices_per_round, slots)
         found = f"{slots} slots" if workers else f"no worker answered, {slots} slots assumed (one per core here)"
         notes.append(f"pack_size {size}: {config.devices_per_round} devices, {found}, {PACKS_PER_SLOT} packs per slot")
-    mode = config.pack_mode
-    if mode == "auto" and size == 1:
+    mode = packing.pack_mode
+    if mode == AUTO and size == 1:
         mode = "sequential"
         notes.append("pack_mode sequential: one device per task")
-    elif mode == "auto":
+    elif mode == AUTO:
         mode, why = _auto_mode(config, data, max(size, 2), has_gpu_workers(workers), timer or time_pack_modes)
         notes.append(f"pack_mode {mode}: {why}")
-    resolved = replace(config, pack_size=size, pack_mode=mode, pack_choice="; ".join(notes))
-    if config.pack_mode != "auto":  # an "auto" mode was tried as vmap above: no second trial
+    resolved = config.with_keys(pack_size=size, pack_mode=mode, pack_choice="; ".join(notes))
+    if packing.pack_mode != AUTO:  # an "auto" mode was tried as vmap above: no second trial
         check_pack_mode(resolved, data)
     return resolved
 
@@ -75,7 +77,7 @@ def _auto_mode(config: RunConfig, data: FederatedData, pack: int, on_gpu: bool, 
     if earlier is not None:
         return earlier[0], f"{earlier[1]} (remembered from an earlier submit on this machine)"
     try:
-        check_pack_mode(replace(config, pack_size=pack, pack_mode="vmap"), data)
+        check_pack_mode(config.with_keys(pack_size=pack, pack_mode="vmap"), data)
         refused = None
     except ConfigError as err:
         refused = str(err).removeprefix("pack_mode: ").split(";")[0]
@@ -155,7 +157,7 @@ def check_pack_mode(config: RunConfig, data: FederatedData) -> None:
 
     The model is inspected, then the step is tried once on two devices, as a worker would run it.
     """
-    if config.pack_mode != "vmap" or config.pack_size == 1:
+    if config.packing.pack_mode != "vmap" or config.packing.pack_size == 1:
         return
 
     advice = 'use pack_mode = "sequential"'

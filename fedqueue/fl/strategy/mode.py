@@ -6,9 +6,7 @@ Each strategy's folder defines its own (sync/mode.py, fedbuff/mode.py); modes.py
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, ClassVar, Protocol
 
 
 @dataclass(frozen=True)
@@ -25,18 +23,6 @@ ROUNDS = Unit(singular="round", made="done", short="r", counted="rounds")
 VERSIONS = Unit(singular="version", made="made", short="v", counted="v")
 
 
-class Section(Protocol):
-    """A strategy's own run-config keys, flat in the file beside the others: a frozen dataclass whose fields are
-    the keys, each with its docstring under it (the reference page lists them)."""
-
-    __dataclass_fields__: ClassVar[dict[str, Any]]
-
-    @classmethod
-    def read(cls, values: Mapping[str, Any]) -> Section:
-        """The section the given keys make (the others at their defaults); ConfigError naming a key at fault."""
-        ...
-
-
 @dataclass(frozen=True)
 class Mode:
     name: str
@@ -50,7 +36,6 @@ class Mode:
     takes_aggregate: bool = False
     # FedRevive's distillation: kd_* settings apply, and kd_split of the training set is held out.
     distills: bool = False
-    # Its own run-config keys (None: it has none); a key of another mode's section is refused under it.
-    section: type[Section] | None = None
-    # Run-config keys whose value it fixes, (key, value): a config that sets another is refused.
-    fixes: tuple[tuple[str, Any], ...] = ()
+    # Its config section: a frozen dataclass of the flat keys only this strategy reads (fl/sections/base.py),
+    # beside it in its folder; the config reader routes those keys to it. None: the mode has no keys of its own.
+    section: type | None = None

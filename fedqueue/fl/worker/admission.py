@@ -33,13 +33,13 @@ def refusal(services: Services, cache: WorkerCache, task: DeviceTask, strategy: 
     if task.model.key != row.model_key:
         return f"run {task.run_id} round {task.round_index} trains {row.model_key}, not {task.model.key}"
     config = cache.run_config(services, task.run_id)
-    mode = config.resolved_pack_mode if len(task.devices) > 1 else "sequential"
+    mode = config.packing.resolved_mode if len(task.devices) > 1 else "sequential"
     if task.mode != mode:
         return f"run {task.run_id} trains packs of {len(task.devices)} devices {mode}, not {task.mode}"
     if not strategy.keeps_rounds:
         return None
     if task.round_size != len(row.selected):
         return f"run {task.run_id} round {task.round_index} has {len(row.selected)} devices, not {task.round_size}"
-    if len(task.devices) > 1 and task.devices not in cut_packs(row.selected, config.resolved_pack_size):
+    if len(task.devices) > 1 and task.devices not in cut_packs(row.selected, config.packing.resolved_size):
         return f"run {task.run_id} round {task.round_index} sent no pack of devices {task.pack}"
     return None

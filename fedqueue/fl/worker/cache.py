@@ -49,7 +49,7 @@ class WorkerCache:
         with self._lock:
             config = self._configs.get(run_id)
         if config is None:
-            config = RunConfig.from_dict(services.store.get_run(run_id).config)
+            config = RunConfig.from_stored(services.store.get_run(run_id).config)
             with self._lock:
                 self._configs[run_id] = config
         return config

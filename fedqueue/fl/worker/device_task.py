@@ -153,7 +153,7 @@ class _Delivery:
         phases = {"load_ms": load_ms, "compute_ms": _elapsed_ms(clock)}
         task = self.task
         waiting = set(devices)
-        if self.config.aggregate in SUMMABLE_RULES and self.strategy.presums_packs:
+        if self.config.plugin_names()["aggregate"] in SUMMABLE_RULES and self.strategy.presums_packs:
             stored = self._store_summed(devices, pack, started_at, phases)
             if stored is not None:
                 return stored

@@ -22,10 +22,6 @@ if TYPE_CHECKING:
     from fedqueue.fl.strategy.mode import Mode
 
 
-def section_of(config: RunConfig) -> FedAsyncSection:
-    return FedAsyncSection.read(config.strategy_keys)
-
-
 def mix(
     current: Mapping[str, torch.Tensor], local: Mapping[str, torch.Tensor], share: float
 ) -> dict[str, torch.Tensor]:
@@ -48,11 +44,11 @@ class MixFold:
         self.mode = mode
 
     def schedule(self, config: RunConfig, rules: Rules) -> Rules:
-        return replace(rules, buffer_size=1, weigh=section_of(config).weight)
+        return replace(rules, weigh=config.strategy(FedAsyncSection).weight)
 
     def make(self, inputs: VersionInputs) -> MadeVersion:
         (arrival,) = inputs.event.folded
-        share = section_of(inputs.config).fedasync_alpha * arrival.weight
+        share = inputs.config.strategy(FedAsyncSection).fedasync_alpha * arrival.weight
         return MadeVersion(mix(inputs.current, inputs.local_of(arrival.trip), share))
 
 

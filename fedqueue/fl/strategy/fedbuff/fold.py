@@ -41,6 +41,7 @@ from fedqueue.fl.strategy.common import ClaimLost, evaluate_version, renewing
 from fedqueue.fl.strategy.fedbuff import schedule
 from fedqueue.fl.strategy.fedbuff.rule import BUFFERED, VersionInputs, VersionRule
 from fedqueue.fl.strategy.fedbuff.schedule import Arrival, Dispatch, NewVersion, Outcome, Rules, ScheduleState, Trip
+from fedqueue.fl.strategy.fedbuff.section import FedBuffSection
 from fedqueue.fl.worker.timing_rows import aggregation_timing
 
 if TYPE_CHECKING:
@@ -58,19 +59,20 @@ def rules_of(config: RunConfig, rule: VersionRule = BUFFERED) -> Rules:
 
 
 def _config_rules(config: RunConfig) -> Rules:
+    settings = config.strategy(FedBuffSection)
     return Rules(
         num_devices=config.num_devices,
-        concurrency=config.resolved_concurrency,
-        buffer_size=config.buffer_size,
+        concurrency=settings.resolved_concurrency(config),
+        buffer_size=settings.buffer_size,
         max_model_version=config.last_version,
-        max_staleness=config.max_staleness,
-        min_refill=config.min_refill,
-        device_reuse=config.device_reuse,
+        max_staleness=settings.max_staleness,
+        min_refill=settings.min_refill,
+        device_reuse=settings.device_reuse,
         seed=config.seed,
-        staleness_weight=config.staleness_weight,
-        staleness_exponent=config.staleness_exponent,
-        pack_size=config.resolved_pack_size,
-        staleness_s_max=config.staleness_s_max,
+        staleness_weight=settings.staleness_weight,
+        staleness_exponent=settings.staleness_exponent,
+        pack_size=config.packing.resolved_size,
+        staleness_s_max=settings.staleness_s_max,
         max_sim_time=config.max_sim_time,
         bound=config.stop_rules().bound,
     )

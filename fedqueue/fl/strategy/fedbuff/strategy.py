@@ -30,6 +30,7 @@ from fedqueue.fl.strategy.fedbuff.fold import (
 from fedqueue.fl.strategy.fedbuff.forgotten import fold_forgotten
 from fedqueue.fl.strategy.fedbuff.rule import BUFFERED, VersionRule
 from fedqueue.fl.strategy.fedbuff.schedule import Rules, ScheduleState, Trip
+from fedqueue.fl.strategy.fedbuff.section import FedBuffSection
 from fedqueue.fl.worker.device_task import give_up_on
 
 if TYPE_CHECKING:
@@ -69,9 +70,10 @@ class BufferedAsync:
     def describe(self, config: RunConfig) -> str:
         last = config.last_version
         length = f"up to version {last}" if last is not None else "no version bound"
+        settings = config.strategy(FedBuffSection)
         return (
-            f"{length}, {config.resolved_concurrency} of {config.num_devices} devices at once,"
-            f" {config.buffer_size} updates per version"
+            f"{length}, {settings.resolved_concurrency(config)} of {config.num_devices} devices at once,"
+            f" {settings.buffer_size} updates per version"
         )
 
 

@@ -33,6 +33,7 @@ from fedqueue.fl.ml.torch_device import torch_device
 from fedqueue.fl.ml.weights import decode_state, encode_state
 from fedqueue.fl.setup import data_spec
 from fedqueue.fl.strategy.fedbuff.schedule import Arrival, NewVersion, Trip
+from fedqueue.fl.strategy.fedrevive.section import FedReviveSection
 
 if TYPE_CHECKING:
     from torch import nn
@@ -73,6 +74,7 @@ class Reviver:
 
     def __init__(self, config: RunConfig, device: torch.device | None = None) -> None:
         self.config = config
+        self.settings = config.strategy(FedReviveSection)
         self.device = torch_device() if device is None else device
         self.data = load_federated(data_spec(config))
         labels = self.data.train.y.numpy()
@@ -82,7 +84,7 @@ class Reviver:
         # The data-free server's state and the version it stands after; None until a pass needs it.
         self._server: tuple[int, ServerState] | None = None
         if config.data_free:
-            self.knobs = {**dfkd_defaults(), **config.dfkd}
+            self.knobs = {**dfkd_defaults(), **self.settings.dfkd}
             self.freeze_rounds = int(self.knobs["freeze_rounds"])
             return
         if self.data.server is None:
@@ -173,7 +175,7 @@ class Reviver:
         server_state_of: ServerStateOf,
     ) -> Iterator[WeightedDelta]:
         """Each folded update's mixed change, in arrival order, with its staleness weight."""
-        config = self.config
+        config, settings = self.config, self.settings
         made = event.version - 1  # versions made before this one: FedRevive's rounds_completed
         current = version_of(made)
         server = self._server_after(made, server_state_of) if config.data_free else None
@@ -186,11 +188,11 @@ class Reviver:
                 if uploaded is not None:
                     server.proxy.observe(trip.device, uploaded)
             beta = kd_beta(
-                config.kd_beta,
-                config.kd_beta_factor,
+                settings.kd_beta,
+                settings.kd_beta_factor,
                 arrival.staleness,
-                config.resolved_concurrency,
-                config.buffer_size,
+                settings.resolved_concurrency(config),
+                settings.buffer_size,
             )
             if server is not None and made < self.freeze_rounds:
                 beta = 0.0  # FedRevive leaves updates as they came until freeze_rounds versions are made
@@ -208,7 +210,7 @@ class Reviver:
         local_of: LocalOf,
     ) -> dict[str, torch.Tensor]:
         """The distilled student's change from the current version, for one revived update."""
-        config, trip = self.config, arrival.trip
+        config, settings, trip = self.config, self.settings, arrival.trip
         teachers = self._teachers(arrival, local_of)
         proportions = [self._shares(teacher.device, server) for teacher, _ in teachers]
         stack = TeacherStack([model for _, model in teachers])
@@ -236,11 +238,11 @@ class Reviver:
                     proportions,
                     data,
                     rng,
-                    iters=config.kd_iters,
-                    lr=config.kd_lr,
-                    batch_size=config.kd_batch_size,
-                    temperature=config.kd_temperature,
-                    version=config.kd_version,
+                    iters=settings.kd_iters,
+                    lr=settings.kd_lr,
+                    batch_size=settings.kd_batch_size,
+                    temperature=settings.kd_temperature,
+                    version=settings.kd_version,
                     augment=augment,
                     weight_decay=decay,
                     guard=guard,

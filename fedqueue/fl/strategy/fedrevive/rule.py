@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 
 from fedqueue.fl.strategy.fedbuff.rule import MadeVersion, VersionInputs
 from fedqueue.fl.strategy.fedrevive.mode import FEDREVIVE
+from fedqueue.fl.strategy.fedrevive.section import FedReviveSection
 
 if TYPE_CHECKING:
     from fedqueue.fl.config import RunConfig
@@ -23,7 +24,7 @@ class ReviveFold:
         self.mode = mode
 
     def schedule(self, config: RunConfig, rules: Rules) -> Rules:
-        return replace(rules, keep_recent=config.kd_buffer_size)
+        return replace(rules, keep_recent=config.strategy(FedReviveSection).kd_buffer_size)
 
     def make(self, inputs: VersionInputs) -> MadeVersion:
         # torch: FedRevive's distillation, loaded by a FedRevive run's fold pass only

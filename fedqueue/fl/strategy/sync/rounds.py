@@ -41,6 +41,7 @@ from fedqueue.fl.store.schema import RoundRow
 from fedqueue.fl.store.stop_rows import record_stop
 from fedqueue.fl.strategy.common import ClaimLost, checkpoint_bytes, checkpoint_version, evaluate_version, renewing
 from fedqueue.fl.strategy.sync.read_ahead import ReadAhead, read_round_ahead
+from fedqueue.fl.strategy.sync.section import FedAvgSection
 
 if TYPE_CHECKING:
     import torch
@@ -178,7 +179,7 @@ def _aggregate_claimed_round(
     run = services.store.get_run(run_id)
     if run.state != "running":
         return
-    config = RunConfig.from_dict(run.config)
+    config = RunConfig.from_stored(run.config)
     row = get_round(services.store, run_id, round_index)
     assert row is not None
     tasks = round_outcomes(services.store, run_id, round_index)
@@ -196,8 +197,9 @@ def _aggregate_claimed_round(
     # Each update is read as the rule reaches it (a few ahead): memory stays flat whatever the round's size.
     with _loaded(services, alone, ahead) as updates, _loaded(services, packs, ahead) as sums:
         if sums:
-            if config.aggregate not in SUMMABLE_RULES:
-                raise RuntimeError(f"round {round_index}: pre-summed packs, but aggregate = {config.aggregate!r}")
+            aggregate = config.strategy(FedAvgSection).aggregate
+            if aggregate not in SUMMABLE_RULES:
+                raise RuntimeError(f"round {round_index}: pre-summed packs, but aggregate = {aggregate!r}")
             new_state = fedavg(global_state, updates, config.global_lr, sums)
         else:
             new_state = resolve_plugins(config).aggregate(global_state, updates, config.global_lr, config.plugin)

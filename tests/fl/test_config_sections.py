@@ -1,0 +1,74 @@
+"""The run config's sections: flat keys in the file and the store, each held and checked by the section that
+declares it."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from fedqueue.errors import ConfigError
+from fedqueue.fl.clock.delays import FEDREVIVE_CLOCK
+from fedqueue.fl.clock.section import ClockSection
+from fedqueue.fl.config import RunConfig, config_sections
+from fedqueue.fl.packs.section import PackSection
+
+SPEED = {"mean": [0.01, 0.04], "std": [0.001, 0.004], "share": [0.7, 0.3]}
+
+
+def test_the_clock_keys_are_flat_in_the_file_and_held_by_the_clock_section() -> None:
+    config = RunConfig.from_dict({"device_speed": SPEED, "communication_delay": {"mean": 0.5}})
+    assert config.timing == ClockSection(device_speed=SPEED, communication_delay={"mean": 0.5})
+    assert config.timing.per_sample and not config.timing.phased
+    flat = config.to_dict()
+    assert flat["device_speed"] == SPEED and flat["clock"] == "per_sample" and "timing" not in flat
+    # The stored dict reads back to the same config, its keys where the section stands among the run's.
+    assert RunConfig.from_stored(json.loads(json.dumps(flat))) == config
+    keys = list(flat)
+    assert keys.index("kd_split") < keys.index("device_speed") < keys.index("upload_delay") < keys.index("val_split")
+
+    phased = config.with_keys(clock=FEDREVIVE_CLOCK, device_speed={}, communication_delay={})
+    assert phased.timing.phased and phased.timing.device_speed == {} and phased.seed == config.seed
+    with pytest.raises(TypeError, match="timing"):
+        config.with_keys(timing=ClockSection())  # a section's field is no key
+
+
+def test_the_clock_section_checks_its_keys_naming_each() -> None:
+    refused: list[tuple[dict[str, Any], str]] = [
+        ({"clock": "wall"}, "clock: unknown clock 'wall'"),
+        ({"clock": FEDREVIVE_CLOCK, "device_speed": SPEED}, 'device_speed: applies to clock = "per_sample"'),
+        ({"upload_delay": {"type": "constant"}}, 'upload_delay: applies to clock = "fedrevive"'),
+        ({"communication_delay": {"mean": [1.0, 2.0]}}, "communication_delay.mean: one number"),
+    ]
+    for raw, message in refused:
+        with pytest.raises(ConfigError) as raised:
+            RunConfig.from_dict(raw)
+        assert str(raised.value).startswith(message), (raw, str(raised.value))
+
+
+def test_packing_keys_are_held_by_its_section_and_auto_is_resolved_before_a_task_reads_them() -> None:
+    config = RunConfig.from_dict({"pack_size": 4, "pack_mode": "vmap"})
+    assert config.packing == PackSection(pack_size=4, pack_mode="vmap")
+    assert (config.packing.resolved_size, config.packing.resolved_mode) == (4, "vmap")
+    assert config.to_dict()["pack_size"] == 4 and "packing" not in config.to_dict()
+    auto = RunConfig.from_dict({})
+    assert auto.packing.pack_size == "auto"
+    with pytest.raises(ConfigError, match='^pack_size: "auto" is resolved when the run is submitted'):
+        assert auto.packing.resolved_size
+    chosen = auto.with_keys(pack_size=2, pack_mode="sequential", pack_choice="by hand")
+    assert chosen.packing == PackSection(2, "sequential", "by hand") and auto.packing.pack_size == "auto"
+    for raw, message in [({"pack_size": "big"}, "pack_size: a positive integer"), ({"pack_mode": "x"}, "pack_mode")]:
+        with pytest.raises(ConfigError, match=f"^{message}"):
+            RunConfig.from_dict(raw)
+
+
+def test_the_reference_lists_the_shared_sections_after_the_run_s_own_keys() -> None:
+    headings = [(heading, section) for heading, section, _ in config_sections()]
+    assert headings[:3] == [
+        ("Every run", RunConfig),
+        ("Packing devices into tasks (every mode)", PackSection),
+        ("The simulated clock (every mode)", ClockSection),
+    ]
+    run_keys = config_sections()[0][2]
+    assert not {"clock", "timing", "pack_size", "packing"} & set(run_keys)
