@@ -103,7 +103,7 @@ images:
 
 # The compose stack brought up for real from those images (not part of `make test`: several minutes).
 test-deploy: $(STAMP)
-	$(BIN)/python -m pytest -m deploy tests/test_compose_deploy.py
+	$(BIN)/python -m pytest -m deploy tests/project/test_compose_deploy.py
 
 clean:
 	rm -rf $(VENV) $(VLLM_VENV) site fedqueue.db fedqueue.db-wal fedqueue.db-shm

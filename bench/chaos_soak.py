@@ -69,12 +69,12 @@ from fedqueue.llm.tiny import build_bench_llama, build_tiny_llama  # noqa: E402
 from fedqueue.queue.app import make_app  # noqa: E402
 from fedqueue.queue.embedded import EmbeddedRedis  # noqa: E402
 from fedqueue.store import Store  # noqa: E402
-from tests.cli_runner import start_fedqueue_cli  # noqa: E402
-from tests.fl.test_buffered_async import BUFFERED, reference, sorted_reference, versions_made  # noqa: E402
-from tests.helpers import small_config  # noqa: E402
+from tests.fl.strategy.fedbuff.test_buffered_async import BUFFERED, reference, sorted_reference, versions_made  # noqa: E402
 from tests.llm.test_llm_queue import expected_outputs  # noqa: E402
-from tests.reliability_support import kill_tree, ping_count, stop_launcher, wait_until  # noqa: E402
 from tests.support.cli_inputs import cli_env  # noqa: E402
+from tests.support.cli_runner import start_fedqueue_cli  # noqa: E402
+from tests.support.helpers import small_config  # noqa: E402
+from tests.support.reliability_support import kill_tree, ping_count, stop_launcher, wait_until  # noqa: E402
 
 FAULT_KINDS = ("kill", "stop", "restart", "fill", "forge")
 JUNK_PREFIX = "chaos-junk:"  # junk keys of the fill fault; fedqueue's keys start with its key prefix

@@ -32,9 +32,9 @@ from fedqueue.fl import api  # noqa: E402
 from fedqueue.fl.config import RunConfig  # noqa: E402
 from fedqueue.fl.store.results import device_tasks, list_rounds  # noqa: E402
 from fedqueue.queue.embedded import EmbeddedRedis  # noqa: E402
-from tests.helpers import reference_final_state  # noqa: E402
-from tests.reliability_support import ping_count, wait_until  # noqa: E402
 from tests.support.cli_inputs import cli_env  # noqa: E402
+from tests.support.helpers import reference_final_state  # noqa: E402
+from tests.support.reliability_support import ping_count, wait_until  # noqa: E402
 
 
 def killer(launcher: subprocess.Popen[bytes], every_s: float, stop: threading.Event, kills: list[float]) -> None:

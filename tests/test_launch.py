@@ -16,7 +16,7 @@ from fedqueue.core.cluster_file import ClusterInfo
 from fedqueue.core.services import Services
 from fedqueue.errors import ConfigError, FedqueueError
 from fedqueue.fl import api as fl_api
-from tests.helpers import small_config
+from tests.support.helpers import small_config
 
 
 @dataclass

@@ -23,11 +23,11 @@ from fedqueue.fl import api
 from fedqueue.fl.config import RunConfig
 from fedqueue.fl.store.results import list_rounds
 from fedqueue.fl.store.schedule_rows import SCHEDULES
-from tests.cli_runner import fedqueue_cli
-from tests.fl.test_buffered_async import buffered_config, reference
-from tests.helpers import assert_same_weights, reference_final_state
-from tests.reliability_support import launcher, pid_of_worker, reliable_settings, slow_config, wait_until
+from tests.fl.strategy.fedbuff.test_buffered_async import buffered_config, reference
 from tests.support.cli_inputs import cli_env
+from tests.support.cli_runner import fedqueue_cli
+from tests.support.helpers import assert_same_weights, reference_final_state
+from tests.support.reliability_support import launcher, pid_of_worker, reliable_settings, slow_config, wait_until
 
 # Kills workers again and again, each time waiting out a claim: `make test-faults`.
 pytestmark = pytest.mark.faults

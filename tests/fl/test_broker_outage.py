@@ -18,8 +18,8 @@ from fedqueue.fl import api
 from fedqueue.fl.config import config_toml
 from fedqueue.fl.store.results import count_done
 from tests.fl.test_scheduler_recovery import embedded_env
-from tests.helpers import assert_same_weights, reference_final_state
-from tests.reliability_support import (
+from tests.support.helpers import assert_same_weights, reference_final_state
+from tests.support.reliability_support import (
     BROKER_BACK,
     BROKER_WENT,
     BrokerOutage,

@@ -18,10 +18,10 @@ import pytest
 from fedqueue.config import Settings
 from fedqueue.fl import api
 from fedqueue.fl.config import config_toml
-from tests.cli_runner import interruptible
 from tests.fl.test_scheduler_recovery import embedded_env
-from tests.helpers import assert_same_weights, reference_final_state
-from tests.reliability_support import (
+from tests.support.cli_runner import interruptible
+from tests.support.helpers import assert_same_weights, reference_final_state
+from tests.support.reliability_support import (
     BROKER_WENT,
     BrokerOutage,
     broker_outage_fixture,  # noqa: F401 - the broker_outage fixture

@@ -25,8 +25,8 @@ from fedqueue.fl.ml.cifar_fixture import write_cifar100_files, write_cifar_batch
 from fedqueue.fl.ml.data import DataSpec, clear_caches, load_federated
 from fedqueue.fl.strategy.fedbuff.section import FedBuffSection
 from fedqueue.fl.strategy.fedrevive.section import FedReviveSection
-from tests.cli_runner import fedqueue_cli
 from tests.fl.test_fedrevive_json import fedrevive
+from tests.support.cli_runner import fedqueue_cli
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -18,7 +18,7 @@ from fedqueue.errors import ConfigError
 from fedqueue.fl.config import RunConfig, config_toml, load_run_config, load_run_config_with_notes
 from fedqueue.fl.strategy.fedbuff.section import FedBuffSection
 from fedqueue.fl.strategy.fedrevive.section import FedReviveSection
-from tests.cli_runner import fedqueue_cli
+from tests.support.cli_runner import fedqueue_cli
 
 
 def their_file(name: str) -> dict[str, Any]:

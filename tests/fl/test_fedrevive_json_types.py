@@ -14,8 +14,8 @@ from hypothesis import strategies as st
 
 from fedqueue.errors import ConfigError, DataError
 from fedqueue.fl.config import load_run_config
-from tests.cli_runner import fedqueue_cli
 from tests.fl.test_fedrevive_json import EXPECTED
+from tests.support.cli_runner import fedqueue_cli
 
 FILES = {name: make() for name, (make, _) in EXPECTED.items()}
 # Every key of their files, and every key of their settings blocks, as a path.

@@ -21,10 +21,10 @@ from fedqueue.fl import api
 from fedqueue.fl.config import RunConfig, config_toml
 from fedqueue.fl.store.results import device_tasks
 from fedqueue.queue.embedded import EmbeddedRedis
-from tests.fl.test_buffered_async import reference as buffered_reference
-from tests.helpers import assert_same_weights, reference_final_state
-from tests.reliability_support import one_result_per_device, printed_run_id, start_follower, stop_process
+from tests.fl.strategy.fedbuff.test_buffered_async import reference as buffered_reference
 from tests.support.cli_inputs import cli_env
+from tests.support.helpers import assert_same_weights, reference_final_state
+from tests.support.reliability_support import one_result_per_device, printed_run_id, start_follower, stop_process
 
 # Limits a Redis of its own under real workers, minutes of CNN training: `make test-faults`.
 pytestmark = pytest.mark.faults
@@ -62,7 +62,7 @@ FEDBUFF = RunConfig.from_dict(
 def run_under_a_full_broker(settings: Settings, config: RunConfig, tmp_path: Path) -> api.RunHandle:
     """`fedqueue run` of `config` on two worker processes against a 64 MB noeviction Redis; checks it ended
     well: exit 0, every device stored done, no worker crash, Redis never at its limit, blobs spilled."""
-    from tests.reliability_support import launcher
+    from tests.support.reliability_support import launcher
 
     server = EmbeddedRedis(extra_args=["--maxmemory", str(MAXMEMORY), "--maxmemory-policy", "noeviction"]).start()
     settings = replace(settings, broker_url=server.url)

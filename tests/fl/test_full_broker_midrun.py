@@ -29,11 +29,13 @@ from fedqueue.fl import api
 from fedqueue.fl.config import RunConfig, config_toml
 from fedqueue.fl.store.results import device_tasks
 from fedqueue.queue.embedded import EmbeddedRedis
-from tests.cli_runner import fedqueue_cli
-from tests.fl.test_buffered_async import reference as buffered_reference
+from tests.fl.strategy.fedbuff.test_buffered_async import reference as buffered_reference
 from tests.fl.test_full_broker import FEDBUFF, MAXMEMORY, SYNC
-from tests.helpers import assert_same_weights, reference_final_state
-from tests.reliability_support import (
+from tests.queue.test_worker_full_broker import oom_replies
+from tests.support.cli_inputs import cli_env
+from tests.support.cli_runner import fedqueue_cli
+from tests.support.helpers import assert_same_weights, reference_final_state
+from tests.support.reliability_support import (
     launcher,
     one_result_per_device,
     printed_run_id,
@@ -41,8 +43,6 @@ from tests.reliability_support import (
     stop_process,
     wait_until,
 )
-from tests.support.cli_inputs import cli_env
-from tests.test_worker_full_broker import oom_replies
 
 # A CNN run on two worker processes, then its queue-free reference: about 5 minutes on a loaded 2-core machine,
 # past the suite's 300 s default; the test's own waits bound it.

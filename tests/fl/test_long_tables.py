@@ -12,10 +12,10 @@ import pytest
 from fedqueue.config import Settings
 from fedqueue.core.database import open_store
 from fedqueue.fl.store.results import add_round, claim_round, complete_round
-from tests.cli_runner import fedqueue_cli
 from tests.conftest import running_workers
+from tests.store.test_store import round_row
 from tests.support.cli_inputs import cli_env
-from tests.test_store import round_row
+from tests.support.cli_runner import fedqueue_cli
 
 FEDBUFF_TOML = (
     'mode = "fedbuff"\nnum_devices = 12\ndevices_per_round = 4\nconcurrency = 4\nbuffer_size = 1\nmax_model_version = 14\n'

@@ -15,8 +15,9 @@ from fedqueue.config import Settings
 from fedqueue.fl import api
 from fedqueue.fl.config import config_toml
 from fedqueue.queue.embedded import EmbeddedRedis
-from tests.helpers import assert_same_weights, reference_final_state
-from tests.reliability_support import (
+from tests.support.cli_inputs import cli_env
+from tests.support.helpers import assert_same_weights, reference_final_state
+from tests.support.reliability_support import (
     launcher,
     one_result_per_device,
     printed_run_id,
@@ -26,7 +27,6 @@ from tests.reliability_support import (
     stop_process,
     wait_until,
 )
-from tests.support.cli_inputs import cli_env
 
 # Runs a follower for many seconds with no worker, then a launcher: `make test-faults`.
 pytestmark = pytest.mark.faults

@@ -17,9 +17,9 @@ from fedqueue.fl.config import RunConfig
 from fedqueue.fl.ml.plugins import resolve
 from fedqueue.fl.setup import check_plugins
 from fedqueue.fl.store.results import device_tasks
-from tests.cli_runner import fedqueue_cli
 from tests.conftest import running_workers
-from tests.helpers import assert_same_weights, reference_final_state, small_config
+from tests.support.cli_runner import fedqueue_cli
+from tests.support.helpers import assert_same_weights, reference_final_state, small_config
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "plugins"
 

@@ -17,7 +17,7 @@ from fedqueue.fl.strategy.registry import strategy_for
 from fedqueue.fl.strategy.sync.rounds import aggregate_round
 from fedqueue.fl.worker.cache import WorkerCache
 from fedqueue.fl.worker.device_task import run_device_task
-from tests.helpers import assert_same_weights, reference_final_state, small_config
+from tests.support.helpers import assert_same_weights, reference_final_state, small_config
 
 SETTINGS = Settings(key_prefix="lost-model", heartbeat_ttl_s=30, max_attempts=3, max_lost_attempts=3)
 

@@ -21,11 +21,11 @@ from fedqueue.fl.config import config_toml
 from fedqueue.fl.ml.weights import decode_state
 from fedqueue.fl.store.results import count_done, list_rounds, load_checkpoint
 from fedqueue.store import Store
-from tests.cli_runner import fedqueue_cli, start_fedqueue_cli
 from tests.conftest import running_workers
-from tests.helpers import assert_same_weights, reference_final_state, small_config
-from tests.own_processes import ProcessMark
-from tests.reliability_support import (
+from tests.support.cli_runner import fedqueue_cli, start_fedqueue_cli
+from tests.support.helpers import assert_same_weights, reference_final_state, small_config
+from tests.support.own_processes import ProcessMark
+from tests.support.reliability_support import (
     PLUGINS,
     one_result_per_device,
     reliable_settings,

@@ -33,7 +33,7 @@ from fedqueue.fl.view.summary import run_status
 from fedqueue.fl.worker.cache import WorkerCache
 from fedqueue.fl.worker.device_task import run_device_task
 from fedqueue.store import Store
-from tests.helpers import small_config
+from tests.support.helpers import small_config
 
 SETTINGS = Settings(key_prefix="stops", heartbeat_ttl_s=30, max_attempts=3, max_lost_attempts=3)
 CLOCK: dict[str, Any] = {

@@ -21,8 +21,9 @@ from fedqueue.fl import api
 from fedqueue.fl.config import config_toml
 from fedqueue.fl.store.results import count_done
 from fedqueue.queue.embedded import EmbeddedRedis
-from tests.helpers import assert_same_weights, reference_final_state
-from tests.reliability_support import (
+from tests.support.cli_inputs import cli_env
+from tests.support.helpers import assert_same_weights, reference_final_state
+from tests.support.reliability_support import (
     launcher,
     one_result_per_device,
     printed_run_id,
@@ -33,7 +34,6 @@ from tests.reliability_support import (
     wait_until,
     worker_children,
 )
-from tests.support.cli_inputs import cli_env
 
 # Fills a disk of its own under real workers: `make test-faults`.
 pytestmark = pytest.mark.faults

@@ -27,11 +27,11 @@ from fedqueue.fl.store.schema import RoundRow
 from fedqueue.fl.view.tensorboard import RunScalars, run_folder, write_run_scalars
 from fedqueue.store import Store
 from fedqueue.store.repo import TaskTiming
-from tests.cli_runner import fedqueue_cli
 from tests.conftest import running_workers
-from tests.fl.test_buffered_async import BUFFERED
-from tests.helpers import small_config
+from tests.fl.strategy.fedbuff.test_buffered_async import BUFFERED
 from tests.support.cli_inputs import cli_env
+from tests.support.cli_runner import fedqueue_cli
+from tests.support.helpers import small_config
 
 SYNC_TOML = (
     "num_devices = 20\ndevices_per_round = 6\nrounds = 3\nlocal_iters = 3\nlocal_batch_size = 8\nseed = 5\n"

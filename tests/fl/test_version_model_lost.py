@@ -19,8 +19,8 @@ from fedqueue.fl.strategy.fedbuff.fold import fold_updates
 from fedqueue.fl.strategy.registry import strategy_for
 from fedqueue.fl.worker.cache import WorkerCache
 from fedqueue.fl.worker.device_task import run_device_task
-from tests.fl.test_buffered_async import buffered_config, reference
-from tests.helpers import assert_same_weights
+from tests.fl.strategy.fedbuff.test_buffered_async import buffered_config, reference
+from tests.support.helpers import assert_same_weights
 
 SETTINGS = Settings(key_prefix="lost-version", heartbeat_ttl_s=30, max_attempts=3, max_lost_attempts=3)
 

@@ -18,8 +18,8 @@ from fedqueue.fl.store.schema import RoundRow
 from fedqueue.fl.strategy.fedbuff.schedule import Arrival, ScheduleState, Trip
 from fedqueue.fl.view.bars import RoundProgress
 from fedqueue.store import Store
-from tests.cli_runner import fedqueue_cli
 from tests.support.cli_inputs import cli_env, write_config
+from tests.support.cli_runner import fedqueue_cli
 
 pytestmark = pytest.mark.sessions  # `make test-sessions`
 

@@ -23,7 +23,7 @@ from fedqueue.fl.strategy.sync.rounds import aggregate_round
 from fedqueue.fl.strategy.sync.strategy import SYNCHRONOUS
 from fedqueue.fl.worker.cache import WorkerCache
 from fedqueue.fl.worker.device_task import run_device_task
-from tests.helpers import assert_same_weights, reference_final_state, small_config
+from tests.support.helpers import assert_same_weights, reference_final_state, small_config
 
 
 def test_one_module_trains_every_device_of_a_run_and_the_weights_do_not_change(

@@ -14,7 +14,7 @@ from fedqueue.core.database import open_store
 from fedqueue.llm.results import job_counts, prompt_rows
 from fedqueue.llm.settings import GenerationSettings
 from tests.llm.test_llm_queue import expected_outputs
-from tests.reliability_support import (
+from tests.support.reliability_support import (
     BrokerOutage,
     broker_outage_fixture,  # noqa: F401 - the broker_outage fixture
     followed_through_the_outage,

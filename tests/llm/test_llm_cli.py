@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 import redis
 
-from tests.cli_runner import fedqueue_cli
-from tests.own_processes import ProcessMark
 from tests.support.cli_inputs import cli_env
+from tests.support.cli_runner import fedqueue_cli
+from tests.support.own_processes import ProcessMark
 
 
 def write_prompts(path: Path, lines: list[str]) -> Path:

@@ -23,8 +23,8 @@ from fedqueue.llm.slots import answering_slots
 from fedqueue.queue.client import open_client_services
 from fedqueue.report import write_report
 from tests.conftest import running_workers
-from tests.helpers import assert_same_weights, reference_final_state, small_config, wait_finished
-from tests.reliability_support import wait_until
+from tests.support.helpers import assert_same_weights, reference_final_state, small_config, wait_finished
+from tests.support.reliability_support import wait_until
 
 GENERATION = GenerationSettings(max_new_tokens=12)
 LONG_PROMPT = "x" * 400  # over the tiny model's 256-token context

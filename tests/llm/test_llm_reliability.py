@@ -20,7 +20,7 @@ from fedqueue.llm.results import prompt_rows
 from fedqueue.llm.settings import GenerationSettings
 from fedqueue.queue.client import open_client_services
 from tests.llm.test_llm_queue import expected_outputs
-from tests.reliability_support import launcher, pid_of_worker, reliable_settings, wait_until, worker_children
+from tests.support.reliability_support import launcher, pid_of_worker, reliable_settings, wait_until, worker_children
 
 GENERATION = GenerationSettings(max_new_tokens=48)
 

@@ -31,9 +31,9 @@ from fedqueue.llm.settings import GenerationSettings  # noqa: E402
 from fedqueue.llm.tiny import build_tiny_llama  # noqa: E402
 from fedqueue.queue.client import open_client_services  # noqa: E402
 from tests.conftest import running_workers  # noqa: E402
-from tests.helpers import wait_finished  # noqa: E402
 from tests.llm.test_llm_reliability import assert_the_killed_batch_ran_again, kill_a_worker_mid_batch  # noqa: E402
-from tests.reliability_support import launcher, reliable_settings, worker_children  # noqa: E402
+from tests.support.helpers import wait_finished  # noqa: E402
+from tests.support.reliability_support import launcher, reliable_settings, worker_children  # noqa: E402
 
 GENERATION = GenerationSettings(max_new_tokens=24, backend="vllm")  # FIRST_TOKENS
 ENGINE_START_S = 400  # two engines starting at once on two cores, torch.compile included, with room to spare

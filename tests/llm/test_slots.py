@@ -8,7 +8,7 @@ from fedqueue.config import Settings
 from fedqueue.core.connect import open_services
 from fedqueue.llm.slots import answering_slots, llm_slots
 from fedqueue.llm.wake import announce_stored, stored_key, stored_waiter
-from tests.helpers import broker_redis
+from tests.support.helpers import broker_redis
 
 LLM = "fq.llm"
 

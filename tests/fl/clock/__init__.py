@@ -1,0 +1,1 @@
+"""Tests of FL's simulated time (fedqueue.fl.clock)."""

@@ -1,0 +1,1 @@
+"""Tests of packs, several devices in one task (fedqueue.fl.packs)."""

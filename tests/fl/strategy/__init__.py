@@ -1,0 +1,1 @@
+"""Tests of FL's strategies (fedqueue.fl.strategy): the registry, and one folder per strategy."""

@@ -1,0 +1,1 @@
+"""Tests of buffered async FedBuff (fedqueue.fl.strategy.fedbuff): its schedule, staleness, config, runs."""

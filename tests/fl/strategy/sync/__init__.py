@@ -1,0 +1,1 @@
+"""Tests of synchronous rounds (fedqueue.fl.strategy.sync)."""
