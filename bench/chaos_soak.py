@@ -57,7 +57,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.common import machine, machine_line, markdown_table  # noqa: E402
 from fedqueue.config import Settings  # noqa: E402
-from fedqueue.core import keys  # noqa: E402
+from fedqueue.core.broker import keys  # noqa: E402
 from fedqueue.core.database import open_store  # noqa: E402
 from fedqueue.fl.config import RunConfig  # noqa: E402
 from fedqueue.fl.kind import TRAIN_DEVICE  # noqa: E402

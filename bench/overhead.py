@@ -181,8 +181,8 @@ def _timed_parts() -> list[tuple[Any, str, str]]:
     import fedqueue.fl.setup as setup
     import fedqueue.fl.strategy.sync.strategy as synchronous
     import fedqueue.fl.worker.device_task as device_task
-    from fedqueue.core.ledger import RedisLedger
-    from fedqueue.core.spilling import SpillingBlobStore
+    from fedqueue.core.broker.ledger import RedisLedger
+    from fedqueue.core.broker.spilling import SpillingBlobStore
 
     return [
         (RedisLedger, "start_attempt", "attempt count + running mark (one Redis transaction)"),

@@ -15,7 +15,7 @@ from fedqueue.errors import FedqueueError
 
 # `import fedqueue` stays light: the store (sqlalchemy) and Redis load when a run is read or cancelled.
 if TYPE_CHECKING:
-    from fedqueue.core.store_watch import StoreWatch
+    from fedqueue.core.waits.store_watch import StoreWatch
     from fedqueue.store import Store
 
 
@@ -115,8 +115,8 @@ def cancel(run_id: str, settings: Settings | None = None, reason: str = "cancell
     """Cancel a running run of any kind: state `cancelled` in the store (final: nothing resumes it), its
     queued tasks removed from the broker of `settings` (where one is configured and answers); tasks that
     workers hold are skipped, and running ones finish. An ended run is left as it is (`was` tells its state)."""
-    from fedqueue.core.cancel import CANCELLED, cancel_run
     from fedqueue.core.database import open_store
+    from fedqueue.core.runs.cancel import CANCELLED, cancel_run
 
     settings = settings or Settings.from_env()
     store = open_store(settings.database_url)

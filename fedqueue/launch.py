@@ -20,9 +20,9 @@ from fedqueue.handle import RunHandle
 # `import fedqueue` stays light: the store (sqlalchemy), Redis and the queue load when a run is placed, submitted
 # or scheduled, in the functions below.
 if TYPE_CHECKING:
-    from fedqueue.core.cluster_file import ClusterInfo
+    from fedqueue.core.runs.supervisor import RunSupervisor
     from fedqueue.core.services import Services, WorkerSlots
-    from fedqueue.core.supervisor import RunSupervisor
+    from fedqueue.queue.cluster_file import ClusterInfo
     from fedqueue.queue.local import LocalCluster
 
 
@@ -147,7 +147,7 @@ def scheduled(
 
 def _while_up(tick: Callable[[], list[str]], pid: int, run_id: str) -> Callable[[], list[str]]:
     """A tick that fails once the `fedqueue up` running the workers is gone."""
-    from fedqueue.core.cluster_file import pid_alive
+    from fedqueue.queue.cluster_file import pid_alive
 
     def checked() -> list[str]:
         if not pid_alive(pid):
@@ -170,7 +170,7 @@ def placement(
 ) -> Iterator[Placement]:
     """The broker configured; else the cluster `fedqueue up` left for these settings; else an embedded
     Redis and local workers for the block (waited for with `wait`, else started beside it)."""
-    from fedqueue.core import cluster_file
+    from fedqueue.queue import cluster_file
 
     settings.check_lasting_store()  # a store the workers cannot share: refused before anything starts
     if settings.broker_url:
@@ -242,7 +242,7 @@ def submit_through_outage(
     stored. Cut short after its row was stored, the run is returned with `submit_cut` set: its follower starts out
     waiting for the broker, and its repair pass sends what the submit did not. Lines go to `say`, else the log.
     """
-    from fedqueue.core.outage import SubmitCutShort, SubmitWatch, is_broker_error
+    from fedqueue.core.waits.outage import SubmitCutShort, SubmitWatch, is_broker_error
 
     revive = None if place.cluster is None else place.cluster.restart_exited_broker
     with _client(place, services) as client:
@@ -269,16 +269,16 @@ def scheduling(
 
     Raises LeaseHeld when another live scheduler has the run. While the broker is unreachable, `tick()`
     waits for it (its `watch` says when the broker goes and comes back, to `say`, else to the log) and
-    raises BrokerGone after the broker wait (FEDQUEUE_BROKER_WAIT_S); see fedqueue.core.outage. Its
-    `store_watch` does the same for the store (fedqueue.core.store_watch): the caller's polls go through it.
-    Its ticks also say when the run's queues have tasks waiting and no worker reads them (fedqueue.core.unread),
-    and when the broker is at its maxmemory (fedqueue.core.room).
+    raises BrokerGone after the broker wait (FEDQUEUE_BROKER_WAIT_S); see fedqueue.core.waits.outage. Its
+    `store_watch` does the same for the store (fedqueue.core.waits.store_watch): the caller's polls go through it.
+    Its ticks also say when the run's queues have tasks waiting and no worker reads them (fedqueue.core.waits.unread),
+    and when the broker is at its maxmemory (fedqueue.core.waits.room).
     """
-    from fedqueue.core.outage import BrokerWatch, reason
-    from fedqueue.core.room import BrokerRoom
-    from fedqueue.core.store_watch import StoreWatch
-    from fedqueue.core.supervisor import RunSupervisor
-    from fedqueue.core.unread import UnreadQueues
+    from fedqueue.core.runs.supervisor import RunSupervisor
+    from fedqueue.core.waits.outage import BrokerWatch, reason
+    from fedqueue.core.waits.room import BrokerRoom
+    from fedqueue.core.waits.store_watch import StoreWatch
+    from fedqueue.core.waits.unread import UnreadQueues
 
     with _client(Placement(handle.settings), services) as client:
         watch = BrokerWatch.of(client.settings, handle.id, say)

@@ -12,10 +12,10 @@ import pytest
 from fedqueue import api, launch
 from fedqueue.cli.launch import submit_and_follow
 from fedqueue.config import Settings
-from fedqueue.core.cluster_file import ClusterInfo
 from fedqueue.core.services import Services
 from fedqueue.errors import ConfigError, FedqueueError
 from fedqueue.fl import api as fl_api
+from fedqueue.queue.cluster_file import ClusterInfo
 from tests.support.helpers import small_config
 
 

@@ -121,7 +121,7 @@ def test_the_check_sees_every_form_of_import_even_inside_functions(tmp_path: Pat
 # FL's rooms, by folder: a new file is held to its folder's rule with no list to update.
 FL = PACKAGE / "fl"
 # ... and of the core, one stdlib-only module: which GPUs the environment shows.
-FL_ML_MAY_IMPORT = ("fedqueue.errors", "fedqueue.fl.ml.", "fedqueue.core.gpus")
+FL_ML_MAY_IMPORT = ("fedqueue.errors", "fedqueue.fl.ml.", "fedqueue.core.process.gpus")
 # What a worker's own code never imports: how runs are planned, repaired, shown or submitted. It reaches its
 # run's strategy through the protocol (fl/strategy/base.py) that the kind hands it.
 FL_WORKER_NEVER = (
@@ -149,7 +149,7 @@ def test_fl_machine_learning_code_imports_nothing_but_itself(path: Path) -> None
 
 
 def test_the_core_module_fl_machine_learning_code_reads_imports_nothing_of_fedqueue() -> None:
-    path = _module_path("fedqueue.core.gpus")
+    path = _module_path("fedqueue.core.process.gpus")
     assert path is not None
     assert not imported_modules(path), imported_modules(path)
 
@@ -320,7 +320,7 @@ def test_the_import_closure_follows_module_imports_and_skips_lazy_and_type_only_
     module.write_text(
         "from typing import TYPE_CHECKING\n"
         "from fedqueue.fl.strategy.sync import rounds\n"
-        "import fedqueue.core.keys\n"
+        "import fedqueue.core.broker.keys\n"
         "if TYPE_CHECKING:\n"
         "    from fedqueue.fl.strategy.sync.repair import reconcile\n"
         "def f():\n"
@@ -328,13 +328,22 @@ def test_the_import_closure_follows_module_imports_and_skips_lazy_and_type_only_
     )
     assert imported_modules(module, at_import=True) == {
         "fedqueue.fl.strategy.sync.rounds": ["lazy.py:2"],
-        "fedqueue.core.keys": ["lazy.py:3"],
+        "fedqueue.core.broker.keys": ["lazy.py:3"],
     }
     assert imported_modules(module).keys() == {
         "fedqueue.fl.strategy.sync.rounds",
-        "fedqueue.core.keys",
+        "fedqueue.core.broker.keys",
         "fedqueue.fl.strategy.sync.repair",
         "fedqueue.llm.repair",
     }
     # Followed through the repair module's own imports.
     assert "fedqueue.fl.strategy.sync.rounds" in loaded_on_import("fedqueue.fl.strategy.sync.repair")
+
+
+CORE = PACKAGE / "core"
+
+
+def test_core_keeps_at_most_twelve_modules_at_its_top() -> None:
+    # As for fl/: a new concept of the core gets a room (a folder) of its own.
+    modules = sorted(path.name for path in CORE.glob("*.py"))
+    assert len(modules) <= 12, modules

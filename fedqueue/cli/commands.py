@@ -38,17 +38,17 @@ from fedqueue.cli.logs import show_logs
 from fedqueue.cli.runs_table import runs_table, stalled_note
 from fedqueue.cli.tensorboard import write_tensorboard
 from fedqueue.config import DEFAULT_GPUS_PER_WORKER, DEFAULT_PROCS_PER_GPU, DEFAULT_WORKER_SLOTS, Settings, mask_url
-from fedqueue.core import cluster_file
 from fedqueue.core import jobs as job_kinds
-from fedqueue.core.adopt import RunAdopter
-from fedqueue.core.cancel import CANCELLED
 from fedqueue.core.database import open_store
-from fedqueue.core.fast_exit import run_then_exit
-from fedqueue.core.outage import wait_for_broker
-from fedqueue.core.retry import retry_failed_run
+from fedqueue.core.process.fast_exit import run_then_exit
+from fedqueue.core.runs.adopt import RunAdopter
+from fedqueue.core.runs.cancel import CANCELLED
+from fedqueue.core.runs.retry import retry_failed_run
 from fedqueue.core.services import connect_redis, no_workers_known
-from fedqueue.core.waiting import waiting_for
+from fedqueue.core.waits.outage import wait_for_broker
+from fedqueue.core.waits.waiting import waiting_for
 from fedqueue.errors import ConfigError, FedqueueError
+from fedqueue.queue import cluster_file
 from fedqueue.queue.client import open_client_services
 from fedqueue.queue.flower import check_basic_auth, flower_command, flower_env
 from fedqueue.queue.local import LocalCluster

@@ -1,4 +1,4 @@
-"""`fedqueue status` with no run: the messages workers refused for good (fedqueue.core.dead_letters)."""
+"""`fedqueue status` with no run: the messages workers refused for good (fedqueue.core.broker.dead_letters)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from rich.markup import escape
 
 from fedqueue.cli.common import console
 from fedqueue.config import Settings
-from fedqueue.core.dead_letters import recent_dead_letters
+from fedqueue.core.broker.dead_letters import recent_dead_letters
 from fedqueue.core.services import connect_redis
 from fedqueue.errors import ConfigError
 

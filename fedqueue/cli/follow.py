@@ -11,9 +11,9 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextC
 
 from fedqueue.core import jobs
 from fedqueue.core.jobs import RunProgress, TaskProgress
-from fedqueue.core.outage import BrokerWatch
 from fedqueue.core.services import Services
-from fedqueue.core.store_watch import StoreWatch
+from fedqueue.core.waits.outage import BrokerWatch
+from fedqueue.core.waits.store_watch import StoreWatch
 
 
 def _sleep(seconds: float) -> None:

@@ -19,7 +19,7 @@ from fedqueue.cli.follow import follow
 from fedqueue.cli.local import with_local_broker
 from fedqueue.config import DEFAULT_GPUS_PER_WORKER, DEFAULT_WORKER_SLOTS, Settings, mask_url
 from fedqueue.core import jobs
-from fedqueue.core.cancel import CANCELLED, cancel_run
+from fedqueue.core.runs.cancel import CANCELLED, cancel_run
 from fedqueue.core.services import Services
 from fedqueue.errors import ConfigError, FedqueueError
 from fedqueue.launch import LocalWorkers, launched, scheduled

@@ -11,8 +11,8 @@ import time
 from pathlib import Path
 
 from fedqueue.config import Settings
-from fedqueue.core import cluster_file
 from fedqueue.errors import FedqueueError, ServiceUnavailable
+from fedqueue.queue import cluster_file
 from fedqueue.queue.local import prepare_log_dir
 
 READY_WORD = b"ready"

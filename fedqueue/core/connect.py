@@ -7,13 +7,13 @@ registry's handlers take `Services`: the type sits below both, the opener above 
 from __future__ import annotations
 
 from fedqueue.config import Settings
-from fedqueue.core.blobs import BlobStore, DirBlobStore, RedisBlobStore
-from fedqueue.core.broker_memory import BrokerMemory
-from fedqueue.core.cancel import unless_cancelled
+from fedqueue.core.broker.blobs import BlobStore, DirBlobStore, RedisBlobStore
+from fedqueue.core.broker.broker_memory import BrokerMemory
+from fedqueue.core.broker.ledger import RedisLedger
+from fedqueue.core.broker.spilling import SpillingBlobStore
 from fedqueue.core.database import open_store
-from fedqueue.core.ledger import RedisLedger
+from fedqueue.core.runs.cancel import unless_cancelled
 from fedqueue.core.services import Enqueue, Services, WorkerSlots, connect_redis, no_workers_known
-from fedqueue.core.spilling import SpillingBlobStore
 from fedqueue.errors import ConfigError
 
 

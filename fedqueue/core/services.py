@@ -13,8 +13,8 @@ from typing import Any
 import redis
 
 from fedqueue.config import Settings, mask_url
-from fedqueue.core.blobs import BlobStore
-from fedqueue.core.ledger import TaskLedger
+from fedqueue.core.broker.blobs import BlobStore
+from fedqueue.core.broker.ledger import TaskLedger
 from fedqueue.errors import ConfigError, ServiceUnavailable
 from fedqueue.store import Store
 
@@ -49,7 +49,7 @@ class Services:
     """What one process works with: settings, store, blobs, task ledger and publisher.
 
     The blob store, the ledger and the publisher are small protocols (`BlobStore`, `TaskLedger`,
-    `Enqueue`): Redis or a folder and Celery here, in-memory twins in `fedqueue.core.memory`, so
+    `Enqueue`): Redis or a folder and Celery here, in-memory twins in `fedqueue.core.broker.memory`, so
     scheduling and repair run in tests without a broker (the store is SQL: SQLite in a file there).
     """
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from typing import Protocol
 
-from fedqueue.core.utilization import DEVICE_LABEL_MAX
+from fedqueue.core.process.utilization import DEVICE_LABEL_MAX
 from fedqueue.store.repo import TaskTiming
 
 

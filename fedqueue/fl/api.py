@@ -18,7 +18,7 @@ from fedqueue.api import RunHandle as AnyRunHandle
 from fedqueue.api import run as run_job
 from fedqueue.api import runs
 from fedqueue.config import DEFAULT_WORKER_SLOTS, Settings
-from fedqueue.core.outage import SubmitCutShort
+from fedqueue.core.waits.outage import SubmitCutShort
 from fedqueue.errors import ConfigError
 from fedqueue.fl.config import RunConfig, load_run_config
 from fedqueue.fl.scheduler import submit_run

@@ -10,8 +10,8 @@ from typing import TYPE_CHECKING, Any
 
 from fedqueue.config import Settings
 from fedqueue.core.jobs import JobKind, RunProgress, TaskContext, TaskHandler
+from fedqueue.core.process.writable import writable_folder
 from fedqueue.core.services import Services
-from fedqueue.core.writable import writable_folder
 from fedqueue.errors import ConfigError
 from fedqueue.fl.config import RunConfig
 from fedqueue.fl.messages import DEVICES_QUEUE, KIND_NAME, DeviceTask

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import uuid
 
-from fedqueue.core.outage import run_stored
 from fedqueue.core.services import Services
+from fedqueue.core.waits.outage import run_stored
 from fedqueue.fl.config import RunConfig
 from fedqueue.fl.messages import KIND_NAME
 from fedqueue.fl.ml.weights import encode_state

@@ -15,9 +15,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from fedqueue.core.cancel import CANCELLED
-from fedqueue.core.outage import run_stored
+from fedqueue.core.runs.cancel import CANCELLED
 from fedqueue.core.services import Services
+from fedqueue.core.waits.outage import run_stored
 from fedqueue.errors import ConfigError, NotFound
 from fedqueue.llm.backends import registry as backends
 from fedqueue.llm.backends.base import LlmBackend

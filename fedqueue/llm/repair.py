@@ -10,7 +10,7 @@ from __future__ import annotations
 import time
 from collections import defaultdict
 
-from fedqueue.core.lost import find_lost
+from fedqueue.core.runs.lost import find_lost
 from fedqueue.core.services import Services
 from fedqueue.llm.messages import LLM_QUEUE, GenerateBatch
 from fedqueue.llm.results import job_counts, pending_prompts

@@ -5,7 +5,7 @@ from __future__ import annotations
 from celery import Celery
 
 from fedqueue.config import Settings
-from fedqueue.core import keys
+from fedqueue.core.broker import keys
 from fedqueue.core.jobs import CONTROL_QUEUE
 from fedqueue.errors import ConfigError
 from fedqueue.queue.redis_transport import use_for_redis_urls
@@ -42,7 +42,7 @@ def make_app(settings: Settings) -> Celery:
         task_acks_late=True,
         task_reject_on_worker_lost=True,
         worker_prefetch_multiplier=1,
-        # The threads pool ignores Celery's time limits: fedqueue.core.watchdog enforces them.
+        # The threads pool ignores Celery's time limits: fedqueue.queue.watchdog enforces them.
         task_default_queue=settings.queue(CONTROL_QUEUE),
         task_create_missing_queues=True,
         broker_transport_options=transport_options,

@@ -8,8 +8,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from fedqueue.config import Settings
-from fedqueue.core import cluster_file
 from fedqueue.errors import ServiceUnavailable
+from fedqueue.queue import cluster_file
 from fedqueue.queue.embedded import EmbeddedRedis
 from fedqueue.queue.workers import WorkerGroup, WorkerSpec
 

@@ -17,7 +17,7 @@ from kombu.transport import redis as kombu_redis
 from kombu.utils.encoding import bytes_to_str
 from kombu.utils.json import loads
 
-from fedqueue.core.dead_letters import dead_letter
+from fedqueue.core.broker.dead_letters import dead_letter
 from fedqueue.queue.consumer import Consumer as BackingOffConsumer
 
 

@@ -16,7 +16,8 @@ from typing import Any
 import redis
 
 from fedqueue.config import Settings
-from fedqueue.core import jobs, keys
+from fedqueue.core import jobs
+from fedqueue.core.broker import keys
 
 log = logging.getLogger(__name__)
 

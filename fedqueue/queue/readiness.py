@@ -14,7 +14,7 @@ from collections.abc import Callable
 import redis
 
 from fedqueue.config import Settings
-from fedqueue.core import keys
+from fedqueue.core.broker import keys
 
 # Set by the launcher in each worker's environment: the list its workers push their names onto.
 READY_KEY_ENV = "FEDQUEUE_READY_KEY"

@@ -26,17 +26,17 @@ from celery.exceptions import Reject, Retry
 
 from fedqueue.config import Settings
 from fedqueue.core import jobs
-from fedqueue.core.cancel import is_cancelled, run_of
+from fedqueue.core.broker.dead_letters import dead_letter
 from fedqueue.core.codec import MessageError
 from fedqueue.core.connect import open_services
-from fedqueue.core.dead_letters import dead_letter
 from fedqueue.core.infra_errors import infrastructure_fault
+from fedqueue.core.runs.cancel import is_cancelled, run_of
 from fedqueue.core.services import Services
 from fedqueue.core.signing import verify
-from fedqueue.core.waiting import note_waiting
-from fedqueue.core.watchdog import Watchdog
+from fedqueue.core.waits.waiting import note_waiting
 from fedqueue.queue.publish import enqueue_with
 from fedqueue.queue.stopping import worker_stopping
+from fedqueue.queue.watchdog import Watchdog
 
 log = logging.getLogger(__name__)
 

@@ -11,8 +11,8 @@ from celery.signals import worker_init, worker_ready, worker_shutdown
 
 from fedqueue.config import Settings
 from fedqueue.core import jobs
-from fedqueue.core.readers import ReaderMarks
-from fedqueue.core.utilization import Sampler
+from fedqueue.core.broker.readers import ReaderMarks
+from fedqueue.core.process.utilization import Sampler
 from fedqueue.queue.app import make_app
 from fedqueue.queue.readiness import READY_KEY_ENV, announce_ready
 from fedqueue.queue.tasks import register_tasks
@@ -71,7 +71,7 @@ def _say_ready(ready_key: str, hostname: str) -> None:
 
 
 def _mark_queues(hostname: str) -> ReaderMarks | None:
-    """Marks on the queues this worker consumes (its -Q), so followers know someone reads them (core.readers)."""
+    """Marks on the queues this worker consumes (its -Q), so followers know someone reads them (core.broker.readers)."""
     client = redis.Redis.from_url(settings.broker_url or "", socket_connect_timeout=3, socket_timeout=5)
     queues = sorted(app.amqp.queues.consume_from)
     try:

@@ -5,7 +5,7 @@ A worker process has torch loaded: its teardown would add over a second to every
 
 from celery.__main__ import main
 
-from fedqueue.core.fast_exit import run_then_exit
+from fedqueue.core.process.fast_exit import run_then_exit
 
 if __name__ == "__main__":
     run_then_exit(main)

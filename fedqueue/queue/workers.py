@@ -23,10 +23,10 @@ from typing import IO
 
 from fedqueue.config import DEFAULT_GPUS_PER_WORKER, DEFAULT_PROCS_PER_GPU, Settings
 from fedqueue.core import jobs
-from fedqueue.core.gpus import visible_gpus
-from fedqueue.core.watchdog import TIMEOUT_EXIT_CODE
+from fedqueue.core.process.gpus import visible_gpus
 from fedqueue.errors import ConfigError, ServiceUnavailable
 from fedqueue.queue.readiness import READY_KEY_ENV, forget, new_ready_key, wait_for_names
+from fedqueue.queue.watchdog import TIMEOUT_EXIT_CODE
 
 MAX_EARLY_EXITS = 5
 EARLY_EXIT_S = 10.0

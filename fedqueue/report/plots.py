@@ -14,7 +14,7 @@ from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
 
-from fedqueue.core.utilization import INTERVAL_S as SAMPLE_INTERVAL_S
+from fedqueue.core.process.utilization import INTERVAL_S as SAMPLE_INTERVAL_S
 from fedqueue.report.timeline import Lane, RoundMark, RoundWords, Span
 from fedqueue.store.utilization import Sample
 

@@ -17,9 +17,9 @@ import pytest
 import redis
 
 from fedqueue.config import Settings
-from fedqueue.core.cancel import CANCELLED
+from fedqueue.core.runs.cancel import CANCELLED
+from fedqueue.core.runs.supervisor import repair
 from fedqueue.core.services import Services
-from fedqueue.core.supervisor import repair
 from fedqueue.fl.scheduler import submit_run
 from fedqueue.llm.job import JobRequest, submit_job
 from fedqueue.llm.results import prompt_rows

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from fedqueue.config import Settings
-from fedqueue.core import cluster_file
+from fedqueue.queue import cluster_file
 from tests.cli.test_cancel import active_tasks, queued_tasks
 from tests.support.cli_inputs import cli_env, write_config
 from tests.support.cli_runner import fedqueue_cli, start_fedqueue_cli

@@ -15,9 +15,9 @@ import pytest
 import torch
 
 from fedqueue.config import Settings
-from fedqueue.core import cluster_file
 from fedqueue.errors import ServiceUnavailable
 from fedqueue.fl import api
+from fedqueue.queue import cluster_file
 from fedqueue.queue.local import LocalCluster
 from fedqueue.queue.workers import WorkerGroup, plan_workers
 from tests.conftest import running_workers
@@ -240,7 +240,7 @@ def test_the_no_worker_warning_answers_to_the_first_worker(
 FAST_EXIT_SCRIPT = """
 import atexit, sys, threading
 from pathlib import Path
-from fedqueue.core.fast_exit import run_then_exit
+from fedqueue.core.process.fast_exit import run_then_exit
 
 folder = Path(sys.argv[1])
 atexit.register(lambda: (folder / "atexit").write_text("ran"))

@@ -12,7 +12,7 @@ import pytest
 import redis
 import torch
 
-from fedqueue.core.blobs import DirBlobStore, RedisBlobStore
+from fedqueue.core.broker.blobs import DirBlobStore, RedisBlobStore
 from fedqueue.core.codec import BlobRef
 from fedqueue.errors import BlobIntegrityError
 from fedqueue.fl.ml.weights import decode_state, encode_state

@@ -1,4 +1,4 @@
-"""fedqueue.core.outage on a real Redis of its own, stopped and started again: the lines, the fallback, the limit."""
+"""fedqueue.core.waits.outage on a real Redis of its own, stopped and started again: the lines, the fallback, the limit."""
 
 from __future__ import annotations
 
@@ -14,8 +14,8 @@ from redis.retry import Retry
 from fedqueue.api import Placement, submit_through_outage
 from fedqueue.config import Settings
 from fedqueue.core.database import open_store
-from fedqueue.core.outage import BrokerGone, BrokerWatch, SubmitCutShort, is_broker_error, ping_probe, run_stored
 from fedqueue.core.services import Services
+from fedqueue.core.waits.outage import BrokerGone, BrokerWatch, SubmitCutShort, is_broker_error, ping_probe, run_stored
 from fedqueue.queue.embedded import EmbeddedRedis
 from tests.support.cli_inputs import cli_env
 from tests.support.cli_runner import fedqueue_cli
@@ -148,7 +148,7 @@ def test_a_run_stored_before_the_broker_failed_is_named_by_its_error() -> None:
 
 
 def test_resume_with_a_broker_url_that_is_not_redis_is_one_line(tmp_path: Path) -> None:
-    """`resume` waits for its broker before anything else (fedqueue.core.outage.wait_for_broker): a URL that names
+    """`resume` waits for its broker before anything else (fedqueue.core.waits.outage.wait_for_broker): a URL that names
     no Redis is still refused in one line, not waited for nor a traceback."""
     database = f"sqlite:///{tmp_path / 'store.db'}"
     store = open_store(database, migrate=True)

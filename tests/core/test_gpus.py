@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from fedqueue.core.gpus import visible_gpus
+from fedqueue.core.process.gpus import visible_gpus
 
 
 @pytest.mark.parametrize(

@@ -17,8 +17,8 @@ from sqlalchemy import Engine, text
 from sqlalchemy.engine import make_url
 
 from fedqueue.config import Settings
-from fedqueue.core.adopt import RunAdopter
 from fedqueue.core.connect import open_services
+from fedqueue.core.runs.adopt import RunAdopter
 from fedqueue.fl.scheduler import submit_run
 from tests.conftest import SERVICE_POSTGRES, _postgres_admin
 from tests.support.helpers import small_config

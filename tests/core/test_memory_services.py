@@ -16,9 +16,9 @@ from pathlib import Path
 import pytest
 
 from fedqueue.config import Settings
+from fedqueue.core.broker.ledger import RedisLedger, TaskLedger
+from fedqueue.core.broker.memory import ManualClock, MemoryLedger, RecordingEnqueuer, memory_services
 from fedqueue.core.database import open_store
-from fedqueue.core.ledger import RedisLedger, TaskLedger
-from fedqueue.core.memory import ManualClock, MemoryLedger, RecordingEnqueuer, memory_services
 from fedqueue.core.services import Services, connect_redis
 from fedqueue.fl import scheduler as fl_scheduler
 from fedqueue.fl.messages import AggregateTask, DeviceTask, FoldTask, aggregate_key, fold_key, global_key

@@ -13,10 +13,10 @@ import pytest
 import redis
 from sqlalchemy import select, update
 
-from fedqueue.core.blobs import RedisBlobStore
-from fedqueue.core.broker_memory import HIGH_WATER, BrokerMemory
+from fedqueue.core.broker.blobs import RedisBlobStore
+from fedqueue.core.broker.broker_memory import HIGH_WATER, BrokerMemory
+from fedqueue.core.broker.spilling import SpillingBlobStore
 from fedqueue.core.codec import BlobRef
-from fedqueue.core.spilling import SpillingBlobStore
 from fedqueue.errors import BlobIntegrityError
 from fedqueue.queue.embedded import EmbeddedRedis
 from fedqueue.store import Store

@@ -1,4 +1,4 @@
-"""fedqueue.core.store_watch: the causes named, the lines, the fallback, the retry, the limit."""
+"""fedqueue.core.waits.store_watch: the causes named, the lines, the fallback, the retry, the limit."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import sqlite3
 import pytest
 from sqlalchemy.exc import IntegrityError, OperationalError
 
-from fedqueue.core.store_watch import StoreGone, StoreWatch, store_trouble
+from fedqueue.core.waits.store_watch import StoreGone, StoreWatch, store_trouble
 from fedqueue.errors import NotFound
 
 

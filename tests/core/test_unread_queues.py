@@ -1,4 +1,4 @@
-"""fedqueue.core.readers on a real Redis (marks kept, removed, run out) and fedqueue.core.unread's lines."""
+"""fedqueue.core.broker.readers on a real Redis (marks kept, removed, run out) and fedqueue.core.waits.unread's lines."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ from collections.abc import Sequence
 import redis
 
 from fedqueue.config import Settings
-from fedqueue.core.readers import QueueLook, ReaderMarks, look, looker
-from fedqueue.core.room import BrokerRoom
-from fedqueue.core.unread import LOOK_EVERY_S, UnreadQueues
+from fedqueue.core.broker.readers import QueueLook, ReaderMarks, look, looker
+from fedqueue.core.waits.room import BrokerRoom
+from fedqueue.core.waits.unread import LOOK_EVERY_S, UnreadQueues
 from fedqueue.queue.embedded import EmbeddedRedis
 from tests.support.reliability_support import wait_until
 

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from fedqueue.core import utilization
 from fedqueue.core.database import open_store
-from fedqueue.core.utilization import CpuProbe, GpuProbe, Sampler, make_probe, pinned_gpu
+from fedqueue.core.process import utilization
+from fedqueue.core.process.utilization import CpuProbe, GpuProbe, Sampler, make_probe, pinned_gpu
 from fedqueue.store.utilization import Sample, record_samples, samples_between
 
 

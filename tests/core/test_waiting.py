@@ -9,9 +9,9 @@ import redis
 
 from fedqueue.config import Settings
 from fedqueue.core.infra_errors import infrastructure_fault
-from fedqueue.core.room import LOOK_EVERY_S, BrokerRoom
 from fedqueue.core.services import connect_redis
-from fedqueue.core.waiting import note_waiting, waiting_for
+from fedqueue.core.waits.room import LOOK_EVERY_S, BrokerRoom
+from fedqueue.core.waits.waiting import note_waiting, waiting_for
 from fedqueue.queue.client import open_client_services
 from fedqueue.queue.embedded import EmbeddedRedis
 

@@ -17,7 +17,7 @@ from typing import Any
 import redis
 
 from fedqueue.config import Settings
-from fedqueue.core.ledger import RedisLedger
+from fedqueue.core.broker.ledger import RedisLedger
 from fedqueue.queue import publish
 from fedqueue.store.repo import Store
 

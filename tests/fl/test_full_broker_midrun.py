@@ -49,7 +49,7 @@ from tests.support.reliability_support import (
 pytestmark = [pytest.mark.faults, pytest.mark.timeout(900)]
 
 FULL_FOR_S = 10.0  # how long the other client keeps Redis at its limit (the fault's length, as in the issue)
-# What the follower says when its broker is at its limit, and when it has room again (fedqueue.core.room).
+# What the follower says when its broker is at its limit, and when it has room again (fedqueue.core.waits.room).
 FULL = "broker out of memory ("
 ROOM = "broker has room again after "
 

@@ -7,8 +7,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from fedqueue.config import Settings
+from fedqueue.core.broker.memory import RecordingEnqueuer, memory_services
 from fedqueue.core.database import open_store
-from fedqueue.core.memory import RecordingEnqueuer, memory_services
 from fedqueue.fl.messages import AggregateTask, DeviceTask
 from fedqueue.fl.scheduler import submit_run
 from fedqueue.fl.store.results import get_round

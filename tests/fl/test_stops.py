@@ -14,8 +14,8 @@ from typing import Any
 import pytest
 
 from fedqueue.config import Settings
+from fedqueue.core.broker.memory import RecordingEnqueuer, memory_services
 from fedqueue.core.database import open_store
-from fedqueue.core.memory import RecordingEnqueuer, memory_services
 from fedqueue.core.services import Services
 from fedqueue.errors import ConfigError
 from fedqueue.fl.clock.stops import StopRules, accuracy_stop, time_stop, version_stop

@@ -10,8 +10,8 @@ from pathlib import Path
 import torch
 
 from fedqueue.config import Settings
+from fedqueue.core.broker.memory import RecordingEnqueuer, memory_services
 from fedqueue.core.database import open_store
-from fedqueue.core.memory import RecordingEnqueuer, memory_services
 from fedqueue.fl.messages import DeviceTask, FoldTask, global_key
 from fedqueue.fl.scheduler import submit_run
 from fedqueue.fl.strategy.common import final_state

@@ -12,8 +12,8 @@ import pytest
 import torch
 
 from fedqueue.config import Settings
+from fedqueue.core.broker.memory import RecordingEnqueuer, memory_services
 from fedqueue.core.database import open_store
-from fedqueue.core.memory import RecordingEnqueuer, memory_services
 from fedqueue.errors import ConfigError
 from fedqueue.llm.backends import registry
 from fedqueue.llm.backends.base import LlmBackend

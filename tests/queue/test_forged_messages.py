@@ -15,8 +15,8 @@ import pytest
 import redis
 
 from fedqueue.config import Settings
-from fedqueue.core import keys
-from fedqueue.core.dead_letters import recent_dead_letters
+from fedqueue.core.broker import keys
+from fedqueue.core.broker.dead_letters import recent_dead_letters
 from fedqueue.core.services import Services
 from fedqueue.core.signing import sign
 from fedqueue.fl.config import RunConfig

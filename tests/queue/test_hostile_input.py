@@ -10,7 +10,7 @@ from hypothesis import settings as hypothesis_settings
 from hypothesis import strategies as st
 
 from fedqueue.config import Settings
-from fedqueue.core.dead_letters import recent_dead_letters
+from fedqueue.core.broker.dead_letters import recent_dead_letters
 from fedqueue.errors import ConfigError, DataError
 from fedqueue.fl import api
 from fedqueue.fl.config import RunConfig, load_run_config

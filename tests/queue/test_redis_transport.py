@@ -11,7 +11,7 @@ import pytest
 import redis
 
 from fedqueue.config import Settings
-from fedqueue.core import keys
+from fedqueue.core.broker import keys
 from fedqueue.queue import redis_transport
 from fedqueue.queue.app import make_app
 from fedqueue.queue.embedded import EmbeddedRedis

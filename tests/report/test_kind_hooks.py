@@ -19,7 +19,7 @@ from fedqueue.cli.launch import show_run
 from fedqueue.cli.tensorboard import write_tensorboard
 from fedqueue.config import Settings
 from fedqueue.core import jobs
-from fedqueue.core.memory import memory_services
+from fedqueue.core.broker.memory import memory_services
 from fedqueue.core.services import Services
 from fedqueue.errors import ConfigError
 from fedqueue.fl.kind import KIND as FL_KIND

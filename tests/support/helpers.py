@@ -8,7 +8,7 @@ import redis
 import torch
 
 from fedqueue.config import Settings
-from fedqueue.core.ledger import RedisLedger
+from fedqueue.core.broker.ledger import RedisLedger
 from fedqueue.core.services import Services
 from fedqueue.fl.config import RunConfig
 from fedqueue.fl.scheduler import submit_run

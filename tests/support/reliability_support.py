@@ -199,7 +199,7 @@ def one_result_per_device(handle: api.RunHandle) -> None:
         assert sorted(devices) == sorted(row.selected), f"round {row.round_index}: {devices} vs {row.selected}"
 
 
-# What a follower prints when the broker goes, and when it is back (fedqueue.core.outage).
+# What a follower prints when the broker goes, and when it is back (fedqueue.core.waits.outage).
 BROKER_WENT = "broker unreachable ("
 BROKER_BACK = "broker back after "
 

@@ -6,7 +6,7 @@ import os
 
 import torch
 
-from fedqueue.core.gpus import visible_gpus
+from fedqueue.core.process.gpus import visible_gpus
 
 
 def torch_device() -> torch.device:

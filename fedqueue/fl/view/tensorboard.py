@@ -45,7 +45,7 @@ from typing import TYPE_CHECKING, Any
 from sqlalchemy import func, select
 
 from fedqueue.core.jobs import ProgressBar, RunProgress
-from fedqueue.core.writable import writable_folder
+from fedqueue.core.process.writable import writable_folder
 from fedqueue.fl.store.results import list_rounds
 from fedqueue.fl.store.schema import DeviceTaskRow, RoundRow
 from fedqueue.fl.view.summary import mode_of, models_sim_time

@@ -6,7 +6,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from fedqueue.core.gpus import visible_gpus
+from fedqueue.core.process.gpus import visible_gpus
 from fedqueue.llm.backends.base import LlmBackend
 
 if TYPE_CHECKING:

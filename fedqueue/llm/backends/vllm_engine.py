@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 
-from fedqueue.core.gpus import visible_gpus
+from fedqueue.core.process.gpus import visible_gpus
 from fedqueue.errors import ConfigError
 from fedqueue.llm.converted import resolve_dtype
 from fedqueue.llm.generate import BatchStats, Generation, PromptIn, encode_prompt, prompt_seed

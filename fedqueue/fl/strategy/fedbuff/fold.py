@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from fedqueue.core.blobs import blobs_per_read, checked_blob
+from fedqueue.core.broker.blobs import blobs_per_read, checked_blob
 from fedqueue.core.codec import BlobRef
 from fedqueue.core.services import Services
 from fedqueue.errors import BlobIntegrityError

@@ -10,7 +10,7 @@ import time
 from typing import TYPE_CHECKING
 
 from fedqueue.core.codec import BlobRef
-from fedqueue.core.lost import find_lost
+from fedqueue.core.runs.lost import find_lost
 from fedqueue.core.services import Services
 from fedqueue.fl.config import RunConfig
 from fedqueue.fl.messages import DEVICES_QUEUE, DeviceTask, fold_key

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from fedqueue.core import jobs
-from fedqueue.core.blobs import blobs_per_read
+from fedqueue.core.broker.blobs import blobs_per_read
 from fedqueue.core.codec import BlobRef
 from fedqueue.core.services import Services
 from fedqueue.fl.messages import DEVICES_QUEUE, aggregate_key

@@ -13,7 +13,7 @@ import logging
 import time
 
 from fedqueue.core.codec import BlobRef
-from fedqueue.core.lost import find_lost
+from fedqueue.core.runs.lost import find_lost
 from fedqueue.core.services import Services
 from fedqueue.fl.config import RunConfig
 from fedqueue.fl.messages import DEVICES_QUEUE, DeviceTask, aggregate_key

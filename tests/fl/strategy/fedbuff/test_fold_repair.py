@@ -17,9 +17,9 @@ from typing import Any
 import pytest
 
 from fedqueue.config import Settings
-from fedqueue.core import keys
+from fedqueue.core.broker import keys
+from fedqueue.core.broker.ledger import RedisLedger
 from fedqueue.core.codec import BlobRef
-from fedqueue.core.ledger import RedisLedger
 from fedqueue.core.services import Services
 from fedqueue.fl import scheduler as fl_scheduler
 from fedqueue.fl.config import RunConfig

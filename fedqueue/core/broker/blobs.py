@@ -12,7 +12,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
-from fedqueue.core import keys
+from fedqueue.core.broker import keys
 from fedqueue.core.codec import BlobRef
 from fedqueue.errors import BlobIntegrityError
 

@@ -16,8 +16,8 @@ from collections.abc import Iterable, Sequence
 
 import redis
 
-from fedqueue.core.blobs import RedisBlobStore, blob_ref, checked_blob
-from fedqueue.core.broker_memory import BrokerMemory
+from fedqueue.core.broker.blobs import RedisBlobStore, blob_ref, checked_blob
+from fedqueue.core.broker.broker_memory import BrokerMemory
 from fedqueue.core.codec import BlobRef
 from fedqueue.store import Store
 from fedqueue.store.spilled import delete_spilled, get_spilled, purge_expired, put_spilled, spilled_exists

@@ -15,10 +15,11 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any, TypeVar
 
 from fedqueue.config import Settings
-from fedqueue.core import jobs, keys
-from fedqueue.core.blobs import blob_ref, checked_blob
+from fedqueue.core import jobs
+from fedqueue.core.broker import keys
+from fedqueue.core.broker.blobs import blob_ref, checked_blob
+from fedqueue.core.broker.ledger import RUN_MARK_FAMILIES, WAKE_KEEP_S, Family, LedgerReads, request_ttl_s
 from fedqueue.core.codec import BlobRef
-from fedqueue.core.ledger import RUN_MARK_FAMILIES, WAKE_KEEP_S, Family, LedgerReads, request_ttl_s
 from fedqueue.core.services import Services, WorkerSlots, no_workers_known
 from fedqueue.store import Store
 

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol
 
-from fedqueue.core.gpus import visible_gpus
+from fedqueue.core.process.gpus import visible_gpus
 from fedqueue.store import Store
 from fedqueue.store.db import make_engine
 from fedqueue.store.utilization import Sample, record_samples

@@ -2,7 +2,7 @@
 
 A Redis filled by something else refuses the writes of Celery and of the ledger; the workers wait for room
 with their tasks (fedqueue.queue.redis_transport) and the run stands still, while PING still answers: the
-broker watch (fedqueue.core.outage) sees nothing wrong. The follower reads the broker's memory every few
+broker watch (fedqueue.core.waits.outage) sees nothing wrong. The follower reads the broker's memory every few
 seconds and says in one line what the run waits for, and in one line when room was made.
 """
 
@@ -15,7 +15,7 @@ from collections.abc import Callable
 import redis
 
 from fedqueue.config import Settings
-from fedqueue.core.waiting import MIB, full_reading
+from fedqueue.core.waits.waiting import MIB, full_reading
 
 log = logging.getLogger(__name__)
 

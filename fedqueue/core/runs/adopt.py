@@ -13,8 +13,8 @@ import os
 import socket
 import time
 
+from fedqueue.core.runs.supervisor import LAUNCHER_OWNER, LeaseHeld, RunSupervisor
 from fedqueue.core.services import Services
-from fedqueue.core.supervisor import LAUNCHER_OWNER, LeaseHeld, RunSupervisor
 
 log = logging.getLogger(__name__)
 

@@ -5,7 +5,7 @@ ledger counts each task's attempts, and apart those whose code raised (the other
 their worker), marks it running while a worker's heartbeat lasts, and keeps the marks repair
 passes leave (requeued, timed out, stranded, enqueued, requested). Kinds keep a few short values
 (notes) and wake-ups in it too. `RedisLedger` keeps it all in Redis under the keys
-of `fedqueue.core.keys`; `fedqueue.core.memory.MemoryLedger` is its in-memory twin for tests.
+of `fedqueue.core.broker.keys`; `fedqueue.core.broker.memory.MemoryLedger` is its in-memory twin for tests.
 """
 
 from __future__ import annotations
@@ -20,8 +20,8 @@ from typing import Any, Protocol
 import redis
 
 from fedqueue.config import Settings
-from fedqueue.core import keys
-from fedqueue.core.heartbeats import Heartbeats
+from fedqueue.core.broker import keys
+from fedqueue.core.broker.heartbeats import Heartbeats
 
 log = logging.getLogger(__name__)
 
@@ -120,7 +120,7 @@ class TaskLedger(Protocol):
         ...
 
     def put_note(self, key: str, value: str, keep_s: int | None = None) -> None:
-        """Keep a short value under `key` (a `fedqueue.core.keys` name) for `keep_s` (default blob_ttl_s)."""
+        """Keep a short value under `key` (a `fedqueue.core.broker.keys` name) for `keep_s` (default blob_ttl_s)."""
         ...
 
     def note(self, key: str) -> str | None: ...
@@ -138,7 +138,7 @@ class TaskLedger(Protocol):
     def close(self) -> None: ...
 
 
-Family = Callable[[str, str], str]  # a key family of fedqueue.core.keys: (prefix, task key) -> key
+Family = Callable[[str, str], str]  # a key family of fedqueue.core.broker.keys: (prefix, task key) -> key
 # The marks that decide whether a task is tried again: a failed run retried starts them afresh.
 RUN_MARK_FAMILIES: tuple[Family, ...] = (keys.attempts, keys.raised, keys.requeued, keys.timed_out, keys.requested)
 

@@ -18,7 +18,7 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from fedqueue.core import keys
+from fedqueue.core.broker import keys
 
 log = logging.getLogger(__name__)
 

@@ -11,8 +11,8 @@ import contextlib
 
 import redis
 
-from fedqueue.core import keys
-from fedqueue.core.broker_memory import MemoryReading, read_memory
+from fedqueue.core.broker import keys
+from fedqueue.core.broker.broker_memory import MemoryReading, read_memory
 from fedqueue.core.services import Services
 
 NOTE_KEEP_S = 90  # a note outlives the longest pause between a waiting task's tries (30 s), and not much more

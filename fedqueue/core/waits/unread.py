@@ -1,12 +1,12 @@
 """A follower says when its run's tasks wait on a queue that no worker reads, and when one reads it again.
 
 A run whose workers never started (or all stopped) otherwise waits in silence. The follower looks at its
-kind's queues every few seconds (fedqueue.core.readers: what waits there, which workers read it); a queue
+kind's queues every few seconds (fedqueue.core.broker.readers: what waits there, which workers read it); a queue
 with messages waiting and no reader for FEDQUEUE_NO_WORKER_S is named in one line, said again only when
 the set of such queues changes, and one line says when a worker reads them again.
 
 A broker at its maxmemory refuses the workers' renewals of their marks, which then run out: its workers are
-not gone, they wait for room with their tasks (the broker's watch, fedqueue.core.room, says so). While `full`
+not gone, they wait for room with their tasks (the broker's watch, fedqueue.core.waits.room, says so). While `full`
 says so, no queue counts as unread, and a queue's wait starts again once the broker has room.
 """
 
@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable, Sequence
 
 from fedqueue.core import jobs
-from fedqueue.core.readers import QueueLook, looker
+from fedqueue.core.broker.readers import QueueLook, looker
 from fedqueue.core.services import Services
 
 log = logging.getLogger(__name__)
@@ -65,7 +65,7 @@ class UnreadQueues:
         full: Callable[[], bool] = lambda: False,
     ) -> UnreadQueues | None:
         """A watch on the queues of this run's kind (and the control queue) on the services' broker; None without
-        one. `full`: whether the broker is at its maxmemory now (fedqueue.core.room)."""
+        one. `full`: whether the broker is at its maxmemory now (fedqueue.core.waits.room)."""
         settings = services.settings
         if not settings.broker_url:
             return None

@@ -15,7 +15,7 @@ from typing import Any
 
 import redis
 
-from fedqueue.core import keys
+from fedqueue.core.broker import keys
 
 log = logging.getLogger(__name__)
 

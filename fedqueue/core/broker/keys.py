@@ -86,7 +86,7 @@ def waiting(prefix: str, run_id: str) -> str:
 
 def dead_letters(prefix: str) -> str:
     """Messages refused for good (not an envelope, malformed, forged, of an unknown run), newest first: a bounded
-    list of small JSON records, pushed by the worker that refused each (fedqueue.core.dead_letters)."""
+    list of small JSON records, pushed by the worker that refused each (fedqueue.core.broker.dead_letters)."""
     return f"{prefix}:dead-letters"
 
 
@@ -105,7 +105,7 @@ def ready(prefix: str, token: str) -> str:
 
 def queue_readers(prefix: str, queue: str) -> str:
     """The worker processes reading a queue (a full name): a sorted set of hostnames, each scored by when its mark
-    runs out (the broker's clock), refreshed by the worker (fedqueue.core.readers)."""
+    runs out (the broker's clock), refreshed by the worker (fedqueue.core.broker.readers)."""
     return f"{prefix}:readers:{queue}"
 
 

@@ -19,7 +19,7 @@ from sqlalchemy.exc import DBAPIError
 
 from fedqueue.config import Settings
 from fedqueue.core.infra_errors import infrastructure_fault
-from fedqueue.core.outage import FIRST_PROBE_S, LAST_PROBE_S
+from fedqueue.core.waits.outage import FIRST_PROBE_S, LAST_PROBE_S
 from fedqueue.errors import ServiceUnavailable
 
 log = logging.getLogger(__name__)

@@ -8,11 +8,11 @@ import socket
 import time
 
 from fedqueue.core import jobs
-from fedqueue.core.outage import BrokerWatch
-from fedqueue.core.room import BrokerRoom
 from fedqueue.core.services import Services
-from fedqueue.core.store_watch import StoreWatch, store_trouble
-from fedqueue.core.unread import UnreadQueues
+from fedqueue.core.waits.outage import BrokerWatch
+from fedqueue.core.waits.room import BrokerRoom
+from fedqueue.core.waits.store_watch import StoreWatch, store_trouble
+from fedqueue.core.waits.unread import UnreadQueues
 from fedqueue.errors import FedqueueError
 
 log = logging.getLogger(__name__)
@@ -26,7 +26,7 @@ class LeaseHeld(FedqueueError):
     exit_code = 2
 
 
-# Lease owners of this form are worker launchers that adopted a run nobody followed (fedqueue.core.adopt).
+# Lease owners of this form are worker launchers that adopted a run nobody followed (fedqueue.core.runs.adopt).
 LAUNCHER_OWNER = "worker launcher"
 
 
@@ -39,14 +39,14 @@ class RunSupervisor:
 
     With a `watch`, the repair pass goes through it: while the broker is unreachable the lease is still
     renewed (it lives in the store), repairs wait for the broker, and the watch says when it goes and
-    comes back (see fedqueue.core.outage). Without, a broker error is raised to the caller.
+    comes back (see fedqueue.core.waits.outage). Without, a broker error is raised to the caller.
 
     With a `store_watch`, taking the lease waits through a store outage (the follower's loop runs its
-    ticks through the same watch: fedqueue.core.store_watch), and letting it go is best effort.
+    ticks through the same watch: fedqueue.core.waits.store_watch), and letting it go is best effort.
 
     With `unread`, each tick also looks (every few seconds) for the run's queues that no worker reads, and
-    says so (fedqueue.core.unread). With `room`, it says when the broker is at its maxmemory and when it has
-    room again (fedqueue.core.room).
+    says so (fedqueue.core.waits.unread). With `room`, it says when the broker is at its maxmemory and when it has
+    room again (fedqueue.core.waits.room).
     """
 
     def __init__(
