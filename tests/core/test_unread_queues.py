@@ -114,9 +114,9 @@ def test_a_worker_whose_marks_run_out_in_a_full_broker_is_not_called_gone_and_re
             while True:
                 client.set(f"junk:{filled}", b"x" * 65536)
                 filled += 1
-        # Held past its limit, as another client's writes keep it (a refused write's buffer, once freed, leaves
-        # room for small ones): every renewal is refused.
-        client.config_set("maxmemory", str(int(int(client.info("memory")["used_memory"]) * 0.98)))
+        # Held past its limit, as another client's writes keep it: every renewal is refused. A quarter MiB under
+        # what it holds, more than a refused write's buffer gives back once freed (which left room for small ones).
+        client.config_set("maxmemory", str(int(client.info("memory")["used_memory"]) - 2**18))
         wait_until(lambda: look(client, "fq", ["fq.devices"])[0].readers == 0, 10)  # the marks ran out
         now = [0.0]
         lines: list[str] = []

@@ -114,3 +114,13 @@ def test_absurd_nesting_is_one_line_with_exit_2(suffix: str, tmp_path: Path) -> 
     assert result.returncode == 2, result.stderr
     assert "nested too deep" in result.stderr and "Traceback" not in result.stderr
     assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+
+
+def test_afl_dw_s_max_refused_is_named_as_their_file_writes_it(tmp_path: Path) -> None:
+    """AFL-DW's s_max comes from dfkd_settings.adaptive_beta_factor: its refusal names that key, not fedqueue's."""
+    data = copy.deepcopy(FILES["afl_dw"])
+    data["dfkd_settings"]["adaptive_beta_factor"] = -1
+    file = tmp_path / "afl_dw.json"
+    file.write_text(json.dumps(data))
+    with pytest.raises(ConfigError, match=r"^dfkd_settings\.adaptive_beta_factor \(fedqueue's staleness_s_max\): "):
+        load_run_config(file, {"data_root": str(tmp_path)})

@@ -226,6 +226,7 @@ def _kd_settings(
             raise ConfigError(f"dfkd_settings.beta: AFL-DW here follows the cosine schedule, got {dfkd.get('beta')!r}")
         raw["staleness_weight"] = "afl_dw"
         raw["staleness_s_max"] = _real("dfkd_settings.adaptive_beta_factor", dfkd.get("adaptive_beta_factor", 75))
+        origins["staleness_s_max"] = "dfkd_settings.adaptive_beta_factor"  # its refusals name their key
     if kd == "simple_kd":
         for flag in ("weighted_avg", "weighted_class_loss"):
             if simple.get(flag):
