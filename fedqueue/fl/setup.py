@@ -7,13 +7,15 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 from fedqueue.errors import ConfigError, FedqueueError
 from fedqueue.fl.clock.delays import FLARE_CLOCK, PHASE_KEYS, phase_delay
 from fedqueue.fl.clock.phases import FlareClock, PhaseClock, TripClock
 from fedqueue.fl.clock.trips import Delay, DeviceClock, DeviceSpeed, samples_processed
 from fedqueue.fl.config import RunConfig
 from fedqueue.fl.ml.augment import augmentation
-from fedqueue.fl.ml.data import DataSpec, FederatedData, blank_pixel, load_federated
+from fedqueue.fl.ml.data import DataSpec, FederatedData, blank_pixel, load_federated, partition_sizes
 from fedqueue.fl.ml.plugins import AggregateRule, LocalStep, check_options, resolve
 from fedqueue.fl.ml.train import LocalTrainConfig
 
@@ -92,11 +94,16 @@ def device_clock(config: RunConfig, data: FederatedData | None) -> TripClock:
         return FlareClock(config.seed, speed, delay, config.num_devices)
     if data is None:
         raise ValueError("the per-sample clock needs the devices' data sizes")
-    work = [
-        samples_processed(len(part), config.local_batch_size, config.local_iters, config.effective_local_epochs)
-        for part in data.partitions
-    ]
-    return DeviceClock(config.seed, speed, delay, work)
+    # Per distinct size, not per device: a million fixed shards have one size.
+    sizes, which = np.unique(partition_sizes(data), return_inverse=True)
+    work = np.array(
+        [
+            samples_processed(int(size), config.local_batch_size, config.local_iters, config.effective_local_epochs)
+            for size in sizes
+        ],
+        dtype=np.int64,
+    )
+    return DeviceClock(config.seed, speed, delay, work[which.reshape(-1)])
 
 
 @dataclass(frozen=True)

@@ -56,25 +56,32 @@ class DeviceClock:
     """Modelled trip times of a run's devices."""
 
     def __init__(
-        self, seed: int, speed: DeviceSpeed, delay: Delay, work: Sequence[int], num_devices: int | None = None
+        self,
+        seed: int,
+        speed: DeviceSpeed,
+        delay: Delay,
+        work: Sequence[int] | np.ndarray,
+        num_devices: int | None = None,
     ) -> None:
         """`work[d]`: the samples device d processes in one local training (steps x batch, or epochs x samples)."""
-        self.seed, self.speed, self.delay, self.work = seed, speed, delay, list(work)
+        # numpy arrays, not lists: a million devices' Python ints would take seconds and tens of MB.
+        self.seed, self.speed, self.delay = seed, speed, delay
+        self.work = np.asarray(work, dtype=np.int64)
         count = len(self.work) if num_devices is None else num_devices
         shares = np.asarray(speed.share if speed.share is not None else [1.0] * len(speed.mean), dtype=float)
-        draw = np.random.default_rng([seed, _CLASS_STREAM]).choice(len(shares), size=count, p=shares / shares.sum())
-        self._classes = [int(klass) for klass in draw]
+        rng = np.random.default_rng([seed, _CLASS_STREAM])
+        self._classes = rng.choice(len(shares), size=count, p=shares / shares.sum()).astype(np.int32)
 
     def speed_class(self, device: int) -> int:
-        return self._classes[device]
+        return int(self._classes[device])
 
     def trip(self, round_index: int, device: int) -> TripTime:
         rng = np.random.default_rng([self.seed, _TRIP_STREAM, round_index, device])
-        klass = self._classes[device]
+        klass = self.speed_class(device)
         per_sample = max(0.0, float(rng.normal(self.speed.mean[klass], self.speed.std[klass])))
         download = max(0.0, float(rng.normal(self.delay.mean, self.delay.std)))
         upload = max(0.0, float(rng.normal(self.delay.mean, self.delay.std)))
-        return TripTime(download=download, train=self.work[device] * per_sample, upload=upload)
+        return TripTime(download=download, train=int(self.work[device]) * per_sample, upload=upload)
 
     def trip_seconds(self, round_index: int, device: int, _dispatched: float = 0.0) -> float:
         return self.trip(round_index, device).total

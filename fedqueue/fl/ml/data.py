@@ -19,6 +19,7 @@ import torch
 import torch.nn.functional as F
 
 from fedqueue.errors import ConfigError, DataError
+from fedqueue.fl.ml.fixed_shards import FixedShards, fixed_split
 from fedqueue.fl.ml.plugins import DatasetRequest, LoadedDataset, TensorData, describe_choices, is_valid_name, resolve
 
 PARTITIONS = ("iid", "dirichlet", "dirichlet_fixed")
@@ -70,7 +71,7 @@ class FederatedData:
 
     train: TensorData
     test: TensorData
-    partitions: tuple[np.ndarray, ...]
+    partitions: Sequence[np.ndarray]  # dirichlet_fixed's deal their shards when first read
     num_classes: int
     input_shape: tuple[int, ...]
     server: np.ndarray | None = None  # indices into train the server holds out (no device has them)
@@ -323,8 +324,9 @@ def _build(spec: DataSpec) -> FederatedData:
         raise DataError(f"dataset: {spec.dataset!r} returned {type(loaded).__name__}, not a LoadedDataset")
     train = loaded.train
     server, parts = _split(spec, loaded)
-    for part in parts:
-        part.setflags(write=False)  # shared through the cache
+    if isinstance(parts, tuple):
+        for part in parts:
+            part.setflags(write=False)  # shared through the cache
     return FederatedData(
         train=train,
         test=loaded.test,
@@ -335,7 +337,7 @@ def _build(spec: DataSpec) -> FederatedData:
     )
 
 
-def _split(spec: DataSpec, loaded: LoadedDataset) -> tuple[np.ndarray | None, tuple[np.ndarray, ...]]:
+def _split(spec: DataSpec, loaded: LoadedDataset) -> tuple[np.ndarray | None, Sequence[np.ndarray]]:
     """(the server's held-out indices or None, each device's indices) into the training set."""
     train = loaded.train
     if loaded.partitions is None and spec.partition == "dirichlet_fixed":
@@ -356,24 +358,29 @@ def _split(spec: DataSpec, loaded: LoadedDataset) -> tuple[np.ndarray | None, tu
     return None, _given_partitions(spec, loaded.partitions, len(train))
 
 
-def _fixed_shards(
-    spec: DataSpec, train: TensorData, num_classes: int
-) -> tuple[np.ndarray | None, tuple[np.ndarray, ...]]:
-    """FedRevive's split and shards: the server holds the kd part (if it holds anything), val goes unused."""
-    from fedqueue.fl.ml.fixed_shards import fixed_size_shards, fixed_split
-
+def _fixed_shards(spec: DataSpec, train: TensorData, num_classes: int) -> tuple[np.ndarray | None, FixedShards]:
+    """FedRevive's split and shards: the server holds the kd part (if it holds anything), val goes unused.
+    The shards are dealt when a device's is first read, up to that device."""
     if spec.client_data_size is None:
         raise ConfigError('client_data_size: required with partition = "dirichlet_fixed"')
     pool, _, kd = fixed_split(len(train), spec.val_fraction, spec.kd_fraction)
     labels = train.y.numpy()[pool]
-    shards, _ = fixed_size_shards(labels, spec.num_devices, spec.client_data_size, spec.alpha, num_classes, spec.seed)
+    size, alpha = spec.client_data_size, spec.alpha
+    shards = FixedShards(labels, spec.num_devices, size, alpha, num_classes, spec.seed, into=pool)
     server = None
     if spec.server_fraction > 0:
         if len(kd) == 0:
             raise ConfigError(f"kd_split: {spec.kd_fraction} of {len(train)} training samples holds out none")
         server = np.sort(kd)
         server.setflags(write=False)
-    return server, tuple(np.ascontiguousarray(pool[shard]) for shard in shards)
+    return server, shards
+
+
+def partition_sizes(data: FederatedData) -> np.ndarray:
+    """Every device's sample count; fixed shards are not dealt for it."""
+    if isinstance(data.partitions, FixedShards):
+        return data.partitions.sizes()
+    return np.fromiter((len(part) for part in data.partitions), dtype=np.int64, count=len(data.partitions))
 
 
 SERVER_SPLIT_STREAM = 0x5E4D  # keeps the held-out draw apart from the partition's
@@ -437,7 +444,7 @@ def device_data(spec: DataSpec, device: int) -> TensorData:
     federated = load_federated(spec)
     if not 0 <= device < len(federated.partitions):
         raise IndexError(f"device {device} out of range for {len(federated.partitions)} devices")
-    index = torch.from_numpy(federated.partitions[device].copy())
+    index = torch.from_numpy(federated.partitions[device].astype(np.int64))
     return TensorData(
         federated.train.x.index_select(0, index).contiguous(),
         federated.train.y.index_select(0, index).contiguous(),

@@ -6,9 +6,10 @@ import numpy as np
 import pytest
 import torch
 
-from fedqueue.errors import ConfigError
-from fedqueue.fl.ml.data import DataSpec, clear_caches, load_federated
-from fedqueue.fl.ml.fixed_shards import fixed_size_shards, fixed_split
+import fedqueue.fl.ml.fixed_shards as fixed_shards
+from fedqueue.errors import ConfigError, DataError
+from fedqueue.fl.ml.data import DataSpec, clear_caches, load_federated, partition_sizes
+from fedqueue.fl.ml.fixed_shards import SHARD_STREAM, FixedShards, fixed_size_shards, fixed_split
 from tests.support.helpers import small_config
 
 LABELS = np.random.default_rng(0).integers(0, 10, size=3000)
@@ -85,3 +86,71 @@ def test_config_names_the_field() -> None:
         small_config(partition="dirichlet_fixed", client_data_size=10, val_split=0.95)
     config = small_config(partition="dirichlet_fixed", client_data_size=10)
     assert config.val_split == 0.15
+
+
+def plain_deal(labels: np.ndarray, devices: int, size: int, alpha: float, seed: int) -> list[np.ndarray]:
+    """The deal as one loop over the devices with numpy's own Dirichlet: what the shards were first drawn by."""
+    rng = np.random.default_rng([seed, SHARD_STREAM])
+    members = [rng.permutation(np.flatnonzero(labels == label)) for label in range(10)]
+    used = [0] * 10
+    shards = []
+    for _ in range(devices):
+        draw = rng.dirichlet(np.full(10, alpha))
+        if not np.all(np.isfinite(draw)):
+            draw = np.eye(10)[rng.integers(10)]
+        counts = np.round(draw * size).astype(np.int64)
+        if size - counts.sum() > 0:
+            counts[rng.integers(10)] += size - counts.sum()
+        while counts.sum() > size:
+            counts[int(np.argmax(counts))] -= 1
+        chosen = []
+        for label, count in enumerate(counts):
+            if count == 0:
+                continue
+            if used[label] + count > len(members[label]):
+                members[label] = rng.permutation(members[label])
+                used[label] = 0
+            chosen.append(members[label][used[label] : used[label] + count])
+            used[label] += count
+        shards.append(np.concatenate(chosen))
+    return shards
+
+
+@pytest.mark.parametrize("alpha", [0.5, 0.1, 0.05, 1e-6, 5.0])
+@pytest.mark.parametrize("block", [8192, 7])
+def test_the_deal_is_the_plain_loop_whatever_the_alpha_and_block(
+    alpha: float, block: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # 300 samples, 200 devices of 20: every class wraps around many times, within blocks and across them.
+    monkeypatch.setattr(fixed_shards, "_BLOCK", block)
+    labels = LABELS[:300]
+    dealt, _ = fixed_size_shards(labels, 200, 20, alpha, 10, 5)
+    expected = plain_deal(labels, 200, 20, alpha, 5)
+    assert all(np.array_equal(a, b) for a, b in zip(dealt, expected, strict=True))
+
+
+def test_a_device_is_dealt_with_the_devices_before_it_and_no_further(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(fixed_shards, "_BLOCK", 16)
+    lazy = FixedShards(LABELS, 1000, 20, 0.5, 10, 3, into=np.arange(len(LABELS)) + 7)
+    assert lazy.sizes().tolist() == [20] * 1000
+    first = lazy[40]
+    assert len(lazy._blocks) == 3  # devices 0-47: three blocks of 16, not the 63 of all 1,000
+    whole, _ = fixed_size_shards(LABELS, 1000, 20, 0.5, 10, 3)
+    assert np.array_equal(first, whole[40] + 7) and np.array_equal(lazy[-1], whole[999] + 7)
+    with pytest.raises(IndexError, match="device 1000 out of range"):
+        lazy[1000]
+
+
+def test_a_class_too_small_for_a_device_names_the_device() -> None:
+    with pytest.raises(DataError, match="^client_data_size: device 0 needs"):
+        FixedShards(np.arange(20) % 10, 5, 20, 1e-6, 10, 0)[0]
+
+
+def test_load_federated_leaves_the_shards_undealt_until_a_device_is_read() -> None:
+    clear_caches()
+    spec = DataSpec("digits", num_devices=200_000, partition="dirichlet_fixed", client_data_size=20)
+    data = load_federated(spec)
+    assert isinstance(data.partitions, FixedShards) and not data.partitions._blocks
+    assert partition_sizes(data).tolist() == [20] * 200_000 and not data.partitions._blocks
+    assert len(data.partitions[3]) == 20 and len(data.partitions._blocks) == 1
+    clear_caches()
