@@ -304,12 +304,11 @@ def _refill(state: ScheduleState, rules: Rules, trip_time: TripTime) -> Dispatch
     busy = {trip.device for trip in state.in_flight} | state.on_version
     if not rules.device_reuse:
         busy |= state.used
-    available = [device for device in range(rules.num_devices) if device not in busy]
-    count = min(state.free, len(available))
+    count = min(state.free, rules.num_devices - len(busy))
     if count == 0:
         return None
     rng = np.random.default_rng([rules.seed, REFILL_STREAM, state.refills])
-    chosen = sorted(int(device) for device in rng.choice(available, size=count, replace=False))
+    chosen = pick_free(rng, busy, rules.num_devices - len(busy), count)
     state.refills += 1
     state.free -= count
     round_index = state.version + 1
@@ -325,3 +324,13 @@ def _refill(state: ScheduleState, rules: Rules, trip_time: TripTime) -> Dispatch
     if not rules.device_reuse:
         state.used.update(chosen)
     return Dispatch(round_index, state.now, tuple(trips))
+
+
+def pick_free(rng: np.random.Generator, busy: set[int], free: int, count: int) -> list[int]:
+    """`count` of the devices not in `busy`, sorted: rng.choice(the free devices in order, count, replace=False)
+    drawn by position, so without listing the free devices (the draw depends on their number alone)."""
+    positions = rng.choice(free, size=count, replace=False)
+    taken = np.fromiter(sorted(busy), dtype=np.int64, count=len(busy))
+    # The p-th free device is p plus the busy devices below it: those whose free devices before them are <= p.
+    before = taken - np.arange(len(taken), dtype=np.int64)
+    return sorted(int(device) for device in positions + np.searchsorted(before, positions, side="right"))

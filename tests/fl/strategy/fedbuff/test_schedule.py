@@ -9,10 +9,20 @@ from __future__ import annotations
 import json
 from dataclasses import replace
 
+import numpy as np
 import pytest
 
 from fedqueue.fl.strategy.fedbuff import schedule
-from fedqueue.fl.strategy.fedbuff.schedule import Arrival, Dispatch, NewVersion, Outcome, Rules, ScheduleState, Trip
+from fedqueue.fl.strategy.fedbuff.schedule import (
+    Arrival,
+    Dispatch,
+    NewVersion,
+    Outcome,
+    Rules,
+    ScheduleState,
+    Trip,
+    pick_free,
+)
 
 SECONDS = {0: 1.0, 1: 2.0, 2: 5.0}
 RULES = Rules(
@@ -182,3 +192,18 @@ def test_a_schedule_with_no_device_left_is_stuck_with_a_reason() -> None:
     state, _ = run_all(rules)
     assert not state.done
     assert state.stuck is not None and "device_reuse = false" in state.stuck
+
+
+def test_pick_free_is_numpys_choice_among_the_free_devices_listed() -> None:
+    # The refill draws by position among the free devices: the same devices as a draw from their list.
+    draws = np.random.default_rng(9)
+    for trial in range(300):
+        num_devices = int(draws.integers(1, 20_000)) if trial % 2 else int(draws.integers(1, 40))
+        busy = {int(d) for d in draws.choice(num_devices, size=int(draws.integers(0, num_devices)), replace=False)}
+        free = [device for device in range(num_devices) if device not in busy]
+        if not free:
+            continue
+        count = int(draws.integers(1, len(free) + 1))
+        listed = np.random.default_rng([4, trial]).choice(free, size=count, replace=False)
+        picked = pick_free(np.random.default_rng([4, trial]), busy, len(free), count)
+        assert picked == sorted(int(device) for device in listed)
