@@ -166,7 +166,7 @@ def through_fedqueue(cluster: Any, config: RunConfig, client: Any) -> Through:
         blob_bytes=sum(blobs.values()) / len(results),
         redis_bytes=traffic / len(results),
         model_bytes=rounds[0].model_nbytes,
-        packs=f"{chosen.pack_mode} packs of {chosen.pack_size}",
+        packs=f"{chosen.packing.pack_mode} packs of {chosen.packing.pack_size}",
         weights=handle.final_weights() if config.mode == "fedavg" else None,
     )
 
@@ -329,6 +329,15 @@ def per_update_ms(run: Through, loop: LoopRun) -> tuple[float, float]:
     return 1000 * run.seconds / run.updates, 1000 * loop_s / loop_updates
 
 
+def at_once(config: RunConfig) -> int:
+    """Devices training at once: a round's, or FedBuff's concurrency."""
+    if config.mode == "fedavg":
+        return config.devices_per_round
+    from fedqueue.fl.strategy.fedbuff.section import FedBuffSection
+
+    return config.strategy(FedBuffSection).resolved_concurrency(config)
+
+
 def wall_table(
     configs: dict[str, dict[str, RunConfig]],
     runs: dict[tuple[str, str], Through],
@@ -341,7 +350,7 @@ def wall_table(
         rows.append(
             (
                 f"{TITLES[name]}, {mode}",
-                configs[name][mode].resolved_concurrency,
+                at_once(configs[name][mode]),
                 f"{run.seconds:.1f} / {loop.timed()[0]:.1f}",
                 f"{run.updates} / {loop.timed()[1]}",
                 f"{fq_ms:.0f}",

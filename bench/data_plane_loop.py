@@ -90,13 +90,15 @@ class Loop:
         """A version every `buffer_size` updates, each trained on the version before (nothing stale)."""
         from fedqueue.fl.ml.aggregate import fold_buffer
         from fedqueue.fl.ml.stat_resnet import reset_trackers
+        from fedqueue.fl.strategy.fedbuff.section import FedBuffSection
 
         config, run, state = self.config, LoopRun(), self.initial
+        buffer_size = config.strategy(FedBuffSection).buffer_size
         versions = config.last_version or config.rounds
         for version in range(1, versions + 1):
             began = time.perf_counter()
-            first = (version - 1) * config.buffer_size
-            devices = [(first + offset) % config.num_devices for offset in range(config.buffer_size)]
+            first = (version - 1) * buffer_size
+            devices = [(first + offset) % config.num_devices for offset in range(buffer_size)]
             updates = [self.train(state, version, device, run)[2] for device in devices]
             state = reset_trackers(fold_buffer(state, [(1.0, state, local) for local in updates], config.global_lr))
             run.seconds.append(time.perf_counter() - began)

@@ -16,7 +16,7 @@ from sqlalchemy import and_, bindparam, delete, func, or_, select, update
 from sqlalchemy.engine import Connection, Dialect, Row
 from sqlalchemy.exc import IntegrityError
 
-from fedqueue.fl.store.schema import CheckpointRow, DeviceTaskRow, RoundRow
+from fedqueue.fl.store.schema import CheckpointRow, DeviceTaskRow, ModelVersionRow, RoundRow
 from fedqueue.store.repo import Store, TaskTiming, changed_one, dialect_insert, retry_transient
 
 log = logging.getLogger(__name__)
@@ -379,7 +379,19 @@ def save_checkpoint(store: Store, run_id: str, version: int, sha256: str, data: 
         session.add(CheckpointRow(run_id=run_id, version=version, sha256=sha256, data=data))
 
 
+# A checkpoint's bytes when they are those of the run's kept version of the same number (a buffered run's
+# model_versions row, written in the same transaction): a state is never empty, so nothing else reads as this.
+IN_KEPT_VERSION = b""
+
+
 @retry_transient
 def load_checkpoint(store: Store, run_id: str) -> CheckpointRow | None:
+    """The run's latest checkpoint, its bytes read from the kept version it names when it holds none itself."""
     with store.session() as session:
-        return session.get(CheckpointRow, run_id)
+        checkpoint = session.get(CheckpointRow, run_id)
+        if checkpoint is None or len(checkpoint.data) != len(IN_KEPT_VERSION):
+            return checkpoint
+        kept = session.get(ModelVersionRow, (run_id, checkpoint.version))
+        if kept is None:
+            raise RuntimeError(f"run {run_id}: checkpoint of version {checkpoint.version} names a version not kept")
+        return CheckpointRow(run_id=run_id, version=checkpoint.version, sha256=checkpoint.sha256, data=kept.data)

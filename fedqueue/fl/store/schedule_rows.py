@@ -11,10 +11,10 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any, cast
 
-from sqlalchemy import Connection, Row, Table, and_, bindparam, delete, or_, select, update
+from sqlalchemy import Connection, Row, Table, and_, bindparam, delete, func, or_, select, update
 from sqlalchemy.exc import IntegrityError
 
-from fedqueue.fl.store.results import OUTCOME_COLUMNS
+from fedqueue.fl.store.results import IN_KEPT_VERSION, OUTCOME_COLUMNS
 from fedqueue.fl.store.schema import CheckpointRow, DeviceTaskRow, ModelVersionRow, RoundRow, ScheduleRow
 from fedqueue.store.repo import Store, TaskTiming, changed_one, dialect_insert, retry_transient
 from fedqueue.store.schema import RunRow
@@ -117,7 +117,7 @@ def save_pass(
                 connection.execute(_FATE_UPDATE, [_fate_params(run_id, fate) for fate in fates])
             for round_index, devices in selected.items():
                 _extend(connection, run_id, round_index, devices)
-            connection.execute(delete(VERSIONS).where(VERSIONS.c.run_id == run_id, VERSIONS.c.version < needed_from))
+            _delete_versions_before(connection, run_id, needed_from)
     except _ClaimTaken:
         return False
     return True
@@ -215,10 +215,27 @@ def kept_version(store: Store, run_id: str, version: int) -> ModelVersionRow | N
 @retry_transient
 def forget_versions_before(store: Store, run_id: str, version: int) -> None:
     """Versions older than `version` are never read again: no device trains on them, no buffered update came from them."""
-    with store.session() as session, session.begin():
-        session.execute(
-            delete(ModelVersionRow).where(ModelVersionRow.run_id == run_id, ModelVersionRow.version < version)
+    with store.engine.begin() as connection:
+        _delete_versions_before(connection, run_id, version)
+
+
+def _delete_versions_before(connection: Connection, run_id: str, version: int) -> None:
+    """Drop the kept versions before `version`; a checkpoint that names one of them takes its bytes first."""
+    kept_bytes = (
+        select(VERSIONS.c.data)
+        .where(VERSIONS.c.run_id == run_id, VERSIONS.c.version == CHECKPOINTS.c.version)
+        .scalar_subquery()
+    )
+    connection.execute(
+        update(CHECKPOINTS)
+        .where(
+            CHECKPOINTS.c.run_id == run_id,
+            CHECKPOINTS.c.version < version,
+            func.length(CHECKPOINTS.c.data) == 0,
         )
+        .values(data=kept_bytes)
+    )
+    connection.execute(delete(VERSIONS).where(VERSIONS.c.run_id == run_id, VERSIONS.c.version < version))
 
 
 @dataclass(frozen=True)
@@ -262,8 +279,10 @@ def _record_version(connection: Connection, store: Store, run_id: str, made: Mad
 
 
 def _checkpoint(connection: Connection, run_id: str, made: MadeVersion) -> None:
-    """The run's checkpoint: the newest version a pass made (one row per run)."""
-    latest = {"version": made.version, "sha256": made.sha256, "data": made.data}
+    """The run's checkpoint: the newest version a pass made (one row per run). A version kept for the run
+    (all but its last) is not written twice: the checkpoint names it (load_checkpoint reads its bytes)."""
+    data = made.data if made.next_round is None else IN_KEPT_VERSION
+    latest = {"version": made.version, "sha256": made.sha256, "data": data}
     connection.execute(
         dialect_insert(connection.dialect)(CHECKPOINTS)
         .values(run_id=run_id, **latest)

@@ -27,16 +27,10 @@ def mix(
 ) -> dict[str, torch.Tensor]:
     """current + share * (local - current), in float64; non-floating tensors (counters) kept from `current`."""
     # torch: loaded by the worker that folds, not by the command line
-    import torch
+    from fedqueue.fl.ml.aggregate import fold_buffer
 
-    from fedqueue.fl.ml.aggregate import fold_deltas
-
-    delta = {
-        name: local[name].detach().to(torch.float64) - value.detach().to(torch.float64)
-        for name, value in current.items()
-        if value.is_floating_point()
-    }
-    return fold_deltas(current, [(share, delta)], 1.0)
+    # One update of weight `share` trained from `current`, a step of 1: no float64 copy of the change.
+    return fold_buffer(current, [(share, current, local)], 1.0)
 
 
 class MixFold:
