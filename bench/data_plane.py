@@ -49,7 +49,7 @@ from common import (  # noqa: E402
     wait_run,
 )
 from data_plane_loop import Loop, LoopRun  # noqa: E402
-from data_plane_phases import PHASES, PhaseCosts, phase_costs  # noqa: E402
+from data_plane_phases import PHASES, SHM_PHASES, PhaseCosts, phase_costs  # noqa: E402
 
 from fedqueue.fl.config import RunConfig, load_run_config  # noqa: E402
 
@@ -292,7 +292,22 @@ def phases_table(costs: dict[str, PhaseCosts]) -> str:
         )
         for name, cost in costs.items()
     ]
-    return markdown_table(["case", "MB", *PHASES, "total"], rows)
+    table = markdown_table(["case", "MB", *PHASES, "total"], rows)
+    shm = [
+        (
+            TITLES[name],
+            f"{cost.nbytes / MB:.1f}",
+            *(f"{cost.shm_ms[phase]:.1f}" for phase in SHM_PHASES),
+            f"{cost.shm_total_ms:.1f}",
+            f"{cost.shm_cpu_ms:.1f}",
+        )
+        for name, cost in costs.items()
+        if cost.shm_ms
+    ]
+    if not shm:
+        return table
+    header = ["case", "MB", *(f"shm {phase}" for phase in SHM_PHASES), "shm total", "CPU of write + map"]
+    return f"Through Redis:\n\n{table}\n\nThrough shared memory (one host):\n\n{markdown_table(header, shm)}"
 
 
 def report(
@@ -413,6 +428,10 @@ def checks(
             rows.append(
                 (f"{name}: one update's data plane", f"{cost.total_ms:.1f} ms", f"< {target:.0f} ms", verdict(ok))
             )
+            if cost.shm_ms:
+                ok = cost.shm_total_ms < target
+                measured = f"{cost.shm_total_ms:.1f} ms"
+                rows.append((f"{name}: the same through shared memory", measured, f"< {target:.0f} ms", verdict(ok)))
     return rows
 
 

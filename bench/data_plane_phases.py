@@ -4,16 +4,24 @@ A worker encodes its trained state (safetensors), hashes it (sha256) and SETs it
 aggregator GETs it, hashes it again, decodes it and folds it into the round's sum. The store's
 timing rows give load, compute and upload per task and the aggregation per round, not these
 phases apart: here each is timed alone, in this process, on a state of the size at hand.
+
+Workers on one host share blobs through shared memory instead (the default there): the worker writes
+its state straight into a file, the aggregator maps it and reads its pages, then folds it. Those phases
+are timed too, with the blob store fedqueue opens, and the CPU time of the write and the map apart from
+the wall time (a busy machine's wall time is mostly waiting for a core).
 """
 
 from __future__ import annotations
 
 import hashlib
+import shutil
 import statistics
+import tempfile
 import time
 import uuid
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -22,6 +30,9 @@ if TYPE_CHECKING:
 
 # The phases an update crosses between the end of its training and its fold, in order.
 PHASES = ("encode", "hash", "put", "get", "hash again", "decode", "fold")
+# The same trip through shared memory: write the file, map it and read its pages, fold.
+SHM_PHASES = ("write", "map", "fold")
+SHM_DIR = "/dev/shm"
 
 
 @dataclass(frozen=True)
@@ -30,19 +41,31 @@ class PhaseCosts:
 
     nbytes: int
     ms: dict[str, float]
+    shm_ms: dict[str, float] = field(default_factory=dict)  # SHM_PHASES, empty where no shared memory
+    shm_cpu_ms: float = 0.0  # CPU time of the shared-memory write and map (medians)
 
     @property
     def total_ms(self) -> float:
-        """An update's data-plane cost: everything between its training and its place in the sum."""
+        """An update's data-plane cost through Redis: everything between its training and its place in the sum."""
         return sum(self.ms[phase] for phase in PHASES)
 
+    @property
+    def shm_total_ms(self) -> float:
+        """The same through shared memory."""
+        return sum(self.shm_ms[phase] for phase in SHM_PHASES)
 
-def _timed_ms(call: Callable[[], Any], repeats: int, pick: Callable[[list[float]], float] = statistics.median) -> float:
+
+def _timed_ms(
+    call: Callable[[], Any],
+    repeats: int,
+    pick: Callable[[list[float]], float] = statistics.median,
+    clock: Callable[[], float] = time.perf_counter,
+) -> float:
     times = []
     for _ in range(repeats):
-        began = time.perf_counter()
+        began = clock()
         call()
-        times.append((time.perf_counter() - began) * 1000)
+        times.append((clock() - began) * 1000)
     return pick(times)
 
 
@@ -83,4 +106,37 @@ def phase_costs(
     finally:
         client.delete(key)
     ms["hash again"] = ms["hash"]  # the reader checks the same bytes the writer hashed
-    return PhaseCosts(nbytes=len(data), ms=ms)
+    shm_ms, shm_cpu_ms = shm_phase_costs(state, client, key_prefix, repeats) if Path(SHM_DIR).is_dir() else ({}, 0.0)
+    if shm_ms:
+        shm_ms["fold"] = ms["fold"]
+    return PhaseCosts(nbytes=len(data), ms=ms, shm_ms=shm_ms, shm_cpu_ms=shm_cpu_ms)
+
+
+def shm_phase_costs(
+    state: Mapping[str, torch.Tensor], client: redis.Redis, key_prefix: str, repeats: int
+) -> tuple[dict[str, float], float]:
+    """The write and the map of one update through a one-host shared-memory blob store (a folder of its own
+    in SHM_DIR, removed at the end): median wall ms of each, and their CPU ms together."""
+    from fedqueue.core.broker.blobs import RedisBlobStore
+    from fedqueue.core.broker.shm import SharedMemoryBlobStore
+    from fedqueue.fl.ml.weights import get_state, put_state
+
+    root = Path(tempfile.mkdtemp(prefix="data-plane-probe-", dir=SHM_DIR))
+    blobs = SharedMemoryBlobStore(root, RedisBlobStore(client, key_prefix, 600), one_host=True, ttl_s=600)
+    local = dict(state)
+    refs = []
+
+    def write() -> None:
+        refs.append(put_state(blobs, f"probe/{uuid.uuid4().hex}", local))
+
+    def read() -> None:
+        for tensor in get_state(blobs, refs[-1]).values():
+            if tensor.numel():
+                tensor.reshape(-1)[:: max(1, 4096 // tensor.element_size())].sum()  # one read per page
+
+    try:
+        ms = {"write": _timed_ms(write, repeats), "map": _timed_ms(read, repeats)}
+        cpu = _timed_ms(write, repeats, clock=time.process_time) + _timed_ms(read, repeats, clock=time.process_time)
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+    return ms, cpu

@@ -15,6 +15,9 @@ DEFAULT_DATABASE_URL = "sqlite:///fedqueue.db"  # FEDQUEUE_DATABASE_URL: a SQLit
 DEFAULT_KEY_PREFIX = "fedqueue"  # FEDQUEUE_KEY_PREFIX: starts every Redis key and queue name
 # FEDQUEUE_BLOB_TTL_S: how long blobs, attempt counts and requeue marks stay in Redis.
 DEFAULT_BLOB_TTL_S = 7 * 24 * 3600
+# FEDQUEUE_BLOB_SHM: whether workers on one host share blobs as files in shared memory (see Settings.blob_shm).
+BLOB_SHM_MODES = ("auto", "local", "shared", "off")
+DEFAULT_BLOB_SHM_DIR = "/dev/shm"  # FEDQUEUE_BLOB_SHM_DIR: the shared-memory folder those files go in
 DEFAULT_THREADS_PER_TASK = 1  # FEDQUEUE_THREADS_PER_TASK: torch threads of one task
 DEFAULT_TASK_TIME_LIMIT_S = 3600  # FEDQUEUE_TASK_TIME_LIMIT_S: a task running longer ends its worker process
 DEFAULT_MAX_ATTEMPTS = 3  # FEDQUEUE_MAX_ATTEMPTS: attempts whose code raised before a task is stored failed
@@ -133,6 +136,24 @@ def _blob_dir(env: Mapping[str, str]) -> str | None:
     return folder
 
 
+def _blob_shm(env: Mapping[str, str]) -> str:
+    mode = (env.get("FEDQUEUE_BLOB_SHM") or "auto").lower()
+    if mode not in BLOB_SHM_MODES:
+        raise ConfigError(f"FEDQUEUE_BLOB_SHM: expected one of {', '.join(BLOB_SHM_MODES)}, got {mode!r}")
+    return mode
+
+
+def _blob_shm_dir(env: Mapping[str, str]) -> str:
+    folder = env.get("FEDQUEUE_BLOB_SHM_DIR") or None
+    if folder is None:
+        return DEFAULT_BLOB_SHM_DIR
+    if not os.path.isdir(folder):
+        raise ConfigError(f"FEDQUEUE_BLOB_SHM_DIR: folder {folder!r} does not exist")
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise ConfigError(f"FEDQUEUE_BLOB_SHM_DIR: folder {folder!r} cannot be written")
+    return folder
+
+
 MESSAGE_KEY_MIN = 16  # characters of FEDQUEUE_MESSAGE_KEY: a short secret is guessed
 
 
@@ -162,7 +183,18 @@ class Settings:
     blob_dir: str | None = None
     """FEDQUEUE_BLOB_DIR: a folder shared by every node to keep model blobs in; unset: blobs live in Redis."""
     blob_ttl_s: int = DEFAULT_BLOB_TTL_S
-    """FEDQUEUE_BLOB_TTL_S: seconds blobs, attempt counts and requeue marks stay in Redis."""
+    """FEDQUEUE_BLOB_TTL_S: seconds blobs, attempt counts and requeue marks stay in Redis (and blob files in
+    shared memory)."""
+    blob_shm: str = "auto"
+    """FEDQUEUE_BLOB_SHM: how workers on one host share model blobs. `local`: as files in shared memory only (every
+    process of the deployment on this host); `shared`: those files, plus a copy in Redis (or FEDQUEUE_BLOB_DIR)
+    for workers on other hosts; `auto` (the default): `local` when the broker is on this host (a loopback or
+    unix:// URL, as a `fedqueue up` cluster's), else `shared`; `off`: blobs only in Redis (or FEDQUEUE_BLOB_DIR).
+    Use `shared` or `off` where a worker reaches a loopback broker without seeing this host's shared memory
+    (a container with its own /dev/shm)."""
+    blob_shm_dir: str = DEFAULT_BLOB_SHM_DIR
+    """FEDQUEUE_BLOB_SHM_DIR: the shared-memory folder blob files go in (a tmpfs; one sub-folder per user and
+    cluster); when the default /dev/shm is missing, blobs go to Redis."""
     threads_per_task: int = DEFAULT_THREADS_PER_TASK
     """FEDQUEUE_THREADS_PER_TASK: torch threads of one task (never derived from the machine: the same training with
     1 and 2 threads differs in the last bits)."""
@@ -220,6 +252,8 @@ class Settings:
             key_prefix=prefix,
             blob_dir=_blob_dir(env),
             blob_ttl_s=_int(env, "FEDQUEUE_BLOB_TTL_S", cls.blob_ttl_s),
+            blob_shm=_blob_shm(env),
+            blob_shm_dir=_blob_shm_dir(env),
             threads_per_task=_int(env, "FEDQUEUE_THREADS_PER_TASK", cls.threads_per_task),
             task_time_limit_s=_int(env, "FEDQUEUE_TASK_TIME_LIMIT_S", cls.task_time_limit_s),
             max_attempts=_int(env, "FEDQUEUE_MAX_ATTEMPTS", cls.max_attempts),
@@ -296,6 +330,7 @@ class Settings:
             "FEDQUEUE_DATABASE_URL": self.database_url,
             "FEDQUEUE_KEY_PREFIX": self.key_prefix,
             "FEDQUEUE_BLOB_TTL_S": str(self.blob_ttl_s),
+            "FEDQUEUE_BLOB_SHM": self.blob_shm,
             "FEDQUEUE_THREADS_PER_TASK": str(self.threads_per_task),
             "FEDQUEUE_TASK_TIME_LIMIT_S": str(self.task_time_limit_s),
             "FEDQUEUE_MAX_ATTEMPTS": str(self.max_attempts),
@@ -312,6 +347,8 @@ class Settings:
             env["FEDQUEUE_BROKER_URL"] = self.broker_url
         if self.blob_dir:
             env["FEDQUEUE_BLOB_DIR"] = self.blob_dir
+        if self.blob_shm_dir != DEFAULT_BLOB_SHM_DIR:
+            env["FEDQUEUE_BLOB_SHM_DIR"] = self.blob_shm_dir
         if self.plugin_path:
             env["FEDQUEUE_PLUGIN_PATH"] = os.pathsep.join(self.plugin_path)
         if self.jobs:
@@ -338,6 +375,12 @@ def with_password(url: str | None, password: str | None) -> str | None:
         host = f"{host}:{parts.port}"
     netloc = f"{parts.username or ''}:{quote(password, safe='')}@{host}"
     return urlunsplit((parts.scheme, netloc, parts.path, parts.query, parts.fragment))
+
+
+def broker_on_this_host(url: str) -> bool:
+    """A broker only this host's processes reach: a unix socket or a loopback address."""
+    parts = urlsplit(url)
+    return parts.scheme == "unix" or parts.hostname in LOOPBACK_HOSTS
 
 
 def insecure_broker(url: str | None) -> bool:

@@ -121,12 +121,14 @@ def store(database_url: str) -> Iterator[Store]:
 
 @pytest.fixture
 def settings(redis_url: str, key_prefix: str, tmp_path: Path) -> Settings:
-    """Settings for one test: its own SQLite file and its own queue inside this run's key prefix."""
+    """Settings for one test: its own SQLite file, its own queue inside this run's key prefix, and its own
+    folder for blob files (standing in for shared memory)."""
     return Settings(
         broker_url=redis_url,
         database_url=f"sqlite:///{tmp_path / 'fedqueue.db'}",
         key_prefix=f"{key_prefix}-{uuid.uuid4().hex[:6]}",
         task_time_limit_s=120,
+        blob_shm_dir=str(tmp_path),  # blob files in the test's folder, gone with it
     )
 
 

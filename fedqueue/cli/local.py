@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 from fedqueue.config import Settings
+from fedqueue.core.broker.shm import remove_cluster_files
 from fedqueue.errors import FedqueueError, ServiceUnavailable
 from fedqueue.queue import cluster_file
 from fedqueue.queue.local import prepare_log_dir
@@ -96,10 +97,12 @@ def stop_standing(settings: Settings) -> int | None:
         return None
     path.unlink(missing_ok=True)  # no new `run` picks a cluster that is stopping
     if not cluster_file.pid_alive(info.pid):
+        remove_cluster_files(settings.with_broker(info.broker_url))
         return None
     os.kill(info.pid, signal.SIGTERM)
     if not wait_gone(info.pid, DOWN_TIMEOUT_S):
         raise FedqueueError(f"fedqueue up (pid {info.pid}) did not stop within {DOWN_TIMEOUT_S:.0f} s")
+    remove_cluster_files(settings.with_broker(info.broker_url))  # its workers' blobs in shared memory
     return info.pid
 
 

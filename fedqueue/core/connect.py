@@ -10,6 +10,7 @@ from fedqueue.config import Settings
 from fedqueue.core.broker.blobs import BlobStore, DirBlobStore, RedisBlobStore
 from fedqueue.core.broker.broker_memory import BrokerMemory
 from fedqueue.core.broker.ledger import RedisLedger
+from fedqueue.core.broker.shm import with_shared_memory
 from fedqueue.core.broker.spilling import SpillingBlobStore
 from fedqueue.core.database import open_store
 from fedqueue.core.runs.cancel import unless_cancelled
@@ -31,6 +32,8 @@ def open_services(
         # Kept under the broker's maxmemory: what does not fit goes to the store.
         redis_blobs = RedisBlobStore(client, settings.key_prefix, settings.blob_ttl_s)
         blobs = SpillingBlobStore(redis_blobs, BrokerMemory(client), store, settings.blob_ttl_s)
+    # Workers on this host share blobs as files in shared memory; the store above is for other hosts.
+    blobs = with_shared_memory(settings, blobs)
     return Services(
         settings=settings,
         store=store,

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from fedqueue.config import Settings
+from fedqueue.core.broker.shm import remove_cluster_files
 from fedqueue.errors import ServiceUnavailable
 from fedqueue.queue import cluster_file
 from fedqueue.queue.embedded import EmbeddedRedis
@@ -87,3 +88,4 @@ class LocalCluster:
         self.workers.stop(timeout_s=timeout_s)
         if self.redis is not None:
             self.redis.stop()
+            remove_cluster_files(self.settings)  # its blobs in shared memory go with its broker's

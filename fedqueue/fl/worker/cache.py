@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any, TypeVar, cast
 from fedqueue.core.codec import BlobRef
 from fedqueue.core.services import Services
 from fedqueue.fl.config import RunConfig
-from fedqueue.fl.ml.weights import decode_state
+from fedqueue.fl.ml.weights import get_state
 
 if TYPE_CHECKING:
     import torch
@@ -62,7 +62,7 @@ class WorkerCache:
             if kept is not None:
                 self._models.move_to_end(cache_key)
                 return kept[0]
-        state = decode_state(services.blobs.get(ref))
+        state = get_state(services.blobs, ref)
         self.keep_global_state(ref, state)
         return state
 

@@ -13,7 +13,7 @@ from fedqueue.errors import BlobIntegrityError
 from fedqueue.fl.config import RunConfig
 from fedqueue.fl.messages import DeviceTask, pack_sum_key, update_key
 from fedqueue.fl.ml.seeding import task_seed
-from fedqueue.fl.ml.weights import encode_state
+from fedqueue.fl.ml.weights import put_state, put_states
 from fedqueue.fl.store.results import DeviceResult, record_device_result, record_device_results, unstored_devices
 from fedqueue.fl.worker.cache import WorkerCache
 from fedqueue.fl.worker.timing_rows import task_timing
@@ -163,11 +163,10 @@ class _Delivery:
         clock = time.perf_counter()
         kept = [(member, device) for member, device in enumerate(devices) if device in waiting]
         outcomes = pack.outcomes()
-        blobs = [
-            (update_key(task.run_id, task.round_index, device), encode_state(outcomes[member].state))
-            for member, device in kept
+        states = [
+            (update_key(task.run_id, task.round_index, device), outcomes[member].state) for member, device in kept
         ]
-        refs = self.services.blobs.put_many(blobs)
+        refs = put_states(self.services.blobs, states)
         phases["upload_ms"] = _elapsed_ms(clock)
         finished_at = time.time()
         return self._record(
@@ -189,7 +188,7 @@ class _Delivery:
         """
         clock = time.perf_counter()
         key = pack_sum_key(self.task.run_id, self.task.round_index, devices)
-        ref = self.services.blobs.put(key, encode_state(pack.weighted_delta_sum()))
+        ref = put_state(self.services.blobs, key, pack.weighted_delta_sum())
         timing = {**phases, "upload_ms": _elapsed_ms(clock), "finished_at": time.time()}
         rows = [
             (self._result(device, samples, loss, ref), self._timing(device, started_at, **timing))
@@ -199,7 +198,7 @@ class _Delivery:
 
     def _upload(self, device: int, outcome: TrainOutcome) -> BlobRef:
         task = self.task
-        return self.services.blobs.put(update_key(task.run_id, task.round_index, device), encode_state(outcome.state))
+        return put_state(self.services.blobs, update_key(task.run_id, task.round_index, device), outcome.state)
 
     def _timing(self, device: int, started_at: float, **phases: float) -> TaskTiming:
         # torch, as in run_device_task

@@ -31,7 +31,7 @@ from fedqueue.errors import BlobIntegrityError
 from fedqueue.fl.clock.stops import ACCURACY_RULES, Stop, accuracy_stop
 from fedqueue.fl.config import RunConfig
 from fedqueue.fl.messages import DeviceTask, FoldTask, fold_key, global_key
-from fedqueue.fl.ml.weights import decode_state, encode_state
+from fedqueue.fl.ml.weights import decode_state, encode_state, get_state, get_states
 from fedqueue.fl.packs.tasks import tasks_of_packs
 from fedqueue.fl.store import schedule_rows
 from fedqueue.fl.store.results import add_round, get_round
@@ -484,7 +484,7 @@ class _FoldPass:
         if key not in self._locals:
             row = results[key]
             ref = BlobRef(key=row.update_key, sha256=row.update_sha256, nbytes=row.update_nbytes)
-            self._locals[key] = decode_state(self.services.blobs.get(ref))
+            self._locals[key] = get_state(self.services.blobs, ref)
         return self._locals[key]
 
     def _model_ref(self, version: int) -> BlobRef:
@@ -525,9 +525,9 @@ class _FoldPass:
         def buffer() -> Iterator[tuple[float, Mapping[str, torch.Tensor], Mapping[str, torch.Tensor]]]:
             # Read in round trips of a few updates (many small ones, few big ones): memory stays flat.
             for start in range(0, len(refs), chunk):
-                read = self.services.blobs.get_many(refs[start : start + chunk])
-                for arrival, data in zip(event.folded[start : start + chunk], read, strict=True):
-                    yield arrival.weight, self._version_state(arrival.trip.base_version), decode_state(data)
+                read = get_states(self.services.blobs, refs[start : start + chunk])
+                for arrival, update in zip(event.folded[start : start + chunk], read, strict=True):
+                    yield arrival.weight, self._version_state(arrival.trip.base_version), update
 
         made = self.rule.make(
             VersionInputs(

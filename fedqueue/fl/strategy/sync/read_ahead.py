@@ -24,7 +24,7 @@ from fedqueue.core.broker.blobs import blobs_per_read
 from fedqueue.core.codec import BlobRef
 from fedqueue.core.services import Services
 from fedqueue.fl.messages import DEVICES_QUEUE, aggregate_key
-from fedqueue.fl.ml.weights import decode_state
+from fedqueue.fl.ml.weights import get_states
 from fedqueue.fl.store.results import count_done, round_outcomes
 
 if TYPE_CHECKING:
@@ -129,7 +129,8 @@ def _read_new(services: Services, run_id: str, round_index: int, ahead: ReadAhea
     chunk = blobs_per_read(refs_in_order)
     for start in range(0, len(refs_in_order), chunk):
         refs = refs_in_order[start : start + chunk]
-        for ref, data in zip(refs, services.blobs.get_many(refs), strict=True):
-            ahead.states[ref.key] = decode_state(data)  # decoded now too: the idle slot's time, not the round's
-            ahead.nbytes += len(data)
+        # Decoded now too (or mapped from shared memory): the idle slot's time, not the round's.
+        for ref, state in zip(refs, get_states(services.blobs, refs), strict=True):
+            ahead.states[ref.key] = state
+            ahead.nbytes += ref.nbytes
             ahead.count += 1

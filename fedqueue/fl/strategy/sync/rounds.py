@@ -24,7 +24,7 @@ from fedqueue.errors import BlobIntegrityError
 from fedqueue.fl.clock.stops import Stop, accuracy_stop, time_stop, version_stop
 from fedqueue.fl.config import RunConfig
 from fedqueue.fl.messages import global_key, is_pack_sum_key
-from fedqueue.fl.ml.weights import decode_state, encode_state
+from fedqueue.fl.ml.weights import decode_state, encode_state, get_states
 from fedqueue.fl.packs.tasks import tasks_of_round
 from fedqueue.fl.store.results import (
     add_round,
@@ -275,8 +275,8 @@ def _loaded(services: Services, stored: Sequence[_Stored], ahead: ReadAhead) -> 
         wanted = [refs[position] for position in positions]
         held = {ref.key: ahead.take(ref.key) for ref in wanted}
         missing = [ref for ref in wanted if held[ref.key] is None]
-        fetched = dict(zip((ref.key for ref in missing), services.blobs.get_many(missing), strict=True))
-        return [held[ref.key] or decode_state(fetched[ref.key]) for ref in wanted]  # a state is never empty
+        fetched = dict(zip((ref.key for ref in missing), get_states(services.blobs, missing), strict=True))
+        return [held[ref.key] or fetched[ref.key] for ref in wanted]  # a state is never empty
 
     return LoadedOnUse(
         [(device, samples) for device, samples, _ in stored],

@@ -1,0 +1,254 @@
+"""Blobs as files in this host's shared memory (a tmpfs), over Redis or a shared folder for other hosts.
+
+Workers on one host hand each other a 45 MB state as a file: written once into a partial file, renamed into
+place (no reader ever sees half a file), read back by mmap. A blob lives at ROOT/<key>/<digest>, named by the
+digest its ref carries, so a reader opens exactly the file its ref names and needs no hash of its content:
+
+- one host (`local`): nothing but this host reads the blobs. A blob written from tensors is named by a fresh
+  random tag (no sha256 of 45 MB at all); one written from bytes by its sha256.
+- other hosts too (`shared`): every blob also goes to the remote store (Redis or the shared folder) under its
+  sha256, which readers elsewhere check as before; readers here take the file.
+
+Where the folder is full, a blob goes to the remote store alone. Files older than the blob TTL, and partial
+files a killed writer left, are swept now and then; `remove_cluster_files` clears a cluster's folder when it
+stops.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import hashlib
+import io
+import logging
+import os
+import secrets
+import shutil
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path, PurePosixPath
+from typing import BinaryIO
+
+from fedqueue.config import Settings, broker_on_this_host
+from fedqueue.core.broker.blobs import BlobStore, blob_ref
+from fedqueue.core.codec import BlobRef
+from fedqueue.errors import BlobIntegrityError
+
+log = logging.getLogger(__name__)
+
+PARTIAL = ".partial"  # files being written; renamed out of here once whole
+SWEEP_EVERY_S = 60.0  # one process sweeps old files at most this often
+PARTIAL_MAX_AGE_S = 3600.0  # a partial file this old lost its writer
+SAY_EVERY_S = 60.0  # "shared memory is full" is logged at most this often by one process
+# No room for the file: the folder is full, or a quota or file-size limit refuses it.
+NO_ROOM = {errno.ENOSPC, errno.EDQUOT, errno.ENOMEM, errno.EFBIG}
+
+Writer = Callable[[BinaryIO], object]
+
+
+class SharedMemoryBlobStore:
+    """A `BlobStore` of files in a shared-memory folder, over `remote` (Redis or a shared folder)."""
+
+    def __init__(self, root: Path, remote: BlobStore, *, one_host: bool, ttl_s: int) -> None:
+        self.root = root
+        self.remote = remote
+        self.one_host = one_host  # True: no process elsewhere reads these blobs, none is copied to `remote`
+        self._ttl_s = ttl_s
+        self._lock = threading.Lock()
+        self._swept_at = time.monotonic()
+        self._said_at: float | None = None
+
+    def _folder(self, key: str) -> Path:
+        parts = PurePosixPath(key).parts
+        if not parts or key.startswith("/") or any(part in ("", ".", "..", PARTIAL) for part in parts):
+            raise BlobIntegrityError(f"blob key {key!r} escapes the shared-memory folder")
+        return self.root.joinpath(*parts)
+
+    def write(self, key: str, write: Writer) -> BlobRef:
+        """A blob that `write` writes into a file object: straight into shared memory, no bytes in between."""
+        if self.one_host:
+            tag = secrets.token_hex(32)
+            nbytes = self._keep(key, tag, write)
+            if nbytes is not None:
+                return BlobRef(key=key, sha256=tag, nbytes=nbytes)
+        buffer = io.BytesIO()
+        write(buffer)
+        return self.put(key, buffer.getvalue())
+
+    def put(self, key: str, data: bytes) -> BlobRef:
+        ref = blob_ref(key, data) if self.one_host else self.remote.put(key, data)
+        if self._keep(key, ref.sha256, lambda out: out.write(data)) is None and self.one_host:
+            return self.remote.put(key, data)
+        return ref
+
+    def put_many(self, items: Sequence[tuple[str, bytes]]) -> list[BlobRef]:
+        return [self.put(key, data) for key, data in items]
+
+    def _keep(self, key: str, digest: str, write: Writer) -> int | None:
+        """Write the blob's file; its size, or None where shared memory has no room for it."""
+        partials = self.root / PARTIAL
+        try:
+            partials.mkdir(parents=True, exist_ok=True)
+            fd, name = tempfile.mkstemp(dir=partials)
+        except OSError as err:
+            self._no_room(err)
+            return None
+        partial = Path(name)
+        try:
+            with os.fdopen(fd, "wb") as out:
+                write(out)
+                nbytes = out.tell()
+            self._publish(partial, key, digest)
+        except OSError as err:
+            partial.unlink(missing_ok=True)
+            self._no_room(err)
+            return None
+        except BaseException:
+            partial.unlink(missing_ok=True)
+            raise
+        self._maybe_sweep()
+        return nbytes
+
+    def _publish(self, partial: Path, key: str, digest: str) -> None:
+        folder = self._folder(key)
+        for attempt in range(3):
+            folder.mkdir(parents=True, exist_ok=True)
+            try:
+                os.replace(partial, folder / digest)
+                return
+            except FileNotFoundError:
+                if attempt == 2:
+                    raise
+                # A delete of a neighbouring blob removed the emptied folder in between: make it again.
+
+    def _no_room(self, err: OSError) -> None:
+        """Raise `err` unless it says the folder has no room; say that now and then."""
+        if err.errno not in NO_ROOM:
+            raise err
+        now = time.monotonic()
+        with self._lock:
+            if self._said_at is not None and now - self._said_at < SAY_EVERY_S:
+                return
+            self._said_at = now
+        log.warning("shared memory %s is full (%s): blobs go to the broker meanwhile", self.root, err.strerror)
+
+    def local_path(self, ref: BlobRef) -> Path | None:
+        """The file of this blob in this host's shared memory, or None (elsewhere, or gone)."""
+        path = self._folder(ref.key) / ref.sha256
+        try:
+            size = path.stat().st_size
+        except OSError:
+            return None
+        return path if size == ref.nbytes else None
+
+    def get(self, ref: BlobRef) -> bytes:
+        return self.get_many([ref])[0]
+
+    def get_many(self, refs: Sequence[BlobRef]) -> list[bytes]:
+        found: list[bytes | None] = [self._read(ref) for ref in refs]
+        elsewhere = [ref for ref, data in zip(refs, found, strict=True) if data is None]
+        fetched = iter(self.remote.get_many(elsewhere))
+        return [data if data is not None else next(fetched) for data in found]
+
+    def _read(self, ref: BlobRef) -> bytes | None:
+        path = self.local_path(ref)
+        if path is None:
+            return None
+        try:
+            return path.read_bytes()
+        except FileNotFoundError:  # deleted since
+            return None
+
+    def delete(self, keys: Iterable[str]) -> None:
+        names = list(keys)
+        for key in names:
+            folder = self._folder(key)
+            shutil.rmtree(folder, ignore_errors=True)
+            self._prune(folder.parent)
+        self.remote.delete(names)  # where a blob went when shared memory was full, or a copy for other hosts
+
+    def _prune(self, folder: Path) -> None:
+        """Empty folders up the key's path go too (a key's folder per device and round would pile up)."""
+        while folder != self.root and self.root in folder.parents:
+            try:
+                folder.rmdir()
+            except OSError:
+                return
+            folder = folder.parent
+
+    def exists(self, key: str) -> bool:
+        try:
+            with os.scandir(self._folder(key)) as entries:
+                if any(True for _ in entries):
+                    return True
+        except OSError:
+            pass
+        return self.remote.exists(key)
+
+    def _maybe_sweep(self) -> None:
+        now = time.monotonic()
+        with self._lock:
+            if now - self._swept_at < SWEEP_EVERY_S:
+                return
+            self._swept_at = now
+        self.sweep()
+
+    def sweep(self, now: float | None = None) -> int:
+        """Remove blob files past the blob TTL and partial files a killed writer left; how many went."""
+        now = time.time() if now is None else now
+        removed = 0
+        for folder, _, files in os.walk(self.root, topdown=False):
+            here = Path(folder)
+            max_age = PARTIAL_MAX_AGE_S if here.name == PARTIAL else self._ttl_s
+            for name in files:
+                path = here / name
+                try:
+                    if now - path.stat().st_mtime > max_age:
+                        path.unlink()
+                        removed += 1
+                except OSError:
+                    continue  # gone meanwhile
+            if here != self.root and here.name != PARTIAL:
+                with contextlib.suppress(OSError):  # not empty
+                    here.rmdir()
+        return removed
+
+
+def shm_root(settings: Settings) -> Path | None:
+    """This cluster's folder in shared memory (per user, broker and key prefix), or None where blobs skip it."""
+    if settings.blob_shm == "off" or not settings.broker_url:
+        return None
+    base = Path(settings.blob_shm_dir)
+    if not base.is_dir() or not os.access(base, os.W_OK | os.X_OK):
+        return None
+    cluster = hashlib.sha256(f"{settings.broker_url}\n{settings.key_prefix}".encode()).hexdigest()[:16]
+    return base / f"fedqueue-{os.getuid()}" / cluster
+
+
+def with_shared_memory(settings: Settings, remote: BlobStore) -> BlobStore:
+    """`remote` behind this host's shared memory, as the settings ask (see `Settings.blob_shm`)."""
+    root = shm_root(settings)
+    if root is None:
+        return remote
+    try:
+        root.parent.mkdir(mode=0o700, exist_ok=True)
+        root.mkdir(mode=0o700, exist_ok=True)
+    except OSError as err:
+        log.warning("blobs go to the broker: shared-memory folder %s cannot be made (%s)", root, err.strerror)
+        return remote
+    if root.parent.stat().st_uid != os.getuid():
+        # Another user's folder could hand us blobs of their making.
+        log.warning("blobs go to the broker: shared-memory folder %s is not this user's", root.parent)
+        return remote
+    mode = settings.blob_shm
+    one_host = mode == "local" or (mode == "auto" and broker_on_this_host(settings.broker_url or ""))
+    return SharedMemoryBlobStore(root, remote, one_host=one_host, ttl_s=settings.blob_ttl_s)
+
+
+def remove_cluster_files(settings: Settings) -> None:
+    """A stopped cluster's blob files (its broker's blobs go with it)."""
+    root = shm_root(settings)
+    if root is not None:
+        shutil.rmtree(root, ignore_errors=True)
