@@ -145,7 +145,7 @@ def _blob_shm(env: Mapping[str, str]) -> str:
 
 def _blob_shm_dir(env: Mapping[str, str]) -> str:
     folder = env.get("FEDQUEUE_BLOB_SHM_DIR") or None
-    if folder is None:
+    if folder is None or folder == DEFAULT_BLOB_SHM_DIR:  # a host without it: blobs go to Redis (shm_root)
         return DEFAULT_BLOB_SHM_DIR
     if not os.path.isdir(folder):
         raise ConfigError(f"FEDQUEUE_BLOB_SHM_DIR: folder {folder!r} does not exist")
@@ -331,6 +331,8 @@ class Settings:
             "FEDQUEUE_KEY_PREFIX": self.key_prefix,
             "FEDQUEUE_BLOB_TTL_S": str(self.blob_ttl_s),
             "FEDQUEUE_BLOB_SHM": self.blob_shm,
+            # Always: a child must put blob files where this process reads them, whatever its own environment says.
+            "FEDQUEUE_BLOB_SHM_DIR": self.blob_shm_dir,
             "FEDQUEUE_THREADS_PER_TASK": str(self.threads_per_task),
             "FEDQUEUE_TASK_TIME_LIMIT_S": str(self.task_time_limit_s),
             "FEDQUEUE_MAX_ATTEMPTS": str(self.max_attempts),
@@ -347,8 +349,6 @@ class Settings:
             env["FEDQUEUE_BROKER_URL"] = self.broker_url
         if self.blob_dir:
             env["FEDQUEUE_BLOB_DIR"] = self.blob_dir
-        if self.blob_shm_dir != DEFAULT_BLOB_SHM_DIR:
-            env["FEDQUEUE_BLOB_SHM_DIR"] = self.blob_shm_dir
         if self.plugin_path:
             env["FEDQUEUE_PLUGIN_PATH"] = os.pathsep.join(self.plugin_path)
         if self.jobs:

@@ -37,10 +37,12 @@ def one_torch_thread() -> None:
 
 @pytest.fixture(autouse=True)
 def private_cache(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Each test (and the commands it starts) remembers timed pack modes in its own cache, and writes local
-    clusters' logs in its own state folder, not the user's."""
+    """Each test (and the commands it starts) remembers timed pack modes in its own cache, writes local
+    clusters' logs in its own state folder, not the user's, and its blob files in a folder of its own instead
+    of the host's shared memory, so none outlives it."""
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path_factory.mktemp("cache")))
     monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path_factory.mktemp("state")))
+    monkeypatch.setenv("FEDQUEUE_BLOB_SHM_DIR", str(tmp_path_factory.mktemp("shm")))
 
 
 def _redis_answers(url: str) -> bool:
