@@ -19,14 +19,15 @@ from fedqueue.fl.ml.train import LocalTrainConfig
 
 
 def data_spec(config: RunConfig) -> DataSpec:
+    data = config.data
     return DataSpec(
-        dataset=config.dataset,
-        root=config.data_root,
+        dataset=data.dataset,
+        root=data.data_root,
         seed=config.seed,
         num_devices=config.num_devices,
-        partition=config.partition,
-        alpha=config.alpha,
-        samples_per_device=config.samples_per_device,
+        partition=data.partition,
+        alpha=data.alpha,
+        samples_per_device=data.samples_per_device,
         server_fraction=config.held_out,
         **_fixed_shards(config),
         options_json=json.dumps(config.plugin, sort_keys=True),
@@ -35,11 +36,11 @@ def data_spec(config: RunConfig) -> DataSpec:
 
 def _fixed_shards(config: RunConfig) -> dict[str, Any]:
     """FedRevive's shards (partition = "dirichlet_fixed"); other partitions keep the spec they always had."""
-    if config.partition != "dirichlet_fixed":
+    if not config.data.fixed_shards:
         return {}
     return {
-        "client_data_size": config.client_data_size,
-        "val_fraction": config.val_split,
+        "client_data_size": config.data.client_data_size,
+        "val_fraction": config.data.val_split,
         "kd_fraction": config.kd_split,
     }
 
@@ -52,7 +53,7 @@ def train_config(config: RunConfig) -> LocalTrainConfig:
         optimizer=config.local_optimizer,
         lr=config.local_lr,
         momentum=config.local_momentum,
-        augment=augmentation(config.augment, blank_pixel(config.dataset)),
+        augment=augmentation(config.data.augment, blank_pixel(config.data.dataset)),
     )
 
 

@@ -4,14 +4,16 @@ declares it."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 import pytest
 
-from fedqueue.errors import ConfigError
+from fedqueue.errors import ConfigError, DataError
 from fedqueue.fl.clock.delays import FEDREVIVE_CLOCK
 from fedqueue.fl.clock.section import ClockSection
 from fedqueue.fl.config import RunConfig, config_sections
+from fedqueue.fl.ml.data_section import DataSection
 from fedqueue.fl.packs.section import PackSection
 
 SPEED = {"mean": [0.01, 0.04], "std": [0.001, 0.004], "share": [0.7, 0.3]}
@@ -26,7 +28,7 @@ def test_the_clock_keys_are_flat_in_the_file_and_held_by_the_clock_section() -> 
     # The stored dict reads back to the same config, its keys where the section stands among the run's.
     assert RunConfig.from_stored(json.loads(json.dumps(flat))) == config
     keys = list(flat)
-    assert keys.index("kd_split") < keys.index("device_speed") < keys.index("upload_delay") < keys.index("val_split")
+    assert keys.index("kd_split") < keys.index("device_speed") < keys.index("upload_delay") < keys.index("plugin")
 
     phased = config.with_keys(clock=FEDREVIVE_CLOCK, device_speed={}, communication_delay={})
     assert phased.timing.phased and phased.timing.device_speed == {} and phased.seed == config.seed
@@ -65,10 +67,46 @@ def test_packing_keys_are_held_by_its_section_and_auto_is_resolved_before_a_task
 
 def test_the_reference_lists_the_shared_sections_after_the_run_s_own_keys() -> None:
     headings = [(heading, section) for heading, section, _ in config_sections()]
-    assert headings[:3] == [
+    assert headings[:4] == [
         ("Every run", RunConfig),
+        ("The data (every mode)", DataSection),
         ("Packing devices into tasks (every mode)", PackSection),
         ("The simulated clock (every mode)", ClockSection),
     ]
     run_keys = config_sections()[0][2]
-    assert not {"clock", "timing", "pack_size", "packing"} & set(run_keys)
+    assert not {"clock", "timing", "pack_size", "packing", "dataset", "data"} & set(run_keys)
+
+
+def test_the_data_keys_are_held_by_the_data_section_and_stored_flat(tmp_path: Path) -> None:
+    root = str(tmp_path)
+    fixed = {"partition": "dirichlet_fixed", "client_data_size": 20, "augment": "crop_flip"}
+    config = RunConfig.from_dict({"dataset": "cifar10", "data_root": root, **fixed})
+    expected = DataSection("cifar10", root, partition="dirichlet_fixed", client_data_size=20, augment="crop_flip")
+    assert config.data == expected
+    assert config.data.fixed_shards and config.data.missing_root is None
+    flat = config.to_dict()
+    assert flat["partition"] == "dirichlet_fixed" and flat["val_split"] == 0.15 and "data" not in flat
+    assert RunConfig.from_stored(json.loads(json.dumps(flat))) == config
+    moved = config.with_keys(data_root=str(tmp_path / "gone"))
+    assert moved.data.missing_root == str(tmp_path / "gone") and moved.data.partition == "dirichlet_fixed"
+    with pytest.raises(DataError, match="^data_root: dataset root '.*gone' does not exist$"):
+        RunConfig.from_dict(moved.to_dict())
+    assert RunConfig.from_dict(moved.to_dict(), check_data=False) == moved
+
+
+def test_the_data_section_checks_its_keys_naming_each() -> None:
+    refused: list[tuple[dict[str, Any], str]] = [
+        ({"dataset": "mnist"}, "dataset: unknown dataset 'mnist'"),
+        ({"dataset": "cifar100"}, "data_root: the cifar100 dataset needs data_root"),
+        ({"partition": "shards"}, "partition: unknown partition 'shards'"),
+        ({"alpha": 0}, "alpha: must be greater than 0"),
+        ({"samples_per_device": 0}, "samples_per_device: must be a positive integer"),
+        ({"augment": "crop_flip"}, 'augment: "crop_flip" crops 32x32 images'),
+        ({"partition": "dirichlet_fixed", "client_data_size": 9, "val_split": 0.9}, "val_split: val_split + kd_split"),
+        # kd_split is the run's (FedRevive's held-out share); the fixed shards leave it out in every mode.
+        ({"partition": "dirichlet_fixed", "client_data_size": 9, "kd_split": 1.0}, "kd_split: a share of the"),
+    ]
+    for raw, message in refused:
+        with pytest.raises(ConfigError) as raised:
+            RunConfig.from_dict(raw)
+        assert str(raised.value).startswith(message), (raw, str(raised.value))
