@@ -19,6 +19,7 @@ from fedqueue.fl.clock.stops import StopRules, check_stop_rules
 from fedqueue.fl.config_files import ConfigFile, read_config_file
 from fedqueue.fl.ml.data_section import DataSection
 from fedqueue.fl.ml.plugins import describe_choices, is_valid_name
+from fedqueue.fl.ml.train_section import TrainingSection
 from fedqueue.fl.packs.section import PackSection
 from fedqueue.fl.sections.base import (
     SECTION,
@@ -37,7 +38,6 @@ from fedqueue.fl.strategy.modes import MODES as STRATEGY_MODES
 from fedqueue.store.schema import NAME_MAX
 
 FAILURE_POLICIES = ("skip", "abort")
-OPTIMIZERS = ("sgd", "adam")
 MODES = tuple(STRATEGY_MODES)
 
 # FLARE's edge FedBuff names (its recipe's ModelManagerConfig, DeviceManagerConfig, SimulationConfig): a config
@@ -80,18 +80,8 @@ class RunConfig:
     """Devices selected each round (drawn from `seed` and the round)."""
     rounds: int = 10
     """Synchronous rounds to run; in the buffered modes, the default of `max_model_version`."""
-    local_iters: int | None = None
-    """Local optimizer steps per device task; set this or `local_epochs`, not both (neither: one epoch)."""
-    local_epochs: int | None = None
-    """Passes over the device's data per device task; set this or `local_iters` (neither: one epoch)."""
-    local_batch_size: int = 16
-    """Local mini-batch size."""
-    local_optimizer: str = "sgd"
-    """The devices' optimizer: `sgd` or `adam`."""
-    local_lr: float = 0.05
-    """The devices' learning rate."""
-    local_momentum: float = 0.0
-    """SGD's momentum, in [0, 1)."""
+    # How each device trains its update, in local training's section (fl/ml/train_section.py).
+    training: TrainingSection = field(default_factory=TrainingSection, metadata=SECTION)
     global_lr: float = 1.0
     """Server learning rate: the step along the averaged update (in the buffered modes, the weighted mean update)."""
     eval_every: int = 1
@@ -121,8 +111,6 @@ class RunConfig:
     max_rounds: int | None = None
     """FedRevive's name for the versions a run makes: sets `rounds` (`fedavg`) or `max_model_version` (the
     buffered modes)."""
-    local_step: str = "cross_entropy"
-    """The devices' objective: `cross_entropy`, or a plugin's `package.module:attribute`."""
     # Devices per task and how a task trains them, in packing's section (fl/packs/section.py).
     packing: PackSection = field(default_factory=PackSection, metadata=SECTION)
     # How updates become versions: a strategy per mode, each in its folder of fl/strategy/.
@@ -189,7 +177,7 @@ class RunConfig:
         named = {
             "dataset": self.data.dataset,
             "model": self.model,
-            "local_step": self.local_step,
+            "local_step": self.training.local_step,
             "aggregate": "fedavg",
         }
         settings = self.strategy_settings
@@ -267,17 +255,9 @@ class RunConfig:
             early_stop=tuple((int(item["version"]), float(item["accuracy"])) for item in self.early_stop),
         )
 
-    @property
-    def effective_local_epochs(self) -> int | None:
-        # Neither knob set means one local epoch, the common default.
-        if self.local_iters is None and self.local_epochs is None:
-            return 1
-        return self.local_epochs
-
     def _check_rules(self, check_data: bool = True) -> None:
-        self._check_counts()
+        self._check_numbers()
         self._check_names()
-        self._check_rates()
         check_stop_rules(self.max_sim_time, self.target_accuracy, self.early_stop, self.eval_every, self.max_rounds)
         # The strategy's refusals come first: FedRevive's names kd_split's range before the data's split would.
         if self.strategy_settings is not None:
@@ -288,21 +268,11 @@ class RunConfig:
         if self.tensorboard_dir is not None and (not self.tensorboard_dir.strip() or "\0" in self.tensorboard_dir):
             raise ConfigError(f"tensorboard_dir: a folder name, got {self.tensorboard_dir!r}")
 
-    def _check_counts(self) -> None:
-        for key in (
-            "num_devices",
-            "devices_per_round",
-            "rounds",
-            "local_batch_size",
-            "eval_every",
-            "min_devices_per_round",
-        ):
+    def _check_numbers(self) -> None:
+        for key in ("num_devices", "devices_per_round", "rounds", "eval_every", "min_devices_per_round"):
             positive(key, getattr(self, key))
-        for key in ("local_iters", "local_epochs"):
-            if getattr(self, key) is not None:
-                positive(key, getattr(self, key))
-        if self.local_iters is not None and self.local_epochs is not None:
-            raise ConfigError("local_iters: set either local_iters or local_epochs, not both")
+        if not self.global_lr > 0:
+            raise ConfigError(f"global_lr: must be greater than 0, got {self.global_lr}")
         if self.devices_per_round > self.num_devices:
             raise ConfigError(
                 f"devices_per_round: {self.devices_per_round} selected is more than num_devices = {self.num_devices}"
@@ -316,21 +286,11 @@ class RunConfig:
             positive("max_model_version", self.max_model_version)
 
     def _check_names(self) -> None:
-        for kind in ("model", "local_step"):
-            name = getattr(self, kind)
-            if not is_valid_name(kind, name):
-                raise ConfigError(f"{kind}: unknown {kind} {name!r} (choose from {describe_choices(kind)})")
+        if not is_valid_name("model", self.model):
+            raise ConfigError(f"model: unknown model {self.model!r} (choose from {describe_choices('model')})")
         if len(self.name) > NAME_MAX:
             raise ConfigError(f"name: at most {NAME_MAX} characters, got {len(self.name)}")
         choice("on_failure", self.on_failure, FAILURE_POLICIES)
-        choice("local_optimizer", self.local_optimizer, OPTIMIZERS)
-
-    def _check_rates(self) -> None:
-        for key in ("local_lr", "global_lr"):
-            if not getattr(self, key) > 0:
-                raise ConfigError(f"{key}: must be greater than 0, got {getattr(self, key)}")
-        if not 0 <= self.local_momentum < 1:
-            raise ConfigError(f"local_momentum: must be in [0, 1), got {self.local_momentum}")
 
     def _check_data(self, check_data: bool) -> None:
         try:
@@ -376,7 +336,12 @@ S = TypeVar("S")
 # their keys; each strategy's section, and which key it declares (a section may extend another's, as FedRevive's
 # extends FedBuff's, whose keys stay FedBuff's).
 _RUN_KEYS = key_types(RunConfig)
-_SHARED_SECTIONS: dict[str, type] = {"data": DataSection, "packing": PackSection, "timing": ClockSection}
+_SHARED_SECTIONS: dict[str, type] = {
+    "data": DataSection,
+    "training": TrainingSection,
+    "packing": PackSection,
+    "timing": ClockSection,
+}
 _SHARED_KEYS: dict[str, str] = {key: name for name, section in _SHARED_SECTIONS.items() for key in key_types(section)}
 _STRATEGY_SECTIONS: tuple[type, ...] = tuple(
     dict.fromkeys(mode.section for mode in STRATEGY_MODES.values() if mode.section is not None)

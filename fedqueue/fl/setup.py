@@ -46,13 +46,14 @@ def _fixed_shards(config: RunConfig) -> dict[str, Any]:
 
 
 def train_config(config: RunConfig) -> LocalTrainConfig:
+    training = config.training
     return LocalTrainConfig(
-        local_iters=config.local_iters,
-        local_epochs=config.effective_local_epochs,
-        batch_size=config.local_batch_size,
-        optimizer=config.local_optimizer,
-        lr=config.local_lr,
-        momentum=config.local_momentum,
+        local_iters=training.local_iters,
+        local_epochs=training.effective_epochs,
+        batch_size=training.local_batch_size,
+        optimizer=training.local_optimizer,
+        lr=training.local_lr,
+        momentum=training.local_momentum,
         augment=augmentation(config.data.augment, blank_pixel(config.data.dataset)),
     )
 
@@ -93,8 +94,9 @@ def device_clock(config: RunConfig, data: FederatedData | None) -> TripClock:
         return FlareClock(config.seed, speed, delay, config.num_devices)
     if data is None:
         raise ValueError("the per-sample clock needs the devices' data sizes")
+    training = config.training
     work = [
-        samples_processed(len(part), config.local_batch_size, config.local_iters, config.effective_local_epochs)
+        samples_processed(len(part), training.local_batch_size, training.local_iters, training.effective_epochs)
         for part in data.partitions
     ]
     return DeviceClock(config.seed, speed, delay, work)
@@ -111,7 +113,7 @@ class Plugins:
 
 def resolve_plugins(config: RunConfig) -> Plugins:
     return Plugins(
-        local_step=resolve("local_step", config.local_step),
+        local_step=resolve("local_step", config.training.local_step),
         aggregate=resolve("aggregate", config.plugin_names()["aggregate"]),
         options=dict(config.plugin),
     )

@@ -14,6 +14,7 @@ from fedqueue.fl.clock.delays import FEDREVIVE_CLOCK
 from fedqueue.fl.clock.section import ClockSection
 from fedqueue.fl.config import RunConfig, config_sections
 from fedqueue.fl.ml.data_section import DataSection
+from fedqueue.fl.ml.train_section import TrainingSection
 from fedqueue.fl.packs.section import PackSection
 
 SPEED = {"mean": [0.01, 0.04], "std": [0.001, 0.004], "share": [0.7, 0.3]}
@@ -43,10 +44,7 @@ def test_the_clock_section_checks_its_keys_naming_each() -> None:
         ({"upload_delay": {"type": "constant"}}, 'upload_delay: applies to clock = "fedrevive"'),
         ({"communication_delay": {"mean": [1.0, 2.0]}}, "communication_delay.mean: one number"),
     ]
-    for raw, message in refused:
-        with pytest.raises(ConfigError) as raised:
-            RunConfig.from_dict(raw)
-        assert str(raised.value).startswith(message), (raw, str(raised.value))
+    _assert_refused(refused)
 
 
 def test_packing_keys_are_held_by_its_section_and_auto_is_resolved_before_a_task_reads_them() -> None:
@@ -67,14 +65,15 @@ def test_packing_keys_are_held_by_its_section_and_auto_is_resolved_before_a_task
 
 def test_the_reference_lists_the_shared_sections_after_the_run_s_own_keys() -> None:
     headings = [(heading, section) for heading, section, _ in config_sections()]
-    assert headings[:4] == [
+    assert headings[:5] == [
         ("Every run", RunConfig),
         ("The data (every mode)", DataSection),
+        ("Local training (every mode)", TrainingSection),
         ("Packing devices into tasks (every mode)", PackSection),
         ("The simulated clock (every mode)", ClockSection),
     ]
     run_keys = config_sections()[0][2]
-    assert not {"clock", "timing", "pack_size", "packing", "dataset", "data"} & set(run_keys)
+    assert not {"clock", "timing", "pack_size", "packing", "dataset", "data", "local_iters", "training"} & set(run_keys)
 
 
 def test_the_data_keys_are_held_by_the_data_section_and_stored_flat(tmp_path: Path) -> None:
@@ -106,6 +105,37 @@ def test_the_data_section_checks_its_keys_naming_each() -> None:
         # kd_split is the run's (FedRevive's held-out share); the fixed shards leave it out in every mode.
         ({"partition": "dirichlet_fixed", "client_data_size": 9, "kd_split": 1.0}, "kd_split: a share of the"),
     ]
+    _assert_refused(refused)
+
+
+def test_the_local_training_keys_are_held_by_the_training_section() -> None:
+    config = RunConfig.from_dict({"local_iters": 5, "local_optimizer": "adam", "local_lr": 0.01})
+    assert config.training == TrainingSection(local_iters=5, local_optimizer="adam", local_lr=0.01)
+    assert config.training.effective_epochs is None
+    assert config.to_dict()["local_iters"] == 5 and "training" not in config.to_dict()
+    assert RunConfig.from_stored(json.loads(json.dumps(config.to_dict()))) == config
+    # Neither steps nor passes set: one pass over the device's data.
+    by_epoch = config.with_keys(local_iters=None)
+    assert by_epoch.training.effective_epochs == 1 and by_epoch.training.local_optimizer == "adam"
+    assert config.plugin_names()["local_step"] == "cross_entropy"
+    assert config.with_keys(local_step="pkg.mod:step").plugin_names()["local_step"] == "pkg.mod:step"
+
+
+def test_the_training_section_checks_its_keys_naming_each() -> None:
+    refused: list[tuple[dict[str, Any], str]] = [
+        ({"local_iters": 2, "local_epochs": 1}, "local_iters: set either local_iters or local_epochs, not both"),
+        ({"local_epochs": 0}, "local_epochs: must be a positive integer, got 0"),
+        ({"local_batch_size": -1}, "local_batch_size: must be a positive integer, got -1"),
+        ({"local_optimizer": "rmsprop"}, "local_optimizer: unknown local_optimizer 'rmsprop' (choose from sgd, adam)"),
+        ({"local_lr": 0}, "local_lr: must be greater than 0, got 0.0"),
+        ({"local_momentum": 1}, "local_momentum: must be in [0, 1), got 1.0"),
+        ({"local_step": "nope"}, "local_step: unknown local_step 'nope'"),
+    ]
+    _assert_refused(refused)
+
+
+def _assert_refused(refused: list[tuple[dict[str, Any], str]]) -> None:
+    """Each config refused with a line that starts as given."""
     for raw, message in refused:
         with pytest.raises(ConfigError) as raised:
             RunConfig.from_dict(raw)

@@ -296,7 +296,7 @@ def test_auto_learning_rates_resolve_as_theirs_do(tmp_path: Path) -> None:
     data = dd_fedrevive()
     data.update(server_lr="auto", local_learning_rate="auto")
     config = load_run_config(_write(tmp_path, "dd", data), {"data_root": str(tmp_path)})
-    assert (config.global_lr, config.local_lr) == (0.2, 0.0003)
+    assert (config.global_lr, config.training.local_lr) == (0.2, 0.0003)
 
 
 def test_check_prints_toml_that_run_reads_back_to_the_same_config(tmp_path: Path) -> None:
