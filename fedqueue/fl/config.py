@@ -17,7 +17,9 @@ from fedqueue.errors import ConfigError, DataError, did_you_mean
 from fedqueue.fl.clock.section import ClockSection
 from fedqueue.fl.clock.stops import StopRules, check_stop_rules
 from fedqueue.fl.config_files import ConfigFile, read_config_file
+from fedqueue.fl.ml.data_section import DataSection
 from fedqueue.fl.ml.plugins import describe_choices, is_valid_name
+from fedqueue.fl.ml.train_section import TrainingSection
 from fedqueue.fl.packs.section import PackSection
 from fedqueue.fl.sections.base import (
     SECTION,
@@ -35,16 +37,8 @@ from fedqueue.fl.strategy.mode import Mode
 from fedqueue.fl.strategy.modes import MODES as STRATEGY_MODES
 from fedqueue.store.schema import NAME_MAX
 
-PARTITIONS = ("iid", "dirichlet", "dirichlet_fixed")
 FAILURE_POLICIES = ("skip", "abort")
-OPTIMIZERS = ("sgd", "adam")
 MODES = tuple(STRATEGY_MODES)
-LOCAL_DATASETS = ("cifar10", "cifar100")  # read from data_root, never downloaded
-AUGMENTS = ("none", "crop_flip", "crop_flip_rotate")  # as fl/ml/augment.py
-# The built-in datasets' images (channels, height, width): the augmentations crop 32x32 images padded by 4 pixels,
-# which on 8x8 digits leaves little of the digit (a run trains, to below chance).
-IMAGE_SHAPES = {"digits": (1, 8, 8), "synthetic": (3, 32, 32), "cifar10": (3, 32, 32), "cifar100": (3, 32, 32)}
-AUGMENT_SIZE = (32, 32)
 
 # FLARE's edge FedBuff names (its recipe's ModelManagerConfig, DeviceManagerConfig, SimulationConfig): a config
 # written with them is told fedqueue's knob, or why there is none, instead of "unknown setting".
@@ -75,12 +69,8 @@ class RunConfig:
 
     name: str = ""
     """Label shown by `fedqueue runs`."""
-    dataset: str = "digits"
-    """`digits` (scikit-learn's, offline), `cifar10` / `cifar100` (torchvision's files, read from `data_root`),
-    `synthetic` (CIFAR-shaped, generated), or a plugin's `package.module:attribute`."""
-    data_root: str | None = None
-    """Folder holding `cifar-10-batches-py/` (or `cifar-100-python/`); needed by `cifar10` and `cifar100`, which
-    are never downloaded."""
+    # The dataset, its split over the devices and its augmentation, in the data's section (fl/ml/data_section.py).
+    data: DataSection = field(default_factory=DataSection, metadata=SECTION)
     model: str = "mlp"
     """`mlp`, `cnn` (the small CIFAR CNN), `resnet18` (torchvision's), `resnet18_fedrevive` (FedRevive's, without
     BatchNorm), or a plugin."""
@@ -90,27 +80,10 @@ class RunConfig:
     """Devices selected each round (drawn from `seed` and the round)."""
     rounds: int = 10
     """Synchronous rounds to run; in the buffered modes, the default of `max_model_version`."""
-    local_iters: int | None = None
-    """Local optimizer steps per device task; set this or `local_epochs`, not both (neither: one epoch)."""
-    local_epochs: int | None = None
-    """Passes over the device's data per device task; set this or `local_iters` (neither: one epoch)."""
-    local_batch_size: int = 16
-    """Local mini-batch size."""
-    local_optimizer: str = "sgd"
-    """The devices' optimizer: `sgd` or `adam`."""
-    local_lr: float = 0.05
-    """The devices' learning rate."""
-    local_momentum: float = 0.0
-    """SGD's momentum, in [0, 1)."""
+    # How each device trains its update, in local training's section (fl/ml/train_section.py).
+    training: TrainingSection = field(default_factory=TrainingSection, metadata=SECTION)
     global_lr: float = 1.0
     """Server learning rate: the step along the averaged update (in the buffered modes, the weighted mean update)."""
-    samples_per_device: int | None = None
-    """Cap on each device's training samples (none: all its share)."""
-    partition: str = "iid"
-    """How the training set is split over the devices: `iid`, `dirichlet` (label shares drawn from
-    Dirichlet(`alpha`)), or `dirichlet_fixed` (FedRevive's overlapping shards of exactly `client_data_size`)."""
-    alpha: float = 0.5
-    """Concentration of the `dirichlet` and `dirichlet_fixed` label draws: smaller is more skewed."""
     eval_every: int = 1
     """Evaluate the global model on held-out data every N rounds (or versions), and after the last."""
     seed: int = 0
@@ -138,8 +111,6 @@ class RunConfig:
     max_rounds: int | None = None
     """FedRevive's name for the versions a run makes: sets `rounds` (`fedavg`) or `max_model_version` (the
     buffered modes)."""
-    local_step: str = "cross_entropy"
-    """The devices' objective: `cross_entropy`, or a plugin's `package.module:attribute`."""
     # Devices per task and how a task trains them, in packing's section (fl/packs/section.py).
     packing: PackSection = field(default_factory=PackSection, metadata=SECTION)
     # How updates become versions: a strategy per mode, each in its folder of fl/strategy/.
@@ -150,23 +121,11 @@ class RunConfig:
     max_model_version: int | None = None
     """Buffered modes: the run ends when this version is made (none: `rounds`; version 0 is the initial model)."""
     # FedRevive's held-out share: its server distils on it, and its fixed shards (dirichlet_fixed) leave it out in
-    # every mode, as their data split does.
+    # every mode, as their data split does; a run key, as the strategy and the data section both read it.
     kd_split: float = 0.1
     """FedRevive: share of the training set the server holds out to distil on (`simple_kd`); no device gets it."""
     # How a simulated trip is timed: its keys (clock, device_speed, ...) in the clock's section (fl/clock/section.py).
     timing: ClockSection = field(default_factory=ClockSection, metadata=SECTION)
-    # FedRevive's data: partition = "dirichlet_fixed" gives every device exactly
-    # client_data_size samples, class shares from its own Dirichlet(alpha) draw, shards overlapping
-    # across devices; drawn from the training set left after a fixed seed-42 split takes val_split and
-    # kd_split out (fl/ml/fixed_shards.py). augment: each batch's random crop (4 px of black padding)
-    # and flip, + a 15 degree rotation with "crop_flip_rotate" (fl/ml/augment.py).
-    client_data_size: int | None = None
-    """With `partition = "dirichlet_fixed"` (required there): the samples every device gets."""
-    val_split: float = 0.15
-    """With `partition = "dirichlet_fixed"`: the share of the training set split off first (with `kd_split`)."""
-    augment: str = "none"
-    """Training-batch augmentation: `none`, `crop_flip` (a random 32 px crop of a 4 px zero-padded copy, and a
-    horizontal flip) or `crop_flip_rotate` (and up to 15 degrees of rotation)."""
     # Free-form settings handed to the plugins (the TOML `[plugin]` table).
     plugin: dict[str, Any] = field(default_factory=dict)
     """Free-form settings handed to every plugin (the TOML `[plugin]` table)."""
@@ -215,7 +174,12 @@ class RunConfig:
         """Each kind of plugin the run uses and its name here (a built-in's, or `module:attribute`): a strategy
         section's key named after a kind names that one (FedAvg's `aggregate`); a mode naming no aggregate folds
         by fedavg's sum."""
-        named = {"dataset": self.dataset, "model": self.model, "local_step": self.local_step, "aggregate": "fedavg"}
+        named = {
+            "dataset": self.data.dataset,
+            "model": self.model,
+            "local_step": self.training.local_step,
+            "aggregate": "fedavg",
+        }
         settings = self.strategy_settings
         if settings is not None:
             named.update({key: getattr(settings, key) for key in _fields_of(settings) if key in named})
@@ -271,13 +235,6 @@ class RunConfig:
         return cls.from_dict(kept)
 
     @property
-    def missing_data_root(self) -> str | None:
-        """The data_root a local dataset needs that does not exist here, else None."""
-        if self.dataset in LOCAL_DATASETS and self.data_root is not None and not Path(self.data_root).is_dir():
-            return self.data_root
-        return None
-
-    @property
     def last_version(self) -> int | None:
         """The most versions a run makes: `rounds` synchronous rounds, or fedbuff's `max_model_version` (`rounds`
         when unset; None when unset beside max_sim_time: that time bounds it). A stop rule may end it sooner."""
@@ -298,42 +255,24 @@ class RunConfig:
             early_stop=tuple((int(item["version"]), float(item["accuracy"])) for item in self.early_stop),
         )
 
-    @property
-    def effective_local_epochs(self) -> int | None:
-        # Neither knob set means one local epoch, the common default.
-        if self.local_iters is None and self.local_epochs is None:
-            return 1
-        return self.local_epochs
-
     def _check_rules(self, check_data: bool = True) -> None:
-        self._check_counts()
+        self._check_numbers()
         self._check_names()
-        self._check_rates()
-        for name in _SHARED_SECTIONS:
-            getattr(self, name).check(self)
         check_stop_rules(self.max_sim_time, self.target_accuracy, self.early_stop, self.eval_every, self.max_rounds)
+        # The strategy's refusals come first: FedRevive's names kd_split's range before the data's split would.
         if self.strategy_settings is not None:
             self.strategy_settings.check(self)
+        for name in _SHARED_SECTIONS:
+            getattr(self, name).check(self)
         self._check_data(check_data)
-        self._check_fedrevive_data()
         if self.tensorboard_dir is not None and (not self.tensorboard_dir.strip() or "\0" in self.tensorboard_dir):
             raise ConfigError(f"tensorboard_dir: a folder name, got {self.tensorboard_dir!r}")
 
-    def _check_counts(self) -> None:
-        for key in (
-            "num_devices",
-            "devices_per_round",
-            "rounds",
-            "local_batch_size",
-            "eval_every",
-            "min_devices_per_round",
-        ):
+    def _check_numbers(self) -> None:
+        for key in ("num_devices", "devices_per_round", "rounds", "eval_every", "min_devices_per_round"):
             positive(key, getattr(self, key))
-        for key in ("local_iters", "local_epochs", "samples_per_device"):
-            if getattr(self, key) is not None:
-                positive(key, getattr(self, key))
-        if self.local_iters is not None and self.local_epochs is not None:
-            raise ConfigError("local_iters: set either local_iters or local_epochs, not both")
+        if not self.global_lr > 0:
+            raise ConfigError(f"global_lr: must be greater than 0, got {self.global_lr}")
         if self.devices_per_round > self.num_devices:
             raise ConfigError(
                 f"devices_per_round: {self.devices_per_round} selected is more than num_devices = {self.num_devices}"
@@ -347,22 +286,11 @@ class RunConfig:
             positive("max_model_version", self.max_model_version)
 
     def _check_names(self) -> None:
-        for kind in ("dataset", "model", "local_step"):
-            name = getattr(self, kind)
-            if not is_valid_name(kind, name):
-                raise ConfigError(f"{kind}: unknown {kind} {name!r} (choose from {describe_choices(kind)})")
+        if not is_valid_name("model", self.model):
+            raise ConfigError(f"model: unknown model {self.model!r} (choose from {describe_choices('model')})")
         if len(self.name) > NAME_MAX:
             raise ConfigError(f"name: at most {NAME_MAX} characters, got {len(self.name)}")
-        choice("partition", self.partition, PARTITIONS)
         choice("on_failure", self.on_failure, FAILURE_POLICIES)
-        choice("local_optimizer", self.local_optimizer, OPTIMIZERS)
-
-    def _check_rates(self) -> None:
-        for key in ("local_lr", "global_lr", "alpha"):
-            if not getattr(self, key) > 0:
-                raise ConfigError(f"{key}: must be greater than 0, got {getattr(self, key)}")
-        if not 0 <= self.local_momentum < 1:
-            raise ConfigError(f"local_momentum: must be in [0, 1), got {self.local_momentum}")
 
     def _check_data(self, check_data: bool) -> None:
         try:
@@ -371,38 +299,8 @@ class RunConfig:
             raise ConfigError("plugin: values must be finite numbers, strings, booleans, lists or tables") from None
         if self.seed < 0:
             raise ConfigError(f"seed: must be 0 or more, got {self.seed}")
-        if self.dataset in LOCAL_DATASETS:
-            if self.data_root is None:
-                raise ConfigError(f"data_root: the {self.dataset} dataset needs data_root (a local folder)")
-            if check_data and self.missing_data_root is not None:
-                raise DataError(f"data_root: dataset root {self.data_root!r} does not exist")
-
-    def _check_fedrevive_data(self) -> None:
-        choice("augment", self.augment, AUGMENTS)
-        shape = IMAGE_SHAPES.get(self.dataset)
-        if self.augment != "none" and shape is not None and shape[1:] != AUGMENT_SIZE:
-            raise ConfigError(
-                f'augment: "{self.augment}" crops 32x32 images padded by 4 pixels; dataset {self.dataset!r} has'
-                f' {"x".join(map(str, shape))} images (set augment = "none")'
-            )
-        if self.partition != "dirichlet_fixed":
-            if self.client_data_size is not None:
-                raise ConfigError('client_data_size: applies to partition = "dirichlet_fixed" only')
-            return
-        if self.client_data_size is None:
-            raise ConfigError('client_data_size: required with partition = "dirichlet_fixed" (samples per device)')
-        positive("client_data_size", self.client_data_size)
-        if self.samples_per_device is not None:
-            raise ConfigError(
-                'samples_per_device: partition = "dirichlet_fixed" gives exactly client_data_size; unset it'
-            )
-        for key in ("val_split", "kd_split"):
-            if not 0 <= getattr(self, key) < 1:
-                raise ConfigError(f"{key}: a share of the training set in [0, 1), got {getattr(self, key)}")
-        if self.val_split + self.kd_split >= 1:
-            raise ConfigError(
-                f"val_split: val_split + kd_split = {self.val_split + self.kd_split} leave no training set"
-            )
+        if check_data and self.data.missing_root is not None:
+            raise DataError(f"data_root: dataset root {self.data.data_root!r} does not exist")
 
     @property
     def strategy_mode(self) -> Mode:
@@ -438,7 +336,12 @@ S = TypeVar("S")
 # their keys; each strategy's section, and which key it declares (a section may extend another's, as FedRevive's
 # extends FedBuff's, whose keys stay FedBuff's).
 _RUN_KEYS = key_types(RunConfig)
-_SHARED_SECTIONS: dict[str, type] = {"packing": PackSection, "timing": ClockSection}
+_SHARED_SECTIONS: dict[str, type] = {
+    "data": DataSection,
+    "training": TrainingSection,
+    "packing": PackSection,
+    "timing": ClockSection,
+}
 _SHARED_KEYS: dict[str, str] = {key: name for name, section in _SHARED_SECTIONS.items() for key in key_types(section)}
 _STRATEGY_SECTIONS: tuple[type, ...] = tuple(
     dict.fromkeys(mode.section for mode in STRATEGY_MODES.values() if mode.section is not None)

@@ -32,7 +32,7 @@ def submit_run(services: Services, config: RunConfig, run_id: str | None = None)
 
     check_plugins(config)
     run_id = run_id or new_run_id()
-    data = call_plugin("dataset", config.dataset, load_federated, data_spec(config))
+    data = call_plugin("dataset", config.data.dataset, load_federated, data_spec(config))
     state = call_plugin(
         "model",
         config.model,

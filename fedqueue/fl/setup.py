@@ -21,14 +21,15 @@ from fedqueue.fl.ml.train import LocalTrainConfig
 
 
 def data_spec(config: RunConfig) -> DataSpec:
+    data = config.data
     return DataSpec(
-        dataset=config.dataset,
-        root=config.data_root,
+        dataset=data.dataset,
+        root=data.data_root,
         seed=config.seed,
         num_devices=config.num_devices,
-        partition=config.partition,
-        alpha=config.alpha,
-        samples_per_device=config.samples_per_device,
+        partition=data.partition,
+        alpha=data.alpha,
+        samples_per_device=data.samples_per_device,
         server_fraction=config.held_out,
         **_fixed_shards(config),
         options_json=json.dumps(config.plugin, sort_keys=True),
@@ -37,24 +38,25 @@ def data_spec(config: RunConfig) -> DataSpec:
 
 def _fixed_shards(config: RunConfig) -> dict[str, Any]:
     """FedRevive's shards (partition = "dirichlet_fixed"); other partitions keep the spec they always had."""
-    if config.partition != "dirichlet_fixed":
+    if not config.data.fixed_shards:
         return {}
     return {
-        "client_data_size": config.client_data_size,
-        "val_fraction": config.val_split,
+        "client_data_size": config.data.client_data_size,
+        "val_fraction": config.data.val_split,
         "kd_fraction": config.kd_split,
     }
 
 
 def train_config(config: RunConfig) -> LocalTrainConfig:
+    training = config.training
     return LocalTrainConfig(
-        local_iters=config.local_iters,
-        local_epochs=config.effective_local_epochs,
-        batch_size=config.local_batch_size,
-        optimizer=config.local_optimizer,
-        lr=config.local_lr,
-        momentum=config.local_momentum,
-        augment=augmentation(config.augment, blank_pixel(config.dataset)),
+        local_iters=training.local_iters,
+        local_epochs=training.effective_epochs,
+        batch_size=training.local_batch_size,
+        optimizer=training.local_optimizer,
+        lr=training.local_lr,
+        momentum=training.local_momentum,
+        augment=augmentation(config.data.augment, blank_pixel(config.data.dataset)),
     )
 
 
@@ -95,10 +97,11 @@ def device_clock(config: RunConfig, data: FederatedData | None) -> TripClock:
     if data is None:
         raise ValueError("the per-sample clock needs the devices' data sizes")
     # Per distinct size, not per device: a million fixed shards have one size.
+    training = config.training
     sizes, which = np.unique(partition_sizes(data), return_inverse=True)
     work = np.array(
         [
-            samples_processed(int(size), config.local_batch_size, config.local_iters, config.effective_local_epochs)
+            samples_processed(int(size), training.local_batch_size, training.local_iters, training.effective_epochs)
             for size in sizes
         ],
         dtype=np.int64,
@@ -117,7 +120,7 @@ class Plugins:
 
 def resolve_plugins(config: RunConfig) -> Plugins:
     return Plugins(
-        local_step=resolve("local_step", config.local_step),
+        local_step=resolve("local_step", config.training.local_step),
         aggregate=resolve("aggregate", config.plugin_names()["aggregate"]),
         options=dict(config.plugin),
     )

@@ -176,7 +176,7 @@ def test_an_augmentation_for_32x32_images_is_refused_on_the_digits(overrides: di
         f"augment: \"{overrides['augment']}\" crops 32x32 images padded by 4 pixels; dataset 'digits' has {shape}"
         ' images (set augment = "none")'
     )
-    assert RunConfig.from_dict({"dataset": "synthetic", **overrides}).augment == overrides["augment"]
+    assert RunConfig.from_dict({"dataset": "synthetic", **overrides}).data.augment == overrides["augment"]
 
 
 @pytest.mark.parametrize("shape", [(4, 1, 8, 8), (4, 64), (4, 3, 28, 28)])
@@ -204,7 +204,8 @@ def test_the_shrink_recipe_checks(tmp_path: Path) -> None:
     assert checked.returncode == 0, checked.stderr
     assert "warning" not in checked.stderr  # the digits need no data folder
     config = RunConfig.from_dict(tomllib.loads(checked.stdout))
-    assert (config.dataset, config.model, config.augment, config.num_devices) == ("digits", "mlp", "none", 100)
+    data = config.data
+    assert (data.dataset, config.model, data.augment, config.num_devices) == ("digits", "mlp", "none", 100)
     assert (
         config.data_free
         and config.strategy(FedReviveSection).dfkd["freeze_rounds"] == 10

@@ -289,14 +289,14 @@ def test_cifar100_reads_from_its_own_folder_and_rotates_too(tmp_path: Path) -> N
     config = load_run_config(
         _write(tmp_path / "data", "c100", data), {"data_root": str(tmp_path / "data" / "cifar100")}
     )
-    assert (config.dataset, config.augment) == ("cifar100", "crop_flip_rotate")
+    assert (config.data.dataset, config.data.augment) == ("cifar100", "crop_flip_rotate")
 
 
 def test_auto_learning_rates_resolve_as_theirs_do(tmp_path: Path) -> None:
     data = dd_fedrevive()
     data.update(server_lr="auto", local_learning_rate="auto")
     config = load_run_config(_write(tmp_path, "dd", data), {"data_root": str(tmp_path)})
-    assert (config.global_lr, config.local_lr) == (0.2, 0.0003)
+    assert (config.global_lr, config.training.local_lr) == (0.2, 0.0003)
 
 
 def test_check_prints_toml_that_run_reads_back_to_the_same_config(tmp_path: Path) -> None:
@@ -354,7 +354,7 @@ def test_the_small_example_keeps_its_experiment_s_strategy_clock_and_stops(name:
     settings = small.strategy_settings
     # Devices at once: FedBuff's concurrency, a round's devices in synchronous rounds.
     at_once = settings.resolved_concurrency(small) if isinstance(settings, FedBuffSection) else small.devices_per_round
-    assert (small.dataset, small.num_devices, at_once) == ("digits", 100, 20)
+    assert (small.data.dataset, small.num_devices, at_once) == ("digits", 100, 20)
     bound = small.strategy_mode.bound
     assert small.to_dict()[bound] == full.to_dict()[bound] // 5
     assert small.early_stop == [{"version": 200, "accuracy": 0.15}] and small.max_sim_time == 40

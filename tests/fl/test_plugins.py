@@ -42,7 +42,7 @@ def final_weights_of_runs_together(
 
 def test_fedprox_with_mu_zero_equals_builtin_fedavg(plugin_settings: Settings, tmp_path: Path) -> None:
     builtin = small_config(partition="dirichlet", alpha=0.5)
-    fedprox = replace(builtin, local_step="fedqueue_examples.fedprox:fedprox_step", plugin={"mu": 0.0})
+    fedprox = builtin.with_keys(local_step="fedqueue_examples.fedprox:fedprox_step", plugin={"mu": 0.0})
     proximal = replace(fedprox, plugin={"mu": 1.0})
     weights = final_weights_of_runs_together(plugin_settings, [builtin, fedprox, proximal], tmp_path)
     assert_same_weights(weights[0], weights[1])

@@ -57,7 +57,8 @@ def _batches(count: int, batch_size: int, generator: torch.Generator) -> Iterato
 
 def _train(config: RunConfig, global_state: State, data: TensorData, seed: int) -> State:
     """local_iters steps of SGD with momentum on plain cross-entropy, from the global weights."""
-    assert config.local_iters is not None and config.local_optimizer == "sgd"
+    training = config.training
+    assert training.local_iters is not None and training.local_optimizer == "sgd"
     info = load_federated(data_spec(config))
     model = build_model(config.model, info.input_shape, info.num_classes)
     model.load_state_dict(global_state)
@@ -65,8 +66,8 @@ def _train(config: RunConfig, global_state: State, data: TensorData, seed: int) 
     params = list(model.parameters())
     buffers: list[torch.Tensor | None] = [None] * len(params)
     count = len(data)
-    batches = _batches(count, min(config.local_batch_size, count), torch.Generator().manual_seed(seed))
-    for _ in range(config.local_iters):
+    batches = _batches(count, min(training.local_batch_size, count), torch.Generator().manual_seed(seed))
+    for _ in range(training.local_iters):
         index = next(batches)
         for param in params:
             param.grad = None
@@ -78,9 +79,9 @@ def _train(config: RunConfig, global_state: State, data: TensorData, seed: int) 
                 if buffer is None:  # the first step's buffer is the gradient itself (no dampening)
                     buffers[i] = buffer = param.grad.clone()
                 else:
-                    buffer.mul_(config.local_momentum).add_(param.grad)
+                    buffer.mul_(training.local_momentum).add_(param.grad)
                 # alpha= is one fused multiply-add on the CPU; `param -= lr * buffer` rounds twice.
-                param.add_(buffer, alpha=-config.local_lr)
+                param.add_(buffer, alpha=-training.local_lr)
     return {name: value.detach().clone() for name, value in model.state_dict().items()}
 
 

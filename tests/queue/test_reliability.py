@@ -143,8 +143,7 @@ def test_poisoned_device_fails_after_the_attempt_cap(settings: Settings, tmp_pat
     settings = reliable_settings(settings, max_lost_attempts=2, heartbeat_ttl_s=10, lease_ttl_s=10)
     base = slow_config(0.0, rounds=2, devices_per_round=5, local_iters=3)
     poisoned = select_devices(base.seed, 1, base.num_devices, base.devices_per_round)[2]
-    config = replace(
-        base,
+    config = base.with_keys(
         dataset="fq_reliability:poisoned_digits",
         on_failure=policy,
         min_devices_per_round=3,

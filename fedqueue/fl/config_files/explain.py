@@ -82,10 +82,10 @@ def stop_lines(config: RunConfig, fedrevive_json: bool = False) -> list[str]:
 
 def missing_data_line(config: RunConfig) -> str | None:
     """A warning naming the dataset folder that is not there (`fedqueue run` refuses the config until it is)."""
-    root = config.missing_data_root
+    root = config.data.missing_root
     if root is None:
         return None
-    folder = DATA_FOLDERS.get(config.dataset, config.dataset)
+    folder = DATA_FOLDERS.get(config.data.dataset, config.data.dataset)
     return (
         f"warning: data_root: dataset root {root!r} does not exist here; `fedqueue run` refuses this config until"
         f" it holds {folder}/ (or --set data_root=FOLDER names another)"

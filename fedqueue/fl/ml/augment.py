@@ -15,11 +15,10 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from fedqueue.errors import ConfigError
+from fedqueue.fl.ml.data_section import AUGMENT_SIZE, AUGMENTS
 from fedqueue.fl.ml.seeding import task_seed
 from fedqueue.fl.ml.torch_device import host_to_device
 
-AUGMENTS = ("none", "crop_flip", "crop_flip_rotate")
-IMAGE_SIZE = (32, 32)  # what a device's augmentation is meant for: CIFAR's images
 PAD = 4
 ROTATION_DEGREES = 15.0
 AUGMENT_STREAM = 0xA06E  # keeps the augmentation's draws apart from the batch order's
@@ -115,7 +114,7 @@ def apply(aug: Augmentation, images: Tensor, draws: Draws) -> Tensor:
 def check_image_size(images: Tensor) -> None:
     """A device's batch (N, C, 32, 32), else one line naming `augment` and the shape: on other images (8x8 digits,
     flat inputs) the crop and rotation leave too little of them, and a run trains to below chance."""
-    if images.dim() != 4 or tuple(images.shape[2:]) != IMAGE_SIZE:
+    if images.dim() != 4 or tuple(images.shape[2:]) != AUGMENT_SIZE:
         shape = "x".join(str(size) for size in images.shape[1:])
         raise ConfigError(
             f'augment: crops 32x32 images padded by 4 pixels; the dataset\'s are {shape} (set augment = "none")'

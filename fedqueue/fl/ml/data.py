@@ -19,10 +19,10 @@ import torch
 import torch.nn.functional as F
 
 from fedqueue.errors import ConfigError, DataError
+from fedqueue.fl.ml.data_section import PARTITIONS
 from fedqueue.fl.ml.fixed_shards import FixedShards, fixed_split
 from fedqueue.fl.ml.plugins import DatasetRequest, LoadedDataset, TensorData, describe_choices, is_valid_name, resolve
 
-PARTITIONS = ("iid", "dirichlet", "dirichlet_fixed")
 NUM_CLASSES = 10
 CIFAR100_CLASSES = 100
 

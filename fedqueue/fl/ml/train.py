@@ -14,8 +14,7 @@ from torch import nn
 from fedqueue.errors import ConfigError, DataError
 from fedqueue.fl.ml.augment import Augmentation, augment_batch, augment_generator
 from fedqueue.fl.ml.plugins import LocalStep, Options, TensorData
-
-OPTIMIZERS = ("sgd", "adam")
+from fedqueue.fl.ml.train_section import OPTIMIZERS
 
 
 @dataclass(frozen=True)

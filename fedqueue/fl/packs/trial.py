@@ -177,6 +177,6 @@ def check_pack_mode(config: RunConfig, data: FederatedData) -> None:
     except Exception as err:  # whatever the step does under vmap, the user gets one line and the advice
         reason = (str(err).strip().splitlines() or [""])[0][:200]
         raise ConfigError(
-            f"pack_mode: local_step {config.local_step!r} cannot run under vmap ({type(err).__name__}: {reason}); "
+            f"pack_mode: local_step {config.training.local_step!r} cannot run under vmap ({type(err).__name__}: {reason}); "
             f"{advice}"
         ) from None

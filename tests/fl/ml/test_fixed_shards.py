@@ -85,7 +85,7 @@ def test_config_names_the_field() -> None:
     with pytest.raises(ConfigError, match="^val_split:"):
         small_config(partition="dirichlet_fixed", client_data_size=10, val_split=0.95)
     config = small_config(partition="dirichlet_fixed", client_data_size=10)
-    assert config.val_split == 0.15
+    assert config.data.val_split == 0.15
 
 
 def plain_deal(labels: np.ndarray, devices: int, size: int, alpha: float, seed: int) -> list[np.ndarray]:

@@ -122,7 +122,7 @@ def test_a_timed_mode_is_remembered_per_config_on_this_machine(tmp_path: Path, m
     timed: list[int] = []
 
     def timer(config: RunConfig, data: object, pack: int) -> tuple[float, float]:
-        timed.append(config.local_batch_size)
+        timed.append(config.training.local_batch_size)
         return 0.002, 0.001
 
     config = _config(model="mlp")
@@ -130,16 +130,17 @@ def test_a_timed_mode_is_remembered_per_config_on_this_machine(tmp_path: Path, m
     workers = {"cpu0@h": 1, "cpu1@h": 1}
     first = resolve_packing(config, data, lambda: workers, timer)
     again = resolve_packing(replace(config, name="renamed", rounds=9), data, lambda: workers, timer)
-    assert timed == [config.local_batch_size]
+    batch_size = config.training.local_batch_size
+    assert timed == [batch_size]
     assert (
         (again.packing.pack_size, again.packing.pack_mode)
         == (first.packing.pack_size, first.packing.pack_mode)
         == (6, "vmap")
     )
     assert "remembered from an earlier submit" in again.packing.pack_choice and "timed" in again.packing.pack_choice
-    other = replace(config, local_batch_size=config.local_batch_size + 1)
+    other = config.with_keys(local_batch_size=batch_size + 1)
     resolve_packing(other, load_federated(data_spec(other)), lambda: workers, timer)
-    assert timed == [config.local_batch_size, config.local_batch_size + 1]
+    assert timed == [batch_size, batch_size + 1]
     (tmp_path / "fedqueue" / "pack_modes.json").write_text("{not json")
     resolve_packing(config, data, lambda: workers, timer)
     assert len(timed) == 3

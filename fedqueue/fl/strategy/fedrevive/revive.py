@@ -135,7 +135,7 @@ class Reviver:
                 self.data.input_shape,
                 self.data.num_classes,
                 pixel_range=self._pixel_range(),
-                rotate=self.config.augment == "crop_flip_rotate",
+                rotate=self.config.data.augment == "crop_flip_rotate",
             )
         proxy = None
         if knobs["class_proportion_source"] == "estimated":
