@@ -18,6 +18,7 @@ import torch
 from torch import Tensor, nn
 from torch.func import functional_call, vmap
 
+from fedqueue.fl.ml.aggregate import _Scratch, _sliced
 from fedqueue.fl.ml.augment import augment_generator, augment_stacked
 from fedqueue.fl.ml.plugins import LocalStep, Options, TensorData
 from fedqueue.fl.ml.stat_resnet import StatTracker
@@ -102,7 +103,6 @@ class StackedPack:
         Floating buffers are not trained, so their share is zero; counters (integer tensors) are
         the pack's, as FedAvg takes them from a round's lowest device.
         """
-        weights = torch.tensor(self.samples, dtype=torch.float64)
         summed: dict[str, Tensor] = {}
         for key, start in self.global_state.items():
             stacked = self.parameters.get(key)
@@ -112,9 +112,15 @@ class StackedPack:
             if stacked is None:
                 summed[key] = torch.zeros(start.shape, dtype=torch.float64)
                 continue
-            difference = stacked.detach().to(torch.float64) - start.to(torch.float64)
-            shape = (-1,) + (1,) * start.dim()
-            summed[key] = cpu_copy((difference * weights.to(difference.device).view(shape)).sum(0))
+            # A cache-sized slice at a time, every device's share added in device order: no float64 copy of
+            # the stacked weights (the pack's size times the state), which cost more than the pack's training
+            # for a big state.
+            total = torch.zeros(start.shape, dtype=torch.float64, device=start.device)
+            scratch = _Scratch()
+            for into, before, *members in _sliced(total, start, *stacked.detach().unbind(0)):
+                for trained, samples in zip(members, self.samples, strict=True):
+                    into.add_(scratch.difference(trained, before).mul_(samples))
+            summed[key] = total if total.device.type == "cpu" else total.to("cpu")
         return summed
 
 

@@ -45,8 +45,8 @@ def auto_pack_mode(has_convolution: bool, on_gpu: bool, vmap_refused: str | None
 
 
 def measured_pack_mode(sequential_s: float, vmap_s: float) -> tuple[str, str]:
-    """(mode, why) from one pack's training timed both ways on a CPU (seconds per device)."""
-    timed = f"timed {sequential_s * 1000:.2f} ms a device-step back to back, {vmap_s * 1000:.2f} ms vmapped"
+    """(mode, why) from one pack's local update timed both ways on a CPU (seconds per device)."""
+    timed = f"timed {sequential_s * 1000:.2f} ms a device's update back to back, {vmap_s * 1000:.2f} ms vmapped"
     if vmap_s <= sequential_s * VMAP_TOLERANCE:
         return "vmap", timed
     return "sequential", f"{timed} (vmap {vmap_s / sequential_s:.1f}x slower)"

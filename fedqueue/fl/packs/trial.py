@@ -7,6 +7,7 @@ workers get a rule, since this process must not touch CUDA.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import time
 from collections.abc import Callable
@@ -19,9 +20,10 @@ from fedqueue.errors import ConfigError
 from fedqueue.fl.config import RunConfig
 from fedqueue.fl.ml.data import FederatedData, device_data
 from fedqueue.fl.ml.models import build_model
-from fedqueue.fl.ml.pack_train import train_pack, vmap_refusal
+from fedqueue.fl.ml.pack_train import StackedPack, train_pack, vmap_refusal
 from fedqueue.fl.ml.train import local_schedule, train_local
 from fedqueue.fl.ml.trial_update import TrialUpdate
+from fedqueue.fl.ml.weights import encode_state
 from fedqueue.fl.packs import cache as pack_cache
 from fedqueue.fl.packs.rules import (
     PACKS_PER_SLOT,
@@ -97,9 +99,11 @@ TIMINGS_BUDGET_S = 1.0  # all timings together: a model whose step is slow is ti
 
 
 def time_pack_modes(config: RunConfig, data: FederatedData, pack: int) -> tuple[float, float]:
-    """Seconds a local step per device, one pack of up to `pack` devices trained back to back and vmapped,
-    on this process's CPU with one torch thread (as a worker slot trains). The optimizer's update is
-    a stand-in that does its work without importing torch.optim's machinery (fedqueue.fl.ml.trial_update)."""
+    """Seconds per device of its local update, one pack of up to `pack` devices trained back to back and
+    vmapped, on this process's CPU with one torch thread (as a worker slot trains): the steps timed, scaled
+    to the run's local steps, plus what each way does with the trained weights before they leave
+    (`_state_seconds`). The optimizer's update is a stand-in that does its work without importing
+    torch.optim's machinery (fedqueue.fl.ml.trial_update)."""
 
     devices = list(range(min(pack, config.num_devices, TIMED_PACK_MAX)))
     spec = data_spec(config)
@@ -119,9 +123,13 @@ def time_pack_modes(config: RunConfig, data: FederatedData, pack: int) -> tuple[
                 for device, samples in zip(devices, datas, strict=True):
                     train_local(model, samples, trial, device, cpu, plugins.local_step, plugins.options, TrialUpdate)
 
+            trained: list[StackedPack] = []
+
             def stacked(steps: int) -> None:
                 trial = replace(full, local_iters=steps, local_epochs=None)
-                train_pack(model, datas, trial, devices, cpu, plugins.local_step, plugins.options, TrialUpdate)
+                trained[:] = [
+                    train_pack(model, datas, trial, devices, cpu, plugins.local_step, plugins.options, TrialUpdate)
+                ]
 
             # One untimed step each (vmap traces its function on the first call) sizes the steps timed.
             first = max(_seconds(loop, 1), _seconds(stacked, 1))
@@ -133,17 +141,56 @@ def time_pack_modes(config: RunConfig, data: FederatedData, pack: int) -> tuple[
                 sequential.append(_seconds(loop, steps))
                 vmapped.append(_seconds(stacked, steps))
             per_step = steps * len(devices)
-            return min(sequential) / per_step, min(vmapped) / per_step
+            run_steps = sum(local_schedule(len(samples), full)[1] for samples in datas) / len(datas)
+            alone, together = _state_seconds(model.state_dict(), trained[0], _presums_packs(config))
+            return (
+                min(sequential) / per_step * run_steps + alone,
+                min(vmapped) / per_step * run_steps + together,
+            )
     finally:
         torch.set_num_threads(threads)
+
+
+def _state_seconds(state: dict[str, torch.Tensor], pack: StackedPack, presums: bool) -> tuple[float, float]:
+    """Seconds per device from trained weights to the bytes uploaded, (back to back, vmapped).
+
+    Back to back, each device's state is encoded and hashed. A vmapped pack's weights are taken apart
+    into one state per device, each encoded and hashed, or, where the run sums a pack where it trained
+    (FedAvg), summed in float64 and that one sum, twice a state's bytes, encoded and hashed. For a model
+    of millions of parameters these cost as much as a few steps; for a small one nothing.
+    """
+
+    def blob(weights: dict[str, torch.Tensor]) -> None:
+        hashlib.sha256(encode_state(weights)).digest()
+
+    def unstacked() -> None:
+        for outcome in pack.outcomes():
+            blob(outcome.state)
+
+    alone = _timed(lambda: blob(state))
+    together = _timed(lambda: blob(pack.weighted_delta_sum())) if presums else _timed(unstacked)
+    return alone, together / len(pack.samples)
+
+
+def _presums_packs(config: RunConfig) -> bool:
+    """Whether a vmapped pack of this run uploads one pre-summed update (as its device task decides)."""
+    # The strategies import the packs' task cutting: asked here, when a run is submitted.
+    from fedqueue.fl.ml.aggregate import SUMMABLE_RULES
+    from fedqueue.fl.strategy.registry import strategy_for
+
+    return config.plugin_names()["aggregate"] in SUMMABLE_RULES and strategy_for(config).presums_packs
+
+
+def _timed(work: Callable[[], None]) -> float:
+    started = time.thread_time()
+    work()
+    return time.thread_time() - started
 
 
 def _seconds(train: Callable[[int], None], steps: int) -> float:
     """CPU seconds of this thread (torch runs on it with one thread): workers booting beside the submit,
     or any other process, take the CPU away without counting here."""
-    started = time.thread_time()
-    train(steps)
-    return time.thread_time() - started
+    return _timed(lambda: train(steps))
 
 
 def _has_convolution(config: RunConfig, data: FederatedData) -> bool:

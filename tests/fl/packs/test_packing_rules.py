@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import json
+import time
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from fedqueue.fl.config import RunConfig
 from fedqueue.fl.ml.data import load_federated
+from fedqueue.fl.ml.pack_train import StackedPack
 from fedqueue.fl.packs.rules import (
     AUTO_PACK_MAX,
     VMAP_TOLERANCE,
@@ -19,7 +23,7 @@ from fedqueue.fl.packs.rules import (
     measured_pack_mode,
     total_slots,
 )
-from fedqueue.fl.packs.trial import resolve_packing
+from fedqueue.fl.packs.trial import resolve_packing, time_pack_modes
 from fedqueue.fl.setup import data_spec
 
 
@@ -145,3 +149,33 @@ def test_a_timed_mode_is_remembered_per_config_on_this_machine(tmp_path: Path, m
     resolve_packing(config, data, lambda: workers, timer)
     assert len(timed) == 3
     assert json.loads((tmp_path / "fedqueue" / "pack_modes.json").read_text())  # written whole again
+
+
+def _burning(seconds: float, method: Callable[..., Any]) -> Callable[..., Any]:
+    """`method`, after `seconds` of this thread's CPU time (what the trial counts)."""
+
+    def slow(self: StackedPack) -> Any:
+        until = time.thread_time() + seconds
+        while time.thread_time() < until:
+            pass
+        return method(self)
+
+    return slow
+
+
+@pytest.mark.parametrize(
+    ("mode", "handled"),
+    [({}, "weighted_delta_sum"), ({"mode": "fedbuff", "concurrency": 4, "buffer_size": 4}, "outcomes")],
+)
+def test_the_trial_counts_what_a_vmapped_pack_does_with_its_weights(
+    mode: dict[str, object], handled: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A big state's pre-sum (FedAvg) or its taking apart (FedBuff) costs a vmapped pack per pack, not per
+    step: a trial that timed only the steps chose vmap for a state of millions of floats, where it lost."""
+    config = _config(model="mlp", **mode)
+    data = load_federated(data_spec(config))
+    monkeypatch.setattr(StackedPack, handled, _burning(0.4, getattr(StackedPack, handled)))
+    sequential_s, vmap_s = time_pack_modes(config, data, 4)
+    assert vmap_s >= 0.4 / 4  # spread over the pack's 4 devices
+    assert sequential_s < 0.4 / 4
+    assert measured_pack_mode(sequential_s, vmap_s)[0] == "sequential"
