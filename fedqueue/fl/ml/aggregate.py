@@ -152,7 +152,7 @@ def fedavg(
     # read in float32 (or their own dtype) and widened slice by slice, exactly.
     base = {name: current.detach() for name, current in global_state.items() if current.is_floating_point()}
     delta = {name: torch.zeros(value.shape, dtype=torch.float64, device=value.device) for name, value in base.items()}
-    scratch = _Scratch()
+    scratch = Scratch()
     counters: dict[str, Tensor] = {}
     for rank, position in enumerate(order):
         device, samples, state = updates[position]
@@ -160,7 +160,7 @@ def fedavg(
             local = _local(device, state, name, current).detach()
             if name in base:
                 # delta += (samples / total) * (local - base), one rounding per operation as written.
-                for into, trained, before in _sliced(delta[name], local, base[name]):
+                for into, trained, before in sliced(delta[name], local, base[name]):
                     into.add_(scratch.difference(trained, before).mul_(samples / total))
             elif rank == 0 and not counters_from_sum:
                 counters[name] = local.clone()
@@ -169,7 +169,7 @@ def fedavg(
         for name, current in global_state.items():
             summed = _local(device, state, name, current).detach()
             if name in base:
-                for into, pack in _sliced(delta[name], summed):
+                for into, pack in sliced(delta[name], summed):
                     into.add_(scratch.of(pack).div_(total))
             elif rank == 0 and counters_from_sum:
                 counters[name] = summed.clone()
@@ -202,12 +202,12 @@ def fold_buffer(current: Mapping[str, Tensor], buffer: Iterable[WeightedUpdate],
     The same bits as fold_deltas over each update's float64 change, with no state-sized copy per update.
     """
     total = _zero_sums(current)
-    scratch = _Scratch()
+    scratch = Scratch()
     count = 0
     for weight, trained_from, local in buffer:
         count += 1
         for name, into in total.items():
-            for part, trained, before in _sliced(into, local[name].detach(), trained_from[name].detach()):
+            for part, trained, before in sliced(into, local[name].detach(), trained_from[name].detach()):
                 part.add_(scratch.difference(trained, before), alpha=weight)
     return _folded(current, total, count, global_lr)
 
@@ -215,12 +215,12 @@ def fold_buffer(current: Mapping[str, Tensor], buffer: Iterable[WeightedUpdate],
 def fold_deltas(current: Mapping[str, Tensor], buffer: Iterable[WeightedDelta], global_lr: float) -> dict[str, Tensor]:
     """current + global_lr * sum_i w_i * delta_i / n, summed in float64 in the order given."""
     total = _zero_sums(current)
-    scratch = _Scratch()
+    scratch = Scratch()
     count = 0
     for weight, delta in buffer:
         count += 1
         for name, into in total.items():
-            for part, change in _sliced(into, delta[name]):
+            for part, change in sliced(into, delta[name]):
                 part.add_(scratch.of(change), alpha=weight)
     return _folded(current, total, count, global_lr)
 
@@ -252,7 +252,7 @@ def _folded(
 _SLICE = 1 << 15
 
 
-def _sliced(into: Tensor, *inputs: Tensor) -> Iterator[tuple[Tensor, ...]]:
+def sliced(into: Tensor, *inputs: Tensor) -> Iterator[tuple[Tensor, ...]]:
     """The same slice of `into` (a view: writes reach it) and of each input, a cache-sized slice at a time."""
     flat = [into.view(-1), *(tensor.reshape(-1) for tensor in inputs)]
     size = flat[0].numel()
@@ -264,7 +264,7 @@ def _sliced(into: Tensor, *inputs: Tensor) -> Iterator[tuple[Tensor, ...]]:
         yield tuple(tensor[start : start + step] for tensor in flat)
 
 
-class _Scratch:
+class Scratch:
     """One float64 slice reused for every operation: no allocation per update, tensor or slice."""
 
     def __init__(self) -> None:
@@ -285,7 +285,7 @@ class _Scratch:
 def _stepped(base: Tensor, total: Tensor, scale: float) -> Tensor:
     """base + scale * total (total's float64, then base's dtype), a new contiguous tensor; `total` is spent."""
     out = torch.empty(base.shape, dtype=base.dtype, device=base.device)
-    for part, summed, before in _sliced(out, total, base):
+    for part, summed, before in sliced(out, total, base):
         # scale * total, then + base: the two roundings of base + scale * total (addition commutes exactly).
         part.copy_(summed.mul_(scale).add_(before))
     return out

@@ -18,7 +18,7 @@ import torch
 from torch import Tensor, nn
 from torch.func import functional_call, vmap
 
-from fedqueue.fl.ml.aggregate import _Scratch, _sliced
+from fedqueue.fl.ml.aggregate import Scratch, sliced
 from fedqueue.fl.ml.augment import augment_generator, augment_stacked
 from fedqueue.fl.ml.plugins import LocalStep, Options, TensorData
 from fedqueue.fl.ml.stat_resnet import StatTracker
@@ -116,8 +116,8 @@ class StackedPack:
             # the stacked weights (the pack's size times the state), which cost more than the pack's training
             # for a big state.
             total = torch.zeros(start.shape, dtype=torch.float64, device=start.device)
-            scratch = _Scratch()
-            for into, before, *members in _sliced(total, start, *stacked.detach().unbind(0)):
+            scratch = Scratch()
+            for into, before, *members in sliced(total, start, *stacked.detach().unbind(0)):
                 for trained, samples in zip(members, self.samples, strict=True):
                     into.add_(scratch.difference(trained, before).mul_(samples))
             summed[key] = total if total.device.type == "cpu" else total.to("cpu")
