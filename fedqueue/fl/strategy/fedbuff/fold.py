@@ -264,6 +264,18 @@ def fold_updates(
             return made
 
 
+READ_AHEAD = 64  # trips in flight, in simulated order, whose stored results one read of a fold pass looks up
+
+
+class _Stored(dict[tuple[int, int], "Row[Any]"]):
+    """The stored results a fold pass has read, by (round, device), and the trips it looked up: a trip looked up
+    and not here had no stored result at that read."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.looked: set[tuple[int, int]] = set()
+
+
 class _FoldPass:
     """One hold of a run's schedule: arrivals taken, versions made, devices sent, state saved."""
 
@@ -304,9 +316,9 @@ class _FoldPass:
             # A buffered update lost with Redis trains again: nothing moves until it is stored.
             complete = all(_trip_key(a.trip) in results for a in state.buffer)
 
-            def outcome_of(
-                trip: Trip, results: Mapping[Any, Any] = results, complete: bool = complete
-            ) -> Outcome | None:
+            def outcome_of(trip: Trip, results: _Stored = results, complete: bool = complete) -> Outcome | None:
+                if _trip_key(trip) not in results.looked:  # the head, past the trips read so far: read on
+                    self._results(state, results)
                 stored = results.get(_trip_key(trip))
                 if stored is None or not complete:
                     return None
@@ -349,14 +361,23 @@ class _FoldPass:
         for version in range(first, end):
             self._refs.pop(version, None)
 
-    def _results(self, state: ScheduleState) -> dict[tuple[int, int], Row[Any]]:
-        """Stored results of the trips in flight, of those in the buffer (their versions are still to make),
-        and of the remembered updates a version may read (FedRevive's teachers)."""
-        trips = state.in_flight + [arrival.trip for arrival in state.buffer] + list(teachers_needed(state))
+    def _results(self, state: ScheduleState, stored: _Stored | None = None) -> _Stored:
+        """Stored results of the next READ_AHEAD trips in flight, of those in the buffer (their versions are still
+        to make), and of the remembered updates a version may read (FedRevive's teachers), added to `stored`.
+
+        Arrivals are taken in order and a pass takes a few: the trips further on are read once it gets to them,
+        so a read costs by the trips it may take, not by the devices in flight."""
+        stored = _Stored() if stored is None else stored
+        wanted = (
+            state.in_flight[:READ_AHEAD] + [arrival.trip for arrival in state.buffer] + list(teachers_needed(state))
+        )
+        trips = [trip for trip in wanted if _trip_key(trip) not in stored.looked]
         rounds = {trip.round_index for trip in trips}
         devices = {trip.device for trip in trips}
         rows = schedule_rows.stored_results(self.services.store, self.run_id, rounds, devices)
-        return {(row.round_index, row.device): row for row in rows}
+        stored.update(((row.round_index, row.device), row) for row in rows)
+        stored.looked.update(_trip_key(trip) for trip in trips)
+        return stored
 
     def _carry_out(
         self,

@@ -16,7 +16,7 @@ from __future__ import annotations
 import bisect
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -53,9 +53,12 @@ class Rules:
         return StopRules(last_version=self.max_model_version, bound=self.bound, max_sim_time=self.max_sim_time)
 
 
-@dataclass(frozen=True, order=True)
-class Trip:
-    """One dispatch of one device; ordered by simulated arrival (ties by device, then round)."""
+class Trip(NamedTuple):
+    """One dispatch of one device; ordered by simulated arrival (ties by device, then round).
+
+    A tuple, not a dataclass: a schedule holds a trip per device in flight, made from its saved form and
+    compared in order on every fold pass, and a tuple is made and compared in C.
+    """
 
     arrives: float
     device: int
@@ -158,7 +161,7 @@ class ScheduleState:
         return {
             "version": self.version,
             "now": self.now,
-            "in_flight": [trip.to_list() for trip in self.in_flight],
+            "trips": _trips_to_dict(self.in_flight),
             "buffer": [
                 [a.trip.to_list(), a.fate, a.staleness, a.weight, a.version, [t.to_list() for t in a.recent]]
                 for a in self.buffer
@@ -184,7 +187,10 @@ class ScheduleState:
         return cls(
             version=int(raw["version"]),
             now=float(raw["now"]),
-            in_flight=[Trip.from_list(item) for item in raw["in_flight"]],
+            # A schedule saved before trips were kept by column lists each trip.
+            in_flight=_trips_from_dict(raw["trips"])
+            if "trips" in raw
+            else [Trip.from_list(t) for t in raw["in_flight"]],
             buffer=[
                 Arrival(
                     Trip.from_list(trip),
@@ -212,6 +218,27 @@ class ScheduleState:
             last_accuracy=raw.get("last_accuracy"),
             best_accuracy=raw.get("best_accuracy"),
         )
+
+
+def _trips_to_dict(trips: list[Trip]) -> dict[str, Any]:
+    """Trips in flight by column, each pack's round, dispatch time and devices once: a fold pass saves and
+    reads them all, and a thousand in flight made its schedule's largest part."""
+    packs: dict[tuple[int, float, tuple[int, ...]], int] = {}
+    pack_of = [packs.setdefault((trip.round_index, trip.dispatched, trip.pack), len(packs)) for trip in trips]
+    return {
+        "packs": [[round_index, dispatched, list(pack)] for round_index, dispatched, pack in packs],
+        "arrives": [trip.arrives for trip in trips],
+        "device": [trip.device for trip in trips],
+        "pack": pack_of,
+    }
+
+
+def _trips_from_dict(raw: dict[str, Any]) -> list[Trip]:
+    packs = [(int(round_index), float(dispatched), tuple(pack)) for round_index, dispatched, pack in raw["packs"]]
+    return [
+        Trip(float(arrives), device, packs[index][0], packs[index][1], packs[index][2])
+        for arrives, device, index in zip(raw["arrives"], raw["device"], raw["pack"], strict=True)
+    ]
 
 
 def start(rules: Rules, trip_time: TripTime) -> tuple[ScheduleState, Dispatch | None]:

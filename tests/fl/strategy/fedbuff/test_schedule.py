@@ -207,3 +207,18 @@ def test_pick_free_is_numpys_choice_among_the_free_devices_listed() -> None:
         listed = np.random.default_rng([4, trial]).choice(free, size=count, replace=False)
         picked = pick_free(np.random.default_rng([4, trial]), busy, len(free), count)
         assert picked == sorted(int(device) for device in listed)
+
+
+def test_trips_in_flight_are_saved_by_column_and_the_per_trip_form_still_reads() -> None:
+    rules = replace(RULES, num_devices=40, concurrency=12, buffer_size=3, pack_size=4, max_model_version=9)
+    state, _ = schedule.start(rules, lambda r, d, t: 1.0 + (d * 5 + r) % 7)
+    for _ in range(2):  # two versions in: trips of several rounds and packs in flight
+        schedule.advance(state, rules, lambda r, d, t: 1.0 + (d * 5 + r) % 7, trained)
+    assert len({trip.pack for trip in state.in_flight}) > 1 and len({trip.round_index for trip in state.in_flight}) > 1
+    saved = json.loads(json.dumps(state.to_dict()))
+    assert "in_flight" not in saved and len(saved["trips"]["arrives"]) == len(state.in_flight)
+    assert ScheduleState.from_dict(saved) == state
+    # A schedule a running cluster saved before: one list per trip.
+    older = {key: value for key, value in saved.items() if key != "trips"}
+    older["in_flight"] = [[t.arrives, t.device, t.round_index, t.dispatched, list(t.pack)] for t in state.in_flight]
+    assert ScheduleState.from_dict(json.loads(json.dumps(older))) == state
