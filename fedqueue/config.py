@@ -192,7 +192,7 @@ class Settings:
     unix:// URL, as a `fedqueue up` cluster's), else `shared`; `off`: blobs only in Redis (or FEDQUEUE_BLOB_DIR).
     Use `shared` or `off` where a worker reaches a loopback broker without seeing this host's shared memory
     (a container with its own /dev/shm)."""
-    blob_shm_dir: str = DEFAULT_BLOB_SHM_DIR
+    blob_shm_dir: str = field(default_factory=lambda: DEFAULT_BLOB_SHM_DIR)  # read when made: tests point it away
     """FEDQUEUE_BLOB_SHM_DIR: the shared-memory folder blob files go in (a tmpfs; one sub-folder per user and
     cluster); when the default /dev/shm is missing, blobs go to Redis."""
     threads_per_task: int = DEFAULT_THREADS_PER_TASK

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 import redis
 
+import fedqueue.config
 from fedqueue.config import Settings
 from fedqueue.core.database import open_store
 from fedqueue.queue.embedded import EmbeddedRedis
@@ -42,7 +43,9 @@ def private_cache(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.
     of the host's shared memory, so none outlives it."""
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path_factory.mktemp("cache")))
     monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path_factory.mktemp("state")))
-    monkeypatch.setenv("FEDQUEUE_BLOB_SHM_DIR", str(tmp_path_factory.mktemp("shm")))
+    blob_files = str(tmp_path_factory.mktemp("shm"))
+    monkeypatch.setenv("FEDQUEUE_BLOB_SHM_DIR", blob_files)
+    monkeypatch.setattr(fedqueue.config, "DEFAULT_BLOB_SHM_DIR", blob_files)  # Settings made in the test itself
 
 
 def _redis_answers(url: str) -> bool:
