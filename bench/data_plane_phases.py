@@ -119,7 +119,7 @@ def shm_phase_costs(
     in SHM_DIR, removed at the end): median wall ms of each, and their CPU ms together."""
     from fedqueue.core.broker.blobs import RedisBlobStore
     from fedqueue.core.broker.shm import SharedMemoryBlobStore
-    from fedqueue.fl.ml.weights import get_state, put_state
+    from fedqueue.fl.worker.state_blobs import get_state, put_state
 
     root = Path(tempfile.mkdtemp(prefix="data-plane-probe-", dir=SHM_DIR))
     blobs = SharedMemoryBlobStore(root, RedisBlobStore(client, key_prefix, 600), one_host=True, ttl_s=600)

@@ -22,7 +22,8 @@ from fedqueue.core.broker.shm import PARTIAL, SharedMemoryBlobStore, remove_clus
 from fedqueue.core.connect import open_services
 from fedqueue.errors import BlobIntegrityError
 from fedqueue.fl import api
-from fedqueue.fl.ml.weights import decode_state, get_state, put_state
+from fedqueue.fl.ml.weights import decode_state
+from fedqueue.fl.worker.state_blobs import get_state, put_state
 from fedqueue.queue.embedded import EmbeddedRedis
 from tests.conftest import running_workers
 from tests.support.helpers import assert_same_weights, reference_final_state, small_config

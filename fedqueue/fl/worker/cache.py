@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any, TypeVar, cast
 from fedqueue.core.codec import BlobRef
 from fedqueue.core.services import Services
 from fedqueue.fl.config import RunConfig
-from fedqueue.fl.ml.weights import get_state
+from fedqueue.fl.worker.state_blobs import get_state
 
 if TYPE_CHECKING:
     import torch

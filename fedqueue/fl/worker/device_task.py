@@ -13,9 +13,9 @@ from fedqueue.errors import BlobIntegrityError
 from fedqueue.fl.config import RunConfig
 from fedqueue.fl.messages import DeviceTask, pack_sum_key, update_key
 from fedqueue.fl.ml.seeding import task_seed
-from fedqueue.fl.ml.weights import put_state, put_states
 from fedqueue.fl.store.results import DeviceResult, record_device_result, record_device_results, unstored_devices
 from fedqueue.fl.worker.cache import WorkerCache
+from fedqueue.fl.worker.state_blobs import put_state, put_states
 from fedqueue.fl.worker.timing_rows import task_timing
 from fedqueue.store.repo import TaskTiming
 

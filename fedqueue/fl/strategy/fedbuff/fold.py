@@ -31,7 +31,7 @@ from fedqueue.errors import BlobIntegrityError
 from fedqueue.fl.clock.stops import ACCURACY_RULES, Stop, accuracy_stop
 from fedqueue.fl.config import RunConfig
 from fedqueue.fl.messages import DeviceTask, FoldTask, fold_key, global_key
-from fedqueue.fl.ml.weights import decode_state, encode_state, get_state, get_states
+from fedqueue.fl.ml.weights import decode_state, encode_state
 from fedqueue.fl.packs.tasks import tasks_of_packs
 from fedqueue.fl.store import schedule_rows
 from fedqueue.fl.store.results import add_round, get_round
@@ -42,6 +42,7 @@ from fedqueue.fl.strategy.fedbuff import schedule
 from fedqueue.fl.strategy.fedbuff.rule import BUFFERED, VersionInputs, VersionRule
 from fedqueue.fl.strategy.fedbuff.schedule import Arrival, Dispatch, NewVersion, Outcome, Rules, ScheduleState, Trip
 from fedqueue.fl.strategy.fedbuff.section import FedBuffSection
+from fedqueue.fl.worker.state_blobs import get_state, get_states
 from fedqueue.fl.worker.timing_rows import aggregation_timing
 
 if TYPE_CHECKING:

@@ -24,8 +24,8 @@ from fedqueue.core.broker.blobs import blobs_per_read
 from fedqueue.core.codec import BlobRef
 from fedqueue.core.services import Services
 from fedqueue.fl.messages import DEVICES_QUEUE, aggregate_key
-from fedqueue.fl.ml.weights import get_states
 from fedqueue.fl.store.results import count_done, round_outcomes
+from fedqueue.fl.worker.state_blobs import get_states
 
 if TYPE_CHECKING:
     import torch

@@ -24,7 +24,7 @@ from fedqueue.errors import BlobIntegrityError
 from fedqueue.fl.clock.stops import Stop, accuracy_stop, time_stop, version_stop
 from fedqueue.fl.config import RunConfig
 from fedqueue.fl.messages import global_key, is_pack_sum_key
-from fedqueue.fl.ml.weights import decode_state, encode_state, get_states
+from fedqueue.fl.ml.weights import decode_state, encode_state
 from fedqueue.fl.packs.tasks import tasks_of_round
 from fedqueue.fl.store.results import (
     add_round,
@@ -42,6 +42,7 @@ from fedqueue.fl.store.stop_rows import record_stop
 from fedqueue.fl.strategy.common import ClaimLost, checkpoint_bytes, checkpoint_version, evaluate_version, renewing
 from fedqueue.fl.strategy.sync.read_ahead import ReadAhead, read_round_ahead
 from fedqueue.fl.strategy.sync.section import FedAvgSection
+from fedqueue.fl.worker.state_blobs import get_states
 
 if TYPE_CHECKING:
     import torch

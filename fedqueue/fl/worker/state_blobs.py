@@ -1,0 +1,55 @@
+"""Model states through the blob store: written into and mapped from this host's shared memory where the store
+keeps files there (fl/ml/weights.py's write_state and map_state), encoded and decoded elsewhere."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+from fedqueue.core.broker.blobs import BlobStore
+from fedqueue.core.broker.shm import SharedMemoryBlobStore
+from fedqueue.core.codec import BlobRef
+from fedqueue.fl.ml.weights import decode_state, encode_state, map_state, write_state
+
+if TYPE_CHECKING:
+    import torch
+
+
+def put_state(blobs: BlobStore, key: str, state: dict[str, torch.Tensor]) -> BlobRef:
+    """Store a state as a blob: straight into shared memory where the store keeps files there."""
+    if isinstance(blobs, SharedMemoryBlobStore):
+        return blobs.write(key, lambda out: write_state(state, out))
+    return blobs.put(key, encode_state(state))
+
+
+def put_states(blobs: BlobStore, items: Sequence[tuple[str, dict[str, torch.Tensor]]]) -> list[BlobRef]:
+    """Several states (a pack's updates): one round trip where they go to Redis."""
+    if isinstance(blobs, SharedMemoryBlobStore):
+        return [put_state(blobs, key, state) for key, state in items]
+    return blobs.put_many([(key, encode_state(state)) for key, state in items])
+
+
+def get_state(blobs: BlobStore, ref: BlobRef) -> dict[str, torch.Tensor]:
+    state = _mapped(blobs, ref)
+    return state if state is not None else decode_state(blobs.get(ref))
+
+
+def get_states(blobs: BlobStore, refs: Sequence[BlobRef]) -> list[dict[str, torch.Tensor]]:
+    """The states of these blobs: mapped from this host's shared memory where they are there, else read
+    (several per round trip) and decoded."""
+    mapped: list[dict[str, torch.Tensor] | None] = [_mapped(blobs, ref) for ref in refs]
+    elsewhere = [ref for ref, state in zip(refs, mapped, strict=True) if state is None]
+    read = iter(blobs.get_many(elsewhere))
+    return [state if state is not None else decode_state(next(read)) for state in mapped]
+
+
+def _mapped(blobs: BlobStore, ref: BlobRef) -> dict[str, torch.Tensor] | None:
+    if not isinstance(blobs, SharedMemoryBlobStore):
+        return None
+    path = blobs.local_path(ref)
+    if path is None:
+        return None
+    try:
+        return map_state(path)
+    except FileNotFoundError:  # deleted since
+        return None
