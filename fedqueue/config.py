@@ -188,8 +188,9 @@ class Settings:
     blob_shm: str = "auto"
     """FEDQUEUE_BLOB_SHM: how workers on one host share model blobs. `local`: as files in shared memory only (every
     process of the deployment on this host); `shared`: those files, plus a copy in Redis (or FEDQUEUE_BLOB_DIR)
-    for workers on other hosts; `auto` (the default): `local` when the broker is on this host (a loopback or
-    unix:// URL, as a `fedqueue up` cluster's), else `shared`; `off`: blobs only in Redis (or FEDQUEUE_BLOB_DIR).
+    for workers on other hosts; `auto` (the default): `local` when the broker is reached by a loopback or unix://
+    URL and listens on loopback alone (its `bind`, as a `fedqueue up` cluster's Redis), else `shared`; `off`: blobs
+    only in Redis (or FEDQUEUE_BLOB_DIR).
     Use `shared` or `off` where a worker reaches a loopback broker without seeing this host's shared memory
     (a container with its own /dev/shm)."""
     blob_shm_dir: str = field(default_factory=lambda: DEFAULT_BLOB_SHM_DIR)  # read when made: tests point it away
@@ -378,9 +379,19 @@ def with_password(url: str | None, password: str | None) -> str | None:
 
 
 def broker_on_this_host(url: str) -> bool:
-    """A broker only this host's processes reach: a unix socket or a loopback address."""
+    """A broker reached through a unix socket or a loopback address (it may listen on others too)."""
     parts = urlsplit(url)
     return parts.scheme == "unix" or parts.hostname in LOOPBACK_HOSTS
+
+
+def broker_address(url: str | None) -> str:
+    """Where the broker is, the same for every URL that reaches it from this host: no credentials or options,
+    one name for loopback."""
+    parts = urlsplit(url or "")
+    if parts.scheme == "unix":
+        return f"unix:{parts.path}"
+    host = "loopback" if parts.hostname in LOOPBACK_HOSTS else parts.hostname
+    return f"{parts.scheme}://{host}:{parts.port or 6379}/{parts.path.strip('/') or '0'}"
 
 
 def insecure_broker(url: str | None) -> bool:

@@ -33,7 +33,7 @@ def open_services(
         redis_blobs = RedisBlobStore(client, settings.key_prefix, settings.blob_ttl_s)
         blobs = SpillingBlobStore(redis_blobs, BrokerMemory(client), store, settings.blob_ttl_s)
     # Workers on this host share blobs as files in shared memory; the store above is for other hosts.
-    blobs = with_shared_memory(settings, blobs)
+    blobs = with_shared_memory(settings, blobs, client)
     return Services(
         settings=settings,
         store=store,

@@ -18,7 +18,13 @@ import torch
 from fedqueue.config import Settings
 from fedqueue.core.broker import keys
 from fedqueue.core.broker.blobs import RedisBlobStore
-from fedqueue.core.broker.shm import PARTIAL, SharedMemoryBlobStore, remove_cluster_files, shm_root
+from fedqueue.core.broker.shm import (
+    PARTIAL,
+    SharedMemoryBlobStore,
+    listens_on_loopback_only,
+    remove_cluster_files,
+    shm_root,
+)
 from fedqueue.core.connect import open_services
 from fedqueue.errors import BlobIntegrityError
 from fedqueue.fl import api
@@ -176,3 +182,40 @@ def test_a_run_on_one_host_moves_no_update_through_redis(settings: Settings, tmp
 
 def _state_bytes(state: dict[str, torch.Tensor]) -> int:
     return sum(tensor.numel() * tensor.element_size() for tensor in state.values())
+
+
+class _Answers:
+    """A broker's answers to CONFIG GET, for the rule that reads them (the real broker's are tested below)."""
+
+    def __init__(self, port: str, bind: str) -> None:
+        self.config = {"port": port, "bind": bind}
+
+    def config_get(self, name: str) -> dict[str, str]:
+        return {name: self.config[name]}
+
+
+@pytest.mark.parametrize(
+    ("port", "bind", "alone"),
+    [
+        ("6379", "127.0.0.1 -::1", True),
+        ("0", "", True),  # a unix socket only
+        ("6379", "", False),  # every interface
+        ("6379", "* -::*", False),
+        ("6379", "127.0.0.1 10.200.1.1", False),  # loopback and an address other hosts reach
+    ],
+)
+def test_blobs_stay_on_one_host_only_where_the_broker_listens_on_loopback_alone(
+    port: str, bind: str, alone: bool
+) -> None:
+    assert listens_on_loopback_only(_Answers(port, bind)) is alone  # type: ignore[arg-type]
+
+
+def test_the_brokers_here_listen_on_loopback_and_one_folder_serves_every_spelling_of_their_url(
+    settings: Settings,
+) -> None:
+    with EmbeddedRedis() as embedded:
+        assert listens_on_loopback_only(redis.Redis.from_url(embedded.url))
+    assert listens_on_loopback_only(redis.Redis.from_url(settings.broker_url or ""))
+    spellings = ["redis://127.0.0.1:6379/0", "redis://:secret@localhost:6379/0", "redis://127.0.0.1:6379"]
+    assert len({shm_root(replace(settings, broker_url=url)) for url in spellings}) == 1
+    assert shm_root(replace(settings, broker_url="redis://127.0.0.1:6379/1")) != shm_root(settings)

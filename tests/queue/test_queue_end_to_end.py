@@ -17,7 +17,7 @@ from fedqueue.report.summary import run_summary
 from tests.conftest import running_workers
 from tests.support.helpers import (
     assert_same_weights,
-    broker_redis,
+    blob_keys_left,
     held_out_accuracy,
     reference_final_state,
     run_to_end,
@@ -81,10 +81,7 @@ def test_two_rounds_stored_aggregated_and_evaluated(backend_settings: Settings, 
     summary = run_summary(store, run_id)
     assert summary["rounds_done"] == 2 and summary["tasks_done"] == 16
     # Aggregated updates are deleted; only the final global model stays (until its TTL).
-    blobs = sorted(
-        key.decode() for key in broker_redis(services).scan_iter(match=f"{backend_settings.key_prefix}:blob:*")
-    )
-    assert blobs == [f"{backend_settings.key_prefix}:blob:{run_id}/global/2"]
+    assert blob_keys_left(services) == [f"{run_id}/global/2"]
     assert len(summary["workers"]) == 2
     services.close()
 

@@ -60,6 +60,24 @@ def broker_redis(services: Services) -> redis.Redis:
     return services.ledger.redis
 
 
+def blob_keys_left(services: Services) -> list[str]:
+    """The keys of every blob still kept: in the broker, and in this host's shared memory where blobs go there."""
+    from fedqueue.core.broker import keys
+    from fedqueue.core.broker.shm import PARTIAL, SharedMemoryBlobStore
+
+    prefix = keys.blob_prefix(services.settings.key_prefix)
+    found = {key.decode()[len(prefix) :] for key in broker_redis(services).scan_iter(match=f"{prefix}*")}
+    if isinstance(services.blobs, SharedMemoryBlobStore) and services.blobs.root.is_dir():
+        root = services.blobs.root
+        # A blob is the file ROOT/<key>/<digest>; half-written files wait in ROOT/PARTIAL.
+        found |= {
+            path.parent.relative_to(root).as_posix()
+            for path in root.rglob("*")
+            if path.is_file() and PARTIAL not in path.relative_to(root).parts
+        }
+    return sorted(found)
+
+
 def reference_final_state(config: RunConfig) -> dict[str, torch.Tensor]:
     """The same experiment, computed in this process with no queue: what the workers must match."""
     from fedqueue.fl.ml.aggregate import fedavg

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import functools
 import hashlib
 import io
 import logging
@@ -31,7 +32,9 @@ from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path, PurePosixPath
 from typing import BinaryIO
 
-from fedqueue.config import Settings, broker_on_this_host
+import redis
+
+from fedqueue.config import Settings, broker_address, broker_on_this_host
 from fedqueue.core.broker.blobs import BlobStore, blob_ref
 from fedqueue.core.codec import BlobRef
 from fedqueue.errors import BlobIntegrityError
@@ -51,10 +54,12 @@ Writer = Callable[[BinaryIO], object]
 class SharedMemoryBlobStore:
     """A `BlobStore` of files in a shared-memory folder, over `remote` (Redis or a shared folder)."""
 
-    def __init__(self, root: Path, remote: BlobStore, *, one_host: bool, ttl_s: int) -> None:
+    def __init__(self, root: Path, remote: BlobStore, *, one_host: bool | Callable[[], bool], ttl_s: int) -> None:
         self.root = root
         self.remote = remote
-        self.one_host = one_host  # True: no process elsewhere reads these blobs, none is copied to `remote`
+        # True: no process elsewhere reads these blobs, none is copied to `remote`. A callable is asked at the
+        # first blob written (it may ask the broker, which need not be up when this is made), then kept.
+        self._one_host = one_host
         self._ttl_s = ttl_s
         self._lock = threading.Lock()
         self._swept_at = time.monotonic()
@@ -65,6 +70,12 @@ class SharedMemoryBlobStore:
         if not parts or key.startswith("/") or any(part in ("", ".", "..", PARTIAL) for part in parts):
             raise BlobIntegrityError(f"blob key {key!r} escapes the shared-memory folder")
         return self.root.joinpath(*parts)
+
+    @property
+    def one_host(self) -> bool:
+        if not isinstance(self._one_host, bool):
+            self._one_host = self._one_host()
+        return self._one_host
 
     def write(self, key: str, write: Writer) -> BlobRef:
         """A blob that `write` writes into a file object: straight into shared memory, no bytes in between."""
@@ -223,12 +234,37 @@ def shm_root(settings: Settings) -> Path | None:
     base = Path(settings.blob_shm_dir)
     if not base.is_dir() or not os.access(base, os.W_OK | os.X_OK):
         return None
-    cluster = hashlib.sha256(f"{settings.broker_url}\n{settings.key_prefix}".encode()).hexdigest()[:16]
+    # Named by the broker as every process reaches it, whatever the credentials or loopback name in its URL.
+    cluster = hashlib.sha256(f"{broker_address(settings.broker_url)}\n{settings.key_prefix}".encode()).hexdigest()[:16]
     return base / f"fedqueue-{os.getuid()}" / cluster
 
 
-def with_shared_memory(settings: Settings, remote: BlobStore) -> BlobStore:
-    """`remote` behind this host's shared memory, as the settings ask (see `Settings.blob_shm`)."""
+def listens_on_loopback_only(client: redis.Redis) -> bool:
+    """Whether the Redis server takes connections from this host alone: a unix socket, or loopback binds only.
+
+    A broker reached here by a loopback URL may still listen on an address other hosts' workers use, and those
+    read blobs from it. Where the server will not say (CONFIG refused, as managed services do), other hosts may.
+    """
+    try:
+        port = client.config_get("port").get("port")
+        binds = str(client.config_get("bind").get("bind", "")).split()
+    except redis.ResponseError:
+        return False
+    if port == "0":
+        return True
+    # An empty bind listens on every interface; a leading "-" marks an address that may be missing.
+    return bool(binds) and all(_loopback(address.lstrip("-")) for address in binds)
+
+
+def _loopback(address: str) -> bool:
+    return address == "::1" or address == "localhost" or address.startswith("127.")
+
+
+def with_shared_memory(settings: Settings, remote: BlobStore, client: redis.Redis | None = None) -> BlobStore:
+    """`remote` behind this host's shared memory, as the settings ask (see `Settings.blob_shm`).
+
+    `client` is the broker's: under `auto`, blobs stay on this host only when the broker is reached by a loopback
+    URL and listens on loopback alone."""
     root = shm_root(settings)
     if root is None:
         return remote
@@ -243,7 +279,9 @@ def with_shared_memory(settings: Settings, remote: BlobStore) -> BlobStore:
         log.warning("blobs go to the broker: shared-memory folder %s is not this user's", root.parent)
         return remote
     mode = settings.blob_shm
-    one_host = mode == "local" or (mode == "auto" and broker_on_this_host(settings.broker_url or ""))
+    one_host: bool | Callable[[], bool] = mode == "local"
+    if mode == "auto" and broker_on_this_host(settings.broker_url or ""):
+        one_host = True if client is None else functools.partial(listens_on_loopback_only, client)
     return SharedMemoryBlobStore(root, remote, one_host=one_host, ttl_s=settings.blob_ttl_s)
 
 

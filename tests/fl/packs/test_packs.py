@@ -202,8 +202,10 @@ def test_the_demo_config_packed_by_default_reaches_the_accuracy_of_one_device_pe
     plain = demo.with_keys(pack_size=1, pack_mode="sequential")
     single, auto, again = _finish_together(settings, [plain, demo, demo], 2, tmp_path)
     chosen = [api.load_config(handle.store.get_run(handle.id).config) for handle in (auto, again)]
-    # 2 worker slots answered: packs of 5, vmapped (the MLP's stacked step timed faster than the loop).
-    assert [(config.packing.pack_size, config.packing.pack_mode) for config in chosen] == [(5, "vmap")] * 2, chosen
+    # 2 worker slots answered: packs of 5. Vmapped or not is timed (vmap on a quiet machine; a loaded one may
+    # time the loop faster): the second submit takes the first's choice, so both runs pack the same way.
+    packed = [(config.packing.pack_size, config.packing.pack_mode) for config in chosen]
+    assert packed[0] == packed[1] and packed[0] in [(5, "vmap"), (5, "sequential")], chosen
     assert "timed" in chosen[0].packing.pack_choice
     assert_same_weights(auto.final_weights(), again.final_weights())
     accuracy = [handle.status()["final_accuracy"] for handle in (single, auto)]
