@@ -15,6 +15,7 @@ from typing import Any
 from fedqueue.errors import ConfigError
 from fedqueue.report.html import render_html
 from fedqueue.report.kind import views_of
+from fedqueue.report.long_table import write_table_files
 from fedqueue.report.run_data import RunData, load_run_data
 from fedqueue.report.timeline import (
     Lane,
@@ -234,6 +235,8 @@ def write_report(store: Store, run_id: str, out_dir: Path, now: float | None = N
         )
         if page.draw is not None:
             page.draw(out_dir, name)
+        for table in page.tables:
+            write_table_files(table, out_dir, name)
         (out_dir / "report.html").write_text(render_html(report, page), encoding="utf-8")
     except OSError as err:
         raise ConfigError(f"--out: cannot write the report into {str(out_dir)!r}: {err.strerror or err}") from None
