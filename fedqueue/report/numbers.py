@@ -7,8 +7,10 @@ timeline.png, concurrency.png, the kind's own pictures (`KindViews.report_page`)
 
 from __future__ import annotations
 
+import contextlib
+import gc
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +26,6 @@ from fedqueue.report.timeline import (
     dispatch_gaps,
     idle_while_queued,
     mean,
-    pack_lanes,
     parallel_efficiency,
     percentile,
 )
@@ -44,7 +45,21 @@ TOP_SLOWEST = 5
 
 def build_report(store: Store, run_id: str, now: float | None = None) -> dict[str, Any]:
     """Every number of the report, read from the store (NotFound for an unknown run)."""
-    return report_of(store, load_run_data(store, run_id, now))
+    with gc_paused():
+        return report_of(store, load_run_data(store, run_id, now))
+
+
+@contextlib.contextmanager
+def gc_paused() -> Iterator[None]:
+    """No cyclic garbage collection while a report is made: it makes no cycles to collect, and a long run's
+    hundreds of thousands of rows, scanned again and again as they are made, doubled its time."""
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
 
 
 def report_of(store: Store, data: RunData) -> dict[str, Any]:
@@ -58,7 +73,7 @@ def report_of(store: Store, data: RunData) -> dict[str, Any]:
 def compute_report(data: RunData) -> dict[str, Any]:
     """The core's numbers from a run's task timings and samples; no I/O."""
     run, spans = data.run, data.spans
-    lanes = pack_lanes(spans)
+    lanes = data.lanes
     slots = len(lanes)
     wall_s = max(0.0, data.end - run.created_at)
     done = [span for span in spans if span.state == "done"]
@@ -200,11 +215,19 @@ def rounded(value: float | None, digits: int = 3) -> float | None:
 
 def write_report(store: Store, run_id: str, out_dir: Path, now: float | None = None) -> dict[str, Any]:
     """Write the pictures and report.html into out_dir; return the numbers."""
+    with gc_paused():
+        data = load_run_data(store, run_id, now)
+        report = report_of(store, data)
+        _write_files(data, report, out_dir)
+    return report
+
+
+def _write_files(data: RunData, report: dict[str, Any], out_dir: Path) -> None:
+    """The pictures, report.html and the kind's tables, into out_dir."""
     # Imported here: plots loads matplotlib, which a process reading only the numbers does without.
     import fedqueue.report.plots as plots
 
-    data = load_run_data(store, run_id, now)
-    report = report_of(store, data)
+    run_id = data.run.id
     page = views_of(data.run.kind).report_page(report)
     done = [span for span in data.spans if span.state == "done"]
     origin, end = data.run.created_at, data.end
@@ -213,7 +236,7 @@ def write_report(store: Store, run_id: str, out_dir: Path, now: float | None = N
         name = f"run {run_id}" + (f" ({data.run.name})" if data.run.name else "")
         plots.timeline(
             out_dir / "timeline.png",
-            pack_lanes(data.spans),
+            data.lanes,
             data.spans,
             page.rounds,
             data.samples,
@@ -240,4 +263,3 @@ def write_report(store: Store, run_id: str, out_dir: Path, now: float | None = N
         (out_dir / "report.html").write_text(render_html(report, page), encoding="utf-8")
     except OSError as err:
         raise ConfigError(f"--out: cannot write the report into {str(out_dir)!r}: {err.strerror or err}") from None
-    return report

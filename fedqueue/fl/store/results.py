@@ -10,7 +10,7 @@ import logging
 import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from sqlalchemy import and_, bindparam, delete, func, or_, select, update
 from sqlalchemy.engine import Connection, Dialect, Row
@@ -355,6 +355,34 @@ def device_tasks(store: Store, run_id: str, round_index: int | None = None) -> l
         query = query.where(DeviceTaskRow.round_index == round_index)
     with store.session() as session:
         return list(session.scalars(query.order_by(DeviceTaskRow.round_index, DeviceTaskRow.device)))
+
+
+class DeviceOutcome(NamedTuple):
+    """What became of a device's task, without its update: what the status and report count."""
+
+    round_index: int
+    device: int
+    state: str
+    worker: str
+    attempt: int
+    error: str | None
+    fate: str | None
+    staleness: int | None
+
+
+_OUTCOME_OF_DEVICE = [getattr(DeviceTaskRow, name) for name in DeviceOutcome._fields]
+
+
+@retry_transient
+def device_outcomes(store: Store, run_id: str) -> list[DeviceOutcome]:
+    """Every device task's outcome in a run, by round and device: plain rows (a long run has 100,000)."""
+    query = (
+        select(*_OUTCOME_OF_DEVICE)
+        .where(DeviceTaskRow.run_id == run_id)
+        .order_by(DeviceTaskRow.round_index, DeviceTaskRow.device)
+    )
+    with store.engine.connect() as connection:
+        return [DeviceOutcome(*row) for row in connection.execute(query)]
 
 
 @retry_transient

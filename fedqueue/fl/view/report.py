@@ -9,8 +9,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from fedqueue.fl.store.results import device_tasks, list_rounds
-from fedqueue.fl.store.schema import DeviceTaskRow, RoundRow
+from fedqueue.fl.store.results import DeviceOutcome, device_outcomes, list_rounds
+from fedqueue.fl.store.schema import RoundRow
 from fedqueue.fl.store.stop_rows import get_stop
 from fedqueue.fl.strategy.mode import ROUNDS, VERSIONS, Unit
 from fedqueue.fl.view.summary import buffered_of, mode_of, packing_of
@@ -18,14 +18,14 @@ from fedqueue.report.html import KindPage, fmt, html_table, percent
 from fedqueue.report.long_table import LongTable, summary_html
 from fedqueue.report.numbers import rounded, time_breakdown
 from fedqueue.report.run_data import RunData
-from fedqueue.report.timeline import Lane, RoundMark, RoundWords, Span, pack_lanes, parallel_efficiency
+from fedqueue.report.timeline import Lane, RoundMark, RoundWords, Span, parallel_efficiency
 from fedqueue.store import Store
 
 
 def report_numbers(store: Store, data: RunData, numbers: dict[str, Any]) -> dict[str, Any]:
     """The FL keys of a run's report, read from its rounds and, for a buffered-async run, its updates."""
     run = data.run
-    results = device_tasks(store, run.id)
+    results = device_outcomes(store, run.id)
     buffered = buffered_of(run, results)
     stop = get_stop(store, run.id)
     return {
@@ -35,7 +35,7 @@ def report_numbers(store: Store, data: RunData, numbers: dict[str, Any]) -> dict
     }
 
 
-def device_task_count(results: Sequence[DeviceTaskRow], spans: Sequence[Span]) -> dict[str, Any]:
+def device_task_count(results: Sequence[DeviceOutcome], spans: Sequence[Span]) -> dict[str, Any]:
     """Device tasks as `fedqueue status` counts them (one per device trained, from their results), and the packs
     that trained `packed` of them together (the core's timed tasks count a vmapped pack once)."""
     done = sum(1 for result in results if result.state == "done")
@@ -54,7 +54,7 @@ def rounds_report(
 ) -> dict[str, Any]:
     """The FL keys of a run's report from its rows; no I/O. `buffered` is `summary.buffered_of`'s."""
     run, spans = data.run, data.spans
-    lanes = pack_lanes(spans)
+    lanes = data.lanes
     slots = len(lanes)
     wall_s = max(0.0, data.end - run.created_at)
     done = [span for span in spans if span.state == "done"]

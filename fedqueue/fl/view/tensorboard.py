@@ -49,9 +49,10 @@ from fedqueue.core.process.writable import writable_folder
 from fedqueue.fl.store.results import list_rounds
 from fedqueue.fl.store.schema import DeviceTaskRow, RoundRow
 from fedqueue.fl.view.summary import mode_of, models_sim_time
+from fedqueue.report.run_data import read_spans
 from fedqueue.report.timeline import Span, merge_vmapped_packs, pack_lanes
 from fedqueue.store import Store
-from fedqueue.store.schema import RunRow, TaskTimingRow
+from fedqueue.store.schema import RunRow
 
 if TYPE_CHECKING:
     from tensorboardX.event_file_writer import EventsWriter
@@ -265,16 +266,6 @@ def staleness_points(store: Store, run_id: str, made: dict[int, float]) -> list[
     ]
 
 
-_SPAN_COLUMNS = [getattr(TaskTimingRow, name) for name in Span.__dataclass_fields__ if name != "devices"]
-
-
-def spans_since(store: Store, run_id: str, after: float) -> list[Span]:
-    """The run's tasks that ended after `after`, as spans (read as plain rows: a long run has many)."""
-    query = select(*_SPAN_COLUMNS).where(TaskTimingRow.run_id == run_id, TaskTimingRow.finished_at > after)
-    with store.engine.connect() as connection:
-        return [Span(*row) for row in connection.execute(query)]  # the columns in the order of its fields
-
-
 def settled_through(rows: Sequence[RoundRow]) -> int:
     """The last step whose window no task still running can add to: every device sent off up to it has its
     result stored (a buffered run's slow devices arrive versions later), and a later step is done (so the
@@ -344,7 +335,7 @@ class RunScalars:
         ]
         if pending:
             windows = {i: (window_start(made, i, run.created_at), made[i]) for i in pending}
-            tasks = TaskWindows(spans_since(self.store, self.run_id, min(start for start, _ in windows.values())))
+            tasks = TaskWindows(read_spans(self.store, self.run_id, min(start for start, _ in windows.values())))
             self._slots = max(self._slots, tasks.slots)
             for i, (start, end) in windows.items():
                 points += tasks.points(done[i].round_index, start, end, self._slots)
