@@ -7,10 +7,8 @@ timeline.png, concurrency.png, the kind's own pictures (`KindViews.report_page`)
 
 from __future__ import annotations
 
-import contextlib
-import gc
 from collections import defaultdict
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +16,7 @@ from fedqueue.errors import ConfigError
 from fedqueue.report.html import render_html
 from fedqueue.report.kind import views_of
 from fedqueue.report.long_table import write_table_files
-from fedqueue.report.run_data import RunData, load_run_data
+from fedqueue.report.run_data import RunData, gc_paused, load_run_data
 from fedqueue.report.timeline import (
     Lane,
     Span,
@@ -47,19 +45,6 @@ def build_report(store: Store, run_id: str, now: float | None = None) -> dict[st
     """Every number of the report, read from the store (NotFound for an unknown run)."""
     with gc_paused():
         return report_of(store, load_run_data(store, run_id, now))
-
-
-@contextlib.contextmanager
-def gc_paused() -> Iterator[None]:
-    """No cyclic garbage collection while a report is made: it makes no cycles to collect, and a long run's
-    hundreds of thousands of rows, scanned again and again as they are made, doubled its time."""
-    was_enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was_enabled:
-            gc.enable()
 
 
 def report_of(store: Store, data: RunData) -> dict[str, Any]:
