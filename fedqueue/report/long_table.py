@@ -12,7 +12,7 @@ from html import escape
 from pathlib import Path
 from typing import Any
 
-from fedqueue.report.html import STYLE, html_head, html_row
+from fedqueue.report.cells import STYLE, html_head, html_row
 
 SHOWN_WHOLE = 60  # a table of up to this many rows is shown whole in the report
 ENDS = 10  # a longer one shows its first and last ENDS rows,
