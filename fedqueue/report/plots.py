@@ -16,6 +16,7 @@ from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
 
 from fedqueue.core.process.utilization import INTERVAL_S as SAMPLE_INTERVAL_S
+from fedqueue.report.long_table import nice_step
 from fedqueue.report.timeline import Lane, RoundMark, RoundWords, Span
 from fedqueue.store.utilization import Sample
 
@@ -114,8 +115,6 @@ def _rows(lanes: Sequence[Lane], spans: Sequence[Span], samples: Sequence[Sample
 def _round_marks(ax: Axes, rounds: Sequence[RoundMark], origin: float, words: RoundWords) -> None:
     """Dashed line where a round was enqueued (labelled), dotted where it was aggregated; thinned out for many, to
     the rounds whose number is a multiple of a round step (every 1,000th of 10,000 versions labelled)."""
-    from fedqueue.report.long_table import nice_step
-
     every_line = nice_step(len(rounds) / MAX_ROUND_LINES)
     every_label = nice_step(len(rounds) / MAX_ROUND_LABELS)
     for position, row in enumerate(rounds):
