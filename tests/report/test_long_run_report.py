@@ -5,12 +5,15 @@ from __future__ import annotations
 import csv
 import re
 from pathlib import Path
+from typing import Any
 
+import pytest
 from matplotlib.collections import PolyCollection
 
 from fedqueue.config import Settings
 from fedqueue.core.database import open_store
 from fedqueue.fl.cli import staleness_text
+from fedqueue.fl.store.results import list_rounds
 from fedqueue.report import write_report
 from fedqueue.report.long_table import PAGE_ROWS, shown_rows
 from fedqueue.report.plots import PLOT_PIXELS
@@ -60,7 +63,6 @@ def test_the_report_of_10000_versions_is_a_short_page_with_every_version_beside_
 
 
 def test_a_crowded_timeline_is_drawn_a_bar_per_pixel_and_says_so(tmp_path: Path) -> None:
-    from fedqueue.fl.store.results import list_rounds
     from fedqueue.fl.view.report import BUFFERED_WORDS
     from fedqueue.report.plots import timeline_figure
     from fedqueue.report.run_data import load_run_data
@@ -122,3 +124,32 @@ def test_staleness_is_listed_while_it_has_few_values() -> None:
     assert staleness_text({}) == "none"
     many = {str(s): 1 for s in range(13)}
     assert staleness_text(many) == "mean 6.0, median 6, 0–12 over 13 updates (each: --json)"
+
+
+def test_a_followers_poll_reads_only_the_steps_not_yet_written_whole(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each poll of a long run read every row it had (0.6 s a poll at 10,000 versions); the steps done, stored
+    and written whole are read once."""
+    import fedqueue.fl.view.tensorboard as tensorboard
+
+    store = long_store(tmp_path / "store.db", 3000)
+    read: list[int] = []
+
+    def counted(store: Store, run_id: str, after: int = 0) -> list[Any]:
+        rows = list_rounds(store, run_id, after)
+        read.append(len(rows))
+        return rows
+
+    monkeypatch.setattr(tensorboard, "list_rounds", counted)
+    try:
+        scalars = tensorboard.RunScalars(store, "long", tmp_path / "tb")
+        run = store.get_run("long")
+        first = scalars.points(run, ended=False)
+        assert {point.step for point in first} == set(range(1, 3001))
+        assert scalars.points(run, ended=False) == [] and read == [3000, 1]  # the last done step stays open
+        # The run's end still writes the last step again (a stop rule's evaluation), and nothing else.
+        assert {point.step for point in scalars.points(run, ended=True)} == {3000}
+    finally:
+        scalars.close()
+        store.close()

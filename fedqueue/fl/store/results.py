@@ -109,9 +109,11 @@ def get_round(store: Store, run_id: str, round_index: int) -> RoundRow | None:
 
 
 @retry_transient
-def list_rounds(store: Store, run_id: str) -> list[RoundRow]:
+def list_rounds(store: Store, run_id: str, after: int = 0) -> list[RoundRow]:
+    """A run's rounds in order; only those numbered above `after` if given."""
+    query = select(RoundRow).where(RoundRow.run_id == run_id, RoundRow.round_index > after)
     with store.session() as session:
-        return list(session.scalars(select(RoundRow).where(RoundRow.run_id == run_id).order_by(RoundRow.round_index)))
+        return list(session.scalars(query.order_by(RoundRow.round_index)))
 
 
 def round_rows_for(store: Store, run_ids: Sequence[str]) -> dict[str, list[RoundRow]]:
