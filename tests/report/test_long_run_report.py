@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import io
 import re
 from pathlib import Path
 from typing import Any
@@ -153,3 +154,27 @@ def test_a_followers_poll_reads_only_the_steps_not_yet_written_whole(
     finally:
         scalars.close()
         store.close()
+
+
+def test_a_follower_shows_the_last_versions_of_a_long_run_not_every_one(tmp_path: Path) -> None:
+    from rich.console import Console
+    from rich.progress import Progress
+
+    from fedqueue.cli.follow import show_bars
+    from fedqueue.core.jobs import ProgressBar
+    from fedqueue.fl.view.bars import SHOWN, RoundProgress
+
+    store = long_store(tmp_path / "store.db", 3000)
+    try:
+        bars = RoundProgress(store, "long").bars()
+    finally:
+        store.close()
+    assert [bar.label for bar in bars] == [f"version {n}" for n in range(3001 - SHOWN, 3001)]
+    # As versions are made, the display takes on the new ones and lets the older ones go.
+    display = Progress(console=Console(file=io.StringIO()))
+    shown: dict[str, Any] = {}
+    for last in (SHOWN, SHOWN + 1, SHOWN + 5):
+        show_bars(
+            display, shown, [ProgressBar(str(n), f"v{n}", 1, 1, "updates") for n in range(last - SHOWN + 1, last + 1)]
+        )
+    assert [task.fields["label"] for task in display.tasks] == [f"v{n}" for n in range(6, SHOWN + 6)]

@@ -116,6 +116,14 @@ def list_rounds(store: Store, run_id: str, after: int = 0) -> list[RoundRow]:
         return list(session.scalars(query.order_by(RoundRow.round_index)))
 
 
+@retry_transient
+def last_rounds(store: Store, run_id: str, count: int) -> list[RoundRow]:
+    """A run's last `count` rounds, in order."""
+    query = select(RoundRow).where(RoundRow.run_id == run_id).order_by(RoundRow.round_index.desc()).limit(count)
+    with store.session() as session:
+        return list(reversed(list(session.scalars(query))))
+
+
 def round_rows_for(store: Store, run_ids: Sequence[str]) -> dict[str, list[RoundRow]]:
     with store.session() as session:
         rows = session.scalars(select(RoundRow).where(RoundRow.run_id.in_(run_ids)))
