@@ -37,7 +37,7 @@ def data_spec(config: RunConfig) -> DataSpec:
 
 
 def _fixed_shards(config: RunConfig) -> dict[str, Any]:
-    """FedRevive's shards (partition = "dirichlet_fixed"); other partitions keep the spec they always had."""
+    """Fixed-size shards (partition = "dirichlet_fixed" or its _per_device form); the others keep their old spec."""
     if not config.data.fixed_shards:
         return {}
     return {
