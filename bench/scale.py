@@ -14,7 +14,7 @@ overlapping shards (`partition = "dirichlet_fixed"`, 20 samples a device), timed
   polled every 20 ms; Redis's `used_memory`, polled, its peak above the idle cluster's; the store's file
   (SQLite and its WAL) after the run; and every process of the cluster and the run (the follower and what it
   starts) together, their resident sets summed and their proportional sets (shared pages shared out) summed,
-  polled every 250 ms.
+  polled every 250 ms: at any time, and while the follower follows (the submit's own process gone).
 
 Modes: `fedbuff` (`concurrency` devices at once, a version every `buffer` updates: max(10, concurrency / 10)
 unless --buffer says) and `sync` (rounds of `concurrency` devices, as many updates). Each case has the same
@@ -143,7 +143,9 @@ class RedisMemory(PeakWatcher):
 class AllMemory:
     """Peak memory of every process of the run, summed: the cluster's (`fedqueue up`, its workers, its Redis) and
     the follower's with whatever it starts (the process that prepares the submit), polled every 250 ms. Resident
-    sets count the pages the processes share (torch's libraries) once in each; proportional sets share them out."""
+    sets count the pages the processes share (torch's libraries) once in each; proportional sets share them out.
+    The `following` peaks leave out the readings while the follower had a child process (the submit's
+    preparation): what the run holds while it runs."""
 
     def __init__(self, roots: list[int], every_s: float = 0.25) -> None:
         import threading
@@ -151,7 +153,7 @@ class AllMemory:
         self._roots, self._every_s = roots, every_s
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._poll, daemon=True)
-        self.peak_rss = self.peak_pss = 0
+        self.peak_rss = self.peak_pss = self.following_rss = self.following_pss = 0
 
     def _poll(self) -> None:
         while True:
@@ -164,10 +166,13 @@ class AllMemory:
 
         rss = pss = 0
         seen: set[int] = set()
-        for root in self._roots:
+        preparing = False
+        for index, root in enumerate(self._roots):
             with contextlib.suppress(psutil.Error):
                 top = psutil.Process(root)
-                for process in [top, *top.children(recursive=True)]:
+                below = top.children(recursive=True)
+                preparing = preparing or (index > 0 and bool(below))  # the follower's own children
+                for process in [top, *below]:
                     if process.pid in seen:
                         continue
                     seen.add(process.pid)
@@ -175,6 +180,8 @@ class AllMemory:
                         info = process.memory_full_info()
                         rss, pss = rss + info.rss, pss + info.pss
         self.peak_rss, self.peak_pss = max(self.peak_rss, rss), max(self.peak_pss, pss)
+        if not preparing:
+            self.following_rss, self.following_pss = max(self.following_rss, rss), max(self.following_pss, pss)
 
     def add(self, pid: int) -> None:
         self._roots = [*self._roots, pid]
@@ -285,6 +292,8 @@ def run_case(
             "slots": slots,
             "all_rss_bytes": all_memory.peak_rss,
             "all_pss_bytes": all_memory.peak_pss,
+            "following_rss_bytes": all_memory.following_rss,
+            "following_pss_bytes": all_memory.following_pss,
             "follower_bytes": follower_rss.peak_bytes,
             "worker_bytes": worker_rss.peak_bytes,
             "redis_bytes": redis_memory.peak_bytes - redis_memory.base_bytes,
@@ -472,6 +481,8 @@ def print_results(results: dict[Case, dict[str, Any]], procs: int) -> None:
                         "store_bytes",
                         "all_rss_bytes",
                         "all_pss_bytes",
+                        "following_rss_bytes",
+                        "following_pss_bytes",
                     )
                     for cell in (f"{r[key] / MiB:.1f}", ratio(r[key], base[key]))
                 ),
@@ -506,7 +517,8 @@ def print_results(results: dict[Case, dict[str, Any]], procs: int) -> None:
     )
     print(
         "\npeak memory (MiB): the follower's and the largest worker's resident set, Redis's rise, the store's growth;"
-        " every process of the cluster and the run together (resident sets summed, and proportional sets summed)\n"
+        " every process of the cluster and the run together (resident sets summed, and proportional sets summed),"
+        " at any time and while the follower follows (no submit process beside it)\n"
     )
     print(
         markdown_table(
@@ -525,6 +537,10 @@ def print_results(results: dict[Case, dict[str, Any]], procs: int) -> None:
                 "all RSS",
                 "vs fewest",
                 "all PSS",
+                "vs fewest",
+                "following RSS",
+                "vs fewest",
+                "following PSS",
                 "vs fewest",
             ],
             memory_rows,
