@@ -142,7 +142,7 @@ def run(
     FEDQUEUE_BROKER_WAIT_S (the run goes on with `fedqueue resume RUN`)."""
     run_config = _config(config, set_, rounds, seed, tensorboard)
     check_tensorboard_dir(run_config)  # before any worker starts
-    submission = RunSubmission(run_config, announce=_announce)
+    submission = RunSubmission(run_config, announce=_announce, apart=True)  # follows with no torch loaded
     settings = Settings.from_env().with_plugin_path(plugin_path)
     handle = submit_and_follow(submission, settings, procs=procs, slots=slots, all_rows=all_rows)
     say_where_results_are(handle)
@@ -175,7 +175,7 @@ def submit(
     tensorboard: TensorBoardOpt = None,
 ) -> None:
     """Enqueue a run on the configured broker, print its id and return."""
-    submission = RunSubmission(_config(config, set_, rounds, seed, tensorboard))
+    submission = RunSubmission(_config(config, set_, rounds, seed, tensorboard), apart=True)
     print(submit_detached(submission, Settings.from_env().with_plugin_path(plugin_path)))
 
 

@@ -254,7 +254,7 @@ def _aggregate_claimed_round(
 def _round_sim_time(services: Services, config: RunConfig, run_id: str, row: RoundRow) -> float:
     """When the round ends in simulated time: the previous round's end plus its slowest selected device's trip."""
     # torch: the clock reads the devices' data sizes
-    from fedqueue.fl.setup import run_clock
+    from fedqueue.fl.strategy.trip_clock import run_clock
 
     clock = run_clock(config)
     previous = get_round(services.store, run_id, row.round_index - 1) if row.round_index > 1 else None
