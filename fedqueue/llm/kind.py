@@ -11,6 +11,10 @@ from fedqueue.config import Settings
 from fedqueue.core.jobs import JobKind, RunProgress, TaskContext, TaskHandler
 from fedqueue.core.services import Services
 from fedqueue.llm.messages import KIND_NAME, LLM_QUEUE, GenerateBatch
+from fedqueue.llm.pipeline.config import is_pipeline
+from fedqueue.llm.pipeline.lane import give_up_lane, run_lane
+from fedqueue.llm.pipeline.messages import PipelineLane
+from fedqueue.llm.pipeline.repair import reconcile_pipeline
 from fedqueue.llm.repair import reconcile
 from fedqueue.llm.worker import ModelCache, fail_batch, run_batch
 from fedqueue.report.kind import KindViews
@@ -23,6 +27,7 @@ if TYPE_CHECKING:
     from fedqueue.report.run_data import RunData
 
 GENERATE_BATCH = "fedqueue.generate_batch"
+PIPELINE_LANE = "fedqueue.pipeline_lane"
 
 
 def _generate(context: TaskContext, task: GenerateBatch) -> None:
@@ -33,12 +38,25 @@ def _batch_failed(context: TaskContext, task: GenerateBatch, attempts: int, erro
     fail_batch(context.services, task, context.worker, attempts, error)
 
 
+def _lane(context: TaskContext, task: PipelineLane) -> None:
+    run_lane(context.services, context.cache, task, context.worker)
+
+
+def _lane_failed(context: TaskContext, task: PipelineLane, attempts: int, error: str) -> None:
+    give_up_lane(context.services, task, error)
+
+
 class LlmKind(JobKind, KindViews):
     name = KIND_NAME
     migrations = Path(__file__).with_name("migrations")
-    handlers = (TaskHandler(GENERATE_BATCH, LLM_QUEUE, GenerateBatch, _generate, _batch_failed),)
+    handlers = (
+        TaskHandler(GENERATE_BATCH, LLM_QUEUE, GenerateBatch, _generate, _batch_failed),
+        TaskHandler(PIPELINE_LANE, LLM_QUEUE, PipelineLane, _lane, _lane_failed),
+    )
 
     def repair(self, services: Services, run_id: str) -> list[str]:
+        if is_pipeline(services.store.get_run(run_id).config):
+            return reconcile_pipeline(services, run_id)
         return reconcile(services, run_id)
 
     def new_cache(self) -> ModelCache:

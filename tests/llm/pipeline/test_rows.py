@@ -6,7 +6,7 @@ import uuid
 
 from sqlalchemy import inspect
 
-from fedqueue.llm.pipeline.replay import Failed, Finished, NextCall
+from fedqueue.llm.pipeline.replay import Advance, Failed, Finished, NextCall
 from fedqueue.llm.pipeline.request import Generate
 from fedqueue.llm.pipeline.rows import (
     CallOutcome,
@@ -61,7 +61,7 @@ def test_a_batch_is_stored_once_with_each_items_next_call_or_end(store: Store) -
     open_lanes(store, run_id, 1)
     held = claim(store, run_id, 0, most=8, lanes_count=1)
     outcomes = [CallOutcome(call.item_key, call.step, f"out-{call.item_key}", 3, 2, "stop") for call in held]
-    advances = {
+    advances: dict[str, tuple[Advance, int]] = {
         "i0": (NextCall(1, Generate(prompt="again")), 5),
         "i1": (Finished(1, {"answer": 1}), 0),
         "i2": (Failed(1, "Traceback ...\nValueError: bad"), 0),
