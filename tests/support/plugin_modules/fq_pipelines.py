@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Generator
 from typing import Any
 
-from fedqueue.llm.pipeline import Generate
+from fedqueue.llm import Generate
 
 Program = Generator[Any, str, Any]
 
@@ -46,3 +46,15 @@ def returns_early(item: dict[str, Any]) -> Program:
 
 def not_a_generator(item: dict[str, Any]) -> str:
     return "plain"
+
+
+def mixed(item: dict[str, Any]) -> Program:
+    """What item["do"] says: loop forever, yield text, raise, or answer in one call."""
+    if item["do"] == "loop":
+        yield from loops(item)
+    if item["do"] == "text":
+        yield from yields_text(item)
+    output = yield Generate(prompt=f"Answer {item['id']}", max_new_tokens=4)
+    if item["do"] == "raise":
+        raise RuntimeError("asked to")
+    return {"answer": output}

@@ -33,7 +33,8 @@ def _load(path: str, field: str) -> Program:
         target: Any = importlib.import_module(module_name)
     except Exception as error:  # a program's import can fail in any way: the user sees which and why
         first = (str(error).strip().splitlines() or [""])[0]
-        raise ConfigError(f"{field}: cannot import {module_name!r} ({type(error).__name__}: {first})") from None
+        hint = "; a module in a folder of yours: add --plugin-path FOLDER" if isinstance(error, ImportError) else ""
+        raise ConfigError(f"{field}: cannot import {module_name!r} ({type(error).__name__}: {first}){hint}") from None
     for part in attribute.split("."):
         try:
             target = getattr(target, part)

@@ -6,9 +6,9 @@ import uuid
 
 from sqlalchemy import inspect
 
-from fedqueue.llm.pipeline.replay import Advance, Failed, Finished, NextCall
-from fedqueue.llm.pipeline.request import Generate
-from fedqueue.llm.pipeline.rows import (
+from fedqueue.llm.pipelines.replay import Advance, Failed, Finished, NextCall
+from fedqueue.llm.pipelines.request import Generate
+from fedqueue.llm.pipelines.rows import (
     CallOutcome,
     call_row,
     call_rows,

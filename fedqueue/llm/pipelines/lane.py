@@ -16,12 +16,12 @@ from typing import Any
 from fedqueue.core.services import Services
 from fedqueue.llm.backends import registry as backends
 from fedqueue.llm.converted import cache_root
-from fedqueue.llm.pipeline.config import PipelineConfig
-from fedqueue.llm.pipeline.messages import PipelineLane
-from fedqueue.llm.pipeline.program import load_program
-from fedqueue.llm.pipeline.replay import Advance, Failed, NextCall, advance
-from fedqueue.llm.pipeline.request import Generate
-from fedqueue.llm.pipeline.rows import (
+from fedqueue.llm.pipelines.config import PipelineConfig
+from fedqueue.llm.pipelines.messages import PipelineLane
+from fedqueue.llm.pipelines.program import load_program
+from fedqueue.llm.pipelines.replay import Advance, Failed, NextCall, advance
+from fedqueue.llm.pipelines.request import Generate
+from fedqueue.llm.pipelines.rows import (
     CallOutcome,
     claim,
     fail_claimed,

@@ -7,10 +7,10 @@ from pathlib import Path
 
 from fedqueue.config import Settings
 from fedqueue.llm.model import load_model
-from fedqueue.llm.pipeline.alone import run_alone
-from fedqueue.llm.pipeline.program import load_program
-from fedqueue.llm.pipeline.rows import call_rows, item_rows
-from fedqueue.llm.pipeline.submit import PipelineRequest, submit_pipeline
+from fedqueue.llm.pipelines.alone import run_alone
+from fedqueue.llm.pipelines.program import load_program
+from fedqueue.llm.pipelines.rows import call_rows, item_rows
+from fedqueue.llm.pipelines.submit import PipelineRequest, submit_pipeline
 from fedqueue.llm.settings import GenerationSettings
 from fedqueue.queue.client import open_client_services
 from tests.conftest import running_workers

@@ -12,9 +12,9 @@ import time
 from fedqueue.core.runs.lost import find_lost
 from fedqueue.core.services import Services
 from fedqueue.llm.messages import LLM_QUEUE
-from fedqueue.llm.pipeline.lane import give_up_lane
-from fedqueue.llm.pipeline.messages import PipelineLane
-from fedqueue.llm.pipeline.rows import lanes, pipeline_counts
+from fedqueue.llm.pipelines.lane import give_up_lane
+from fedqueue.llm.pipelines.messages import PipelineLane
+from fedqueue.llm.pipelines.rows import lanes, pipeline_counts
 
 
 def reconcile_pipeline(services: Services, run_id: str) -> list[str]:

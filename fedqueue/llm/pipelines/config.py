@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from fedqueue.llm.pipeline.request import Generate
+from fedqueue.llm.pipelines.request import Generate
 from fedqueue.llm.planner import CHARACTERS_PER_TOKEN, load_tokenizer
 from fedqueue.llm.settings import GenerationSettings
 

@@ -16,7 +16,7 @@ from typing import Any
 
 from sqlalchemy import func, select, update
 
-from fedqueue.llm.pipeline.replay import Advance, Failed, Finished, NextCall
+from fedqueue.llm.pipelines.replay import Advance, Failed, Finished, NextCall
 from fedqueue.llm.schema import PipelineCallRow, PipelineItemRow, PipelineLaneRow
 from fedqueue.store import Store
 from fedqueue.store.repo import changed_one, dialect_insert, retry_transient

@@ -12,8 +12,8 @@ from collections.abc import Generator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from fedqueue.llm.pipeline.program import Program
-from fedqueue.llm.pipeline.request import Generate
+from fedqueue.llm.pipelines.program import Program
+from fedqueue.llm.pipelines.request import Generate
 
 DEFAULT_MAX_STEPS = 16  # `--max-steps`: most calls one item may make
 

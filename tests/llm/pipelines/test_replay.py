@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 
 from fedqueue.errors import ConfigError
-from fedqueue.llm.pipeline.program import load_program
-from fedqueue.llm.pipeline.replay import Failed, Finished, NextCall, advance
-from fedqueue.llm.pipeline.request import Generate, RequestError
+from fedqueue.llm.pipelines.program import load_program
+from fedqueue.llm.pipelines.replay import Failed, Finished, NextCall, advance
+from fedqueue.llm.pipelines.request import Generate, RequestError
 from fedqueue.llm.settings import GenerationSettings
 
 PLUGINS = Path(__file__).parents[2] / "support" / "plugin_modules"

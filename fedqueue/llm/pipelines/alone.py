@@ -7,8 +7,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from fedqueue.llm.model import LoadedModel
-from fedqueue.llm.pipeline.program import Program
-from fedqueue.llm.pipeline.replay import DEFAULT_MAX_STEPS, Failed, NextCall, advance
+from fedqueue.llm.pipelines.program import Program
+from fedqueue.llm.pipelines.replay import DEFAULT_MAX_STEPS, Failed, NextCall, advance
 from fedqueue.llm.settings import GenerationSettings
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import json
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -20,11 +21,11 @@ from fedqueue.core.waits.outage import run_stored
 from fedqueue.errors import ConfigError, NotFound
 from fedqueue.llm.job import DEFAULT_BATCH_SIZE, JOB_ID
 from fedqueue.llm.messages import KEY_MAX, KIND_NAME
-from fedqueue.llm.pipeline.config import PipelineConfig
-from fedqueue.llm.pipeline.messages import LANES_MAX, PipelineLane
-from fedqueue.llm.pipeline.program import load_program
-from fedqueue.llm.pipeline.replay import DEFAULT_MAX_STEPS, NextCall, advance
-from fedqueue.llm.pipeline.rows import call_row, ended, insert_items, open_lanes, pipeline_counts
+from fedqueue.llm.pipelines.config import PipelineConfig
+from fedqueue.llm.pipelines.messages import LANES_MAX, PipelineLane
+from fedqueue.llm.pipelines.program import load_program
+from fedqueue.llm.pipelines.replay import DEFAULT_MAX_STEPS, NextCall, advance
+from fedqueue.llm.pipelines.rows import call_row, ended, insert_items, open_lanes, pipeline_counts
 from fedqueue.llm.planner import DEFAULT_SLOTS
 from fedqueue.llm.prompts import read_input
 from fedqueue.llm.settings import GenerationSettings
@@ -77,17 +78,18 @@ class SubmittedPipeline:
     lanes: int
 
 
-def check_pipeline(request: PipelineRequest) -> list[ItemLine]:
-    """Everything that can be wrong before anything is written: the program, the limits, every item line."""
-    load_program(request.program)
+def check_pipeline(request: PipelineRequest, option: Callable[[str], str] = str) -> list[ItemLine]:
+    """Everything that can be wrong before anything is written: the program, the limits, every item line.
+    `option` spells a field as the caller's user knows it (`--max-steps` or `max_steps`)."""
+    load_program(request.program, option("program"))
     for name, value, high in (
         ("max_steps", request.max_steps, MAX_STEPS_LIMIT),
         ("batch_size", request.batch_size, 100_000),
     ):
         if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= high:
-            raise ConfigError(f"{name}: must be an integer from 1 to {high}")
+            raise ConfigError(f"{option(name)}: must be an integer from 1 to {high}")
     if request.job is not None and not JOB_ID.fullmatch(request.job):
-        raise ConfigError("job: 1 to 32 letters, digits, '_', '.' or '-', starting with a letter or digit")
+        raise ConfigError(f"{option('job')}: 1 to 32 letters, digits, '_', '.' or '-', starting with a letter or digit")
     return read_items(request.read_input(), request.input_path)
 
 
