@@ -103,7 +103,7 @@ class LlmKind(JobKind, KindViews):
         from fedqueue.llm.summary import job_summary
 
         if is_pipeline(data.run.config):
-            return {"pipeline": pipeline_summary(store, data.run.id)}
+            return {"job": pipeline_summary(store, data.run.id)}
         return {"job": job_summary(store, data.run.id)}
 
     def run_columns(self, store: Store, runs: Sequence[RunRow]) -> dict[str, dict[str, Any]]:

@@ -73,6 +73,8 @@ class PipelineCallRow(Base):
     step: Mapped[int] = mapped_column(Integer)
     request: Mapped[Any] = mapped_column(JSON)  # Generate.to_dict()
     length: Mapped[int] = mapped_column(Integer)  # the prompt's estimated tokens: calls are batched by it
+    # The request's own decoding settings as JSON ("{}": the pipeline's): a batch takes calls of one kind only.
+    settings: Mapped[str] = mapped_column(String(200))
     state: Mapped[str] = mapped_column(String(16))  # pending | claimed | done | failed
     lane: Mapped[int | None] = mapped_column(Integer, nullable=True)  # the lane that claimed it
     output: Mapped[str | None] = mapped_column(Text, nullable=True)

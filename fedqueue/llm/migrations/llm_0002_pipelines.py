@@ -38,6 +38,7 @@ def upgrade() -> None:
         sa.Column("step", sa.Integer(), nullable=False),
         sa.Column("request", sa.JSON(), nullable=False),
         sa.Column("length", sa.Integer(), nullable=False),
+        sa.Column("settings", sa.String(200), nullable=False),
         sa.Column("state", sa.String(16), nullable=False),
         sa.Column("lane", sa.Integer(), nullable=True),
         sa.Column("output", sa.Text(), nullable=True),

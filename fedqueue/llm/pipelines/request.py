@@ -5,6 +5,7 @@ Plain data, no torch. Settings left None take the pipeline's own (`--max-new-tok
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
@@ -54,6 +55,12 @@ class Generate:
             raw["messages"] = [list(pair) for pair in self.messages]
         raw.update({name: getattr(self, name) for name in OVERRIDABLE if getattr(self, name) is not None})
         return raw
+
+    @property
+    def settings_key(self) -> str:
+        """The request's own settings as one string: calls batched together share it."""
+        own = {name: getattr(self, name) for name in OVERRIDABLE if getattr(self, name) is not None}
+        return json.dumps(own, sort_keys=True)
 
     @classmethod
     def from_dict(cls, raw: Mapping[str, Any]) -> Generate:

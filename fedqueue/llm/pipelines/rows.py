@@ -44,6 +44,7 @@ def call_row(run_id: str, item_key: str, call: NextCall, length: int) -> dict[st
         "step": call.step,
         "request": call.request.to_dict(),
         "length": length,
+        "settings": call.request.settings_key,
         "state": "pending",
     }
 
@@ -93,8 +94,9 @@ def lane_seq(store: Store, run_id: str, lane: int) -> int | None:
 @retry_transient
 def claim(store: Store, run_id: str, lane: int, most: int, lanes_count: int) -> list[PipelineCallRow]:
     """The calls this lane holds: those it claimed before and has not stored (its task run again), else up to
-    `most` pending calls, longest first (similar lengths batch with little padding), and no more than an equal
-    share of those pending among the lanes, so every lane has work while there is any."""
+    `most` pending calls of the decoding settings most calls wait for, and no more than an equal share of those
+    among the lanes, so every lane has work while there is any. Calls of items furthest along go first (an
+    item's later steps are not left for the end), then the longest (similar lengths batch with little padding)."""
     held = select(PipelineCallRow).where(
         PipelineCallRow.run_id == run_id, PipelineCallRow.lane == lane, PipelineCallRow.state == "claimed"
     )
@@ -104,14 +106,20 @@ def claim(store: Store, run_id: str, lane: int, most: int, lanes_count: int) -> 
         return found
     pending = (PipelineCallRow.run_id == run_id, PipelineCallRow.state == "pending")
     with store.engine.begin() as connection:
-        count = int(connection.execute(select(func.count()).select_from(PipelineCallRow).where(*pending)).scalar() or 0)
-        if count == 0:
+        largest = connection.execute(
+            select(PipelineCallRow.settings, func.count().label("calls"))
+            .where(*pending)
+            .group_by(PipelineCallRow.settings)
+            .order_by(func.count().desc(), PipelineCallRow.settings)
+            .limit(1)
+        ).first()
+        if largest is None:
             return []
-        share = min(most, -(-count // max(1, lanes_count)))
+        share = min(most, -(-int(largest.calls) // max(1, lanes_count)))
         chosen = (
             select(PipelineCallRow.id)
-            .where(*pending)
-            .order_by(PipelineCallRow.length.desc(), PipelineCallRow.id)
+            .where(*pending, PipelineCallRow.settings == largest.settings)
+            .order_by(PipelineCallRow.step.desc(), PipelineCallRow.length.desc(), PipelineCallRow.id)
             .limit(share)
             .with_for_update(skip_locked=True)  # Postgres: two lanes never wait on each other's rows
         )

@@ -10,6 +10,7 @@ import fedqueue.llm
 from fedqueue.config import Settings
 from fedqueue.errors import ConfigError
 from fedqueue.llm.pipelines.rows import call_rows
+from fedqueue.report import write_report
 from tests.conftest import running_workers
 from tests.support.reliability_support import PLUGINS
 
@@ -35,6 +36,9 @@ def test_items_that_loop_yield_text_or_raise_fail_and_the_others_go_on(
     assert again.id == handle.id and again.submitted is not None and again.submitted.resumed
     assert again.submitted.running == 0 and again.rows() == handle.rows()
     assert len(call_rows(handle.store, handle.id)) == 7
+    # The report shows the pipeline's own numbers.
+    report = write_report(handle.store, handle.id, tmp_path / "report")
+    assert (report["job"]["items"], report["job"]["done"], report["job"]["calls"]) == (6, 3, 7)
 
 
 def test_a_program_that_does_not_import_is_refused_before_anything_starts(

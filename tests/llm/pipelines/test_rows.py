@@ -96,3 +96,14 @@ def test_a_lane_given_up_fails_the_items_it_holds(store: Store) -> None:
     items = {row.key: row.state for row in item_rows(store, run_id)}
     assert sorted(state for key, state in items.items() if key in {c.item_key for c in held}) == ["failed", "failed"]
     assert pipeline_counts(store, run_id)["running"] == 2
+
+
+def test_a_lane_claims_calls_of_one_decoding_setting_the_one_most_calls_wait_for(store: Store) -> None:
+    run_id = new_pipeline(store, 5)
+    short = [call_row(run_id, f"i{n}", NextCall(1, Generate(prompt="p", max_new_tokens=8)), 50) for n in range(3)]
+    insert_items(store, [], short)
+    open_lanes(store, run_id, 2)
+    first = claim(store, run_id, 0, most=8, lanes_count=1)
+    assert [(call.step, call.settings) for call in first] == [(0, "{}")] * 5
+    second = claim(store, run_id, 1, most=8, lanes_count=1)
+    assert [(call.step, call.settings) for call in second] == [(1, '{"max_new_tokens": 8}')] * 3
