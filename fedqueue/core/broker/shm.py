@@ -34,7 +34,7 @@ from typing import BinaryIO
 
 import redis
 
-from fedqueue.config import Settings, broker_address, broker_on_this_host
+from fedqueue.config import LOOPBACK_HOSTS, Settings, broker_address, broker_on_this_host
 from fedqueue.core.broker.blobs import BlobStore, blob_ref
 from fedqueue.core.codec import BlobRef
 from fedqueue.errors import BlobIntegrityError
@@ -257,7 +257,7 @@ def listens_on_loopback_only(client: redis.Redis) -> bool:
 
 
 def _loopback(address: str) -> bool:
-    return address == "::1" or address == "localhost" or address.startswith("127.")
+    return address in LOOPBACK_HOSTS or address.startswith("127.")  # all of 127.0.0.0/8 is loopback
 
 
 def with_shared_memory(settings: Settings, remote: BlobStore, client: redis.Redis | None = None) -> BlobStore:
