@@ -151,6 +151,9 @@ def through_fedqueue(cluster: Any, config: RunConfig, client: Any) -> Through:
     rounds = list_rounds(store, handle.id)[1:-1]
     began, ended = rounds[0].enqueued_at, rounds[-1].aggregated_at
     assert ended is not None
+    timings = store.task_timings(handle.id)
+    if config.mode != "fedavg":
+        ended = min([ended, *next_version_began(timings, rounds[-1].round_index)])
     results = [row for row in device_tasks(store, handle.id) if row.state == "done"]
     timed = {row.round_index for row in rounds}
     if config.mode == "fedavg":
@@ -162,13 +165,23 @@ def through_fedqueue(cluster: Any, config: RunConfig, client: Any) -> Through:
     return Through(
         seconds=ended - began,
         updates=updates,
-        phases_ms=store_phases(store.task_timings(handle.id), began, ended, updates),
+        phases_ms=store_phases(timings, began, ended, updates),
         blob_bytes=sum(blobs.values()) / len(results),
         redis_bytes=traffic / len(results),
         model_bytes=rounds[0].model_nbytes,
         packs=f"{chosen.packing.pack_mode} packs of {chosen.packing.pack_size}",
         weights=handle.final_weights() if config.mode == "fedavg" else None,
     )
+
+
+def next_version_began(timings: list[Any], version: int) -> list[float]:
+    """When the making of the version after `version` began (FedBuff: a round closes with its version).
+
+    A fold pass stamps the versions it made at its save: one made in the same pass as the run's last version
+    is stamped after that one was made and evaluated, which the loop never does. The timed span ends where
+    the next version's making began.
+    """
+    return [row.started_at for row in timings if row.task_type == "aggregate" and row.round_index == version + 1]
 
 
 def store_phases(timings: list[Any], began: float, ended: float, updates: int) -> dict[str, float]:
@@ -180,7 +193,7 @@ def store_phases(timings: list[Any], began: float, ended: float, updates: int) -
     tasks: dict[tuple[str, float], Any] = {}
     aggregation_ms = 0.0
     for row in timings:
-        if row.state != "done" or not began <= row.started_at <= ended:
+        if row.state != "done" or not began <= row.started_at < ended:
             continue
         if row.task_type == "train":
             devices += 1

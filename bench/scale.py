@@ -12,7 +12,9 @@ overlapping shards (`partition = "dirichlet_fixed"`, 20 samples a device), timed
 - version 1 and later versions: when version 1 was made, and the median time between two later ones;
 - memory: peak resident set of the `fedqueue run` process (the run's follower) and of the largest worker,
   polled every 20 ms; Redis's `used_memory`, polled, its peak above the idle cluster's; the store's file
-  (SQLite and its WAL) after the run.
+  (SQLite and its WAL) after the run; and every process of the cluster and the run (the follower and what it
+  starts) together, their resident sets summed and their proportional sets (shared pages shared out) summed,
+  polled every 250 ms: at any time, and while the follower follows (the submit's own process gone).
 
 Modes: `fedbuff` (`concurrency` devices at once, a version every `buffer` updates: max(10, concurrency / 10)
 unless --buffer says) and `sync` (rounds of `concurrency` devices, as many updates). Each case has the same
@@ -27,6 +29,7 @@ its ratio to the fewest devices.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import os
@@ -137,6 +140,61 @@ class RedisMemory(PeakWatcher):
         self._client.close()
 
 
+class AllMemory:
+    """Peak memory of every process of the run, summed: the cluster's (`fedqueue up`, its workers, its Redis) and
+    the follower's with whatever it starts (the process that prepares the submit), polled every 250 ms. Resident
+    sets count the pages the processes share (torch's libraries) once in each; proportional sets share them out.
+    The `following` peaks leave out the readings while the follower had a child process (the submit's
+    preparation): what the run holds while it runs."""
+
+    def __init__(self, roots: list[int], every_s: float = 0.25) -> None:
+        import threading
+
+        self._roots, self._every_s = roots, every_s
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._poll, daemon=True)
+        self.peak_rss = self.peak_pss = self.following_rss = self.following_pss = 0
+
+    def _poll(self) -> None:
+        while True:
+            self._read()
+            if self._stop.wait(self._every_s):
+                return
+
+    def _read(self) -> None:
+        import psutil
+
+        rss = pss = 0
+        seen: set[int] = set()
+        preparing = False
+        for index, root in enumerate(self._roots):
+            with contextlib.suppress(psutil.Error):
+                top = psutil.Process(root)
+                below = top.children(recursive=True)
+                preparing = preparing or (index > 0 and bool(below))  # the follower's own children
+                for process in [top, *below]:
+                    if process.pid in seen:
+                        continue
+                    seen.add(process.pid)
+                    with contextlib.suppress(psutil.Error):
+                        info = process.memory_full_info()
+                        rss, pss = rss + info.rss, pss + info.pss
+        self.peak_rss, self.peak_pss = max(self.peak_rss, rss), max(self.peak_pss, pss)
+        if not preparing:
+            self.following_rss, self.following_pss = max(self.following_rss, rss), max(self.following_pss, pss)
+
+    def add(self, pid: int) -> None:
+        self._roots = [*self._roots, pid]
+
+    def __enter__(self) -> AllMemory:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
 def case_env(folder: Path, cache: Path) -> dict[str, str]:
     """No FEDQUEUE_* variable (the folder's SQLite store, `fedqueue up`'s embedded Redis), fedqueue from this
     checkout, and the cluster's announcement, logs and pack-mode cache inside the bench's folders."""
@@ -202,12 +260,17 @@ def run_case(
         device_s = training_floor(case, extra)  # timed here, beside the idle cluster: the load of the case's time
         workers = worker_pids(info["pid"])
         store_before = store_bytes(folder)
-        with RedisMemory(info["broker_url"]) as redis_memory, RssWatcher(workers) as worker_rss:
+        with (
+            RedisMemory(info["broker_url"]) as redis_memory,
+            RssWatcher(workers) as worker_rss,
+            AllMemory([info["pid"]]) as all_memory,
+        ):
             began = time.time()
             with open(folder / "run.log", "wb") as log:
                 follower = subprocess.Popen(
                     [*FEDQUEUE, "run", "scale.toml"], cwd=folder, env=env, stdout=log, stderr=subprocess.STDOUT
                 )
+                all_memory.add(follower.pid)
                 with RssWatcher([follower.pid]) as follower_rss:
                     try:
                         code = follower.wait(timeout=timeout_s)
@@ -227,6 +290,10 @@ def run_case(
             "device_s": device_s,
             "up_s": up_s,
             "slots": slots,
+            "all_rss_bytes": all_memory.peak_rss,
+            "all_pss_bytes": all_memory.peak_pss,
+            "following_rss_bytes": all_memory.following_rss,
+            "following_pss_bytes": all_memory.following_pss,
             "follower_bytes": follower_rss.peak_bytes,
             "worker_bytes": worker_rss.peak_bytes,
             "redis_bytes": redis_memory.peak_bytes - redis_memory.base_bytes,
@@ -407,7 +474,16 @@ def print_results(results: dict[Case, dict[str, Any]], procs: int) -> None:
                 f"{case.concurrency:,}",
                 *(
                     cell
-                    for key in ("follower_bytes", "worker_bytes", "redis_bytes", "store_bytes")
+                    for key in (
+                        "follower_bytes",
+                        "worker_bytes",
+                        "redis_bytes",
+                        "store_bytes",
+                        "all_rss_bytes",
+                        "all_pss_bytes",
+                        "following_rss_bytes",
+                        "following_pss_bytes",
+                    )
                     for cell in (f"{r[key] / MiB:.1f}", ratio(r[key], base[key]))
                 ),
             ]
@@ -440,7 +516,9 @@ def print_results(results: dict[Case, dict[str, Any]], procs: int) -> None:
         )
     )
     print(
-        "\npeak memory (MiB): the follower's and the largest worker's resident set, Redis's rise, the store's growth\n"
+        "\npeak memory (MiB): the follower's and the largest worker's resident set, Redis's rise, the store's growth;"
+        " every process of the cluster and the run together (resident sets summed, and proportional sets summed),"
+        " at any time and while the follower follows (no submit process beside it)\n"
     )
     print(
         markdown_table(
@@ -455,6 +533,14 @@ def print_results(results: dict[Case, dict[str, Any]], procs: int) -> None:
                 "Redis",
                 "vs fewest",
                 "store",
+                "vs fewest",
+                "all RSS",
+                "vs fewest",
+                "all PSS",
+                "vs fewest",
+                "following RSS",
+                "vs fewest",
+                "following PSS",
                 "vs fewest",
             ],
             memory_rows,

@@ -10,7 +10,7 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 
 from fedqueue.core import jobs
-from fedqueue.core.jobs import RunProgress, TaskProgress
+from fedqueue.core.jobs import ProgressBar, RunProgress, TaskProgress
 from fedqueue.core.services import Services
 from fedqueue.core.waits.outage import BrokerWatch
 from fedqueue.core.waits.store_watch import StoreWatch
@@ -60,12 +60,7 @@ def follow(
     def poll() -> str | None:
         """One look at the run: its final state once it ended, else None."""
         state = services.store.get_run(run_id).state
-        for bar in progress.bars():
-            if bar.key not in shown:
-                shown[bar.key] = display.add_task("", total=bar.total, label=bar.label, unit=bar.unit, note="")
-            display.update(shown[bar.key], total=bar.total, completed=bar.completed, note=bar.note)
-            if bar.finished:
-                display.stop_task(shown[bar.key])
+        show_bars(display, shown, progress.bars())
         if state != "running":
             return state
         # While the store is down every try ticks: only the lease and the repairs tell that it takes writes again.
@@ -86,6 +81,21 @@ def follow(
             wait(poll_s)
     finally:
         display.stop()
+
+
+def show_bars(display: Progress, shown: dict[str, TaskID], bars: Iterable[ProgressBar]) -> None:
+    """Each bar the kind gives, added or brought up to date; a bar it no longer gives (a long run's older
+    rounds) is taken off, so the display keeps the kind's few."""
+    given = set()
+    for bar in bars:
+        given.add(bar.key)
+        if bar.key not in shown:
+            shown[bar.key] = display.add_task("", total=bar.total, label=bar.label, unit=bar.unit, note="")
+        display.update(shown[bar.key], total=bar.total, completed=bar.completed, note=bar.note)
+        if bar.finished:
+            display.stop_task(shown[bar.key])
+    for key in [key for key in shown if key not in given]:
+        display.remove_task(shown.pop(key))
 
 
 def _still_running() -> str | None:

@@ -65,10 +65,13 @@ def load_config(config: ConfigLike, overrides: Mapping[str, Any] | None = None) 
 
 @dataclass(frozen=True)
 class RunSubmission:
-    """An FL run config as a job to submit; `announce` hears of the run once it is enqueued."""
+    """An FL run config as a job to submit; `announce` hears of the run once it is enqueued. `apart`: the submit's
+    torch work (plugins checked, model built, pack trial) in a process of its own, for a command that follows
+    the run and needs no torch after it (fl/submit/prepare.py)."""
 
     config: RunConfig
     announce: Callable[[str, RunConfig], object] | None = None
+    apart: bool = False
 
     def check_before_start(self, settings: Settings) -> None:
         """The plugins the config names by import path import, are callable and take its options: checked before
@@ -81,18 +84,19 @@ class RunSubmission:
 
     def check(self, settings: Settings) -> None:
         """Every plugin the config names imports and takes its options (the config was checked when loaded), and
-        its tensorboard_dir takes files here."""
-        from fedqueue.fl.setup import check_plugins  # imports torch: after the workers were started
-
+        its tensorboard_dir takes files here. Apart, the plugins are checked where the submit builds them."""
         check_tensorboard_dir(self.config)
-        check_plugins(self.config)
+        if not self.apart:
+            from fedqueue.fl.setup import check_plugins  # imports torch: after the workers were started
+
+            check_plugins(self.config)
 
     def submit(self, services: Services) -> str:
         config = self.config
         if config.tensorboard_dir is not None:  # the folder named here, wherever `fedqueue resume` runs later
             config = replace(config, tensorboard_dir=str(Path(config.tensorboard_dir).expanduser().resolve()))
         try:
-            run_id = submit_run(services, config)
+            run_id = submit_run(services, config, apart=self.apart)
         except SubmitCutShort as cut:  # stored, its first tasks not all sent: its follower waits for the broker
             if self.announce is not None:
                 self.announce(cut.run_id, config)

@@ -38,6 +38,7 @@ app = typer.Typer(no_args_is_help=True, pretty_exceptions_enable=False)
 # FOLD_MIN_LEFT_OUT: a 200-round run's status fits a screen, the demo's 10 rounds are shown whole.
 FOLD_KEPT = 5
 FOLD_MIN_LEFT_OUT = 3
+STALENESS_SHOWN = 12  # staleness values listed one by one in `status`; more are summed up
 
 ConfigArg = Annotated[
     Path, typer.Argument(help="Run config (TOML, or FedRevive's JSON); see examples/.", show_default=False)
@@ -141,7 +142,7 @@ def run(
     FEDQUEUE_BROKER_WAIT_S (the run goes on with `fedqueue resume RUN`)."""
     run_config = _config(config, set_, rounds, seed, tensorboard)
     check_tensorboard_dir(run_config)  # before any worker starts
-    submission = RunSubmission(run_config, announce=_announce)
+    submission = RunSubmission(run_config, announce=_announce, apart=True)  # follows with no torch loaded
     settings = Settings.from_env().with_plugin_path(plugin_path)
     handle = submit_and_follow(submission, settings, procs=procs, slots=slots, all_rows=all_rows)
     say_where_results_are(handle)
@@ -174,7 +175,7 @@ def submit(
     tensorboard: TensorBoardOpt = None,
 ) -> None:
     """Enqueue a run on the configured broker, print its id and return."""
-    submission = RunSubmission(_config(config, set_, rounds, seed, tensorboard))
+    submission = RunSubmission(_config(config, set_, rounds, seed, tensorboard), apart=True)
     print(submit_detached(submission, Settings.from_env().with_plugin_path(plugin_path)))
 
 
@@ -216,10 +217,10 @@ def print_summary(out: Console, summary: dict[str, Any], all_rows: bool = False)
             highlight=False,
         )
     if buffered:
-        histogram = ", ".join(f"{s}: {n}" for s, n in buffered["staleness"].items()) or "none"
         out.print(
             f"updates: {buffered['folded']} folded, {buffered['stale']} dropped as stale,"
-            f" {buffered['failed']} failed (buffer_size {buffered['buffer_size']}) · staleness {histogram}",
+            f" {buffered['failed']} failed (buffer_size {buffered['buffer_size']})"
+            f" · staleness {staleness_text(buffered['staleness'])}",
             highlight=False,
         )
     sim_end = max(summary["sim_time"].values(), default=None) if simulated else None
@@ -244,6 +245,23 @@ def print_summary(out: Console, summary: dict[str, Any], all_rows: bool = False)
     if len(summary["failures"]) > 5:
         out.print(f"... {len(summary['failures']) - 5} more failed devices (fedqueue status RUN --json)")
     _print_accuracy(out, summary, word)
+
+
+def staleness_text(histogram: dict[str, int]) -> str:
+    """Updates by staleness, "0: 12, 1: 30"; past STALENESS_SHOWN values (a long run with many in flight has
+    hundreds) their mean, median and range, on one line (every value: --json)."""
+    if len(histogram) <= STALENESS_SHOWN:
+        return ", ".join(f"{s}: {n}" for s, n in histogram.items()) or "none"
+    counts = sorted((int(s), n) for s, n in histogram.items())
+    total = sum(n for _, n in counts)
+    mean = sum(s * n for s, n in counts) / total
+    seen, median = 0, counts[-1][0]
+    for s, n in counts:
+        seen += n
+        if 2 * seen >= total:
+            median = s
+            break
+    return f"mean {mean:.1f}, median {median}, {counts[0][0]}–{counts[-1][0]} over {total} updates (each: --json)"
 
 
 def fold(rows: list[str], all_rows: bool) -> tuple[list[str], list[str], list[str]]:

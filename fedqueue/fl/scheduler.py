@@ -13,7 +13,6 @@ from fedqueue.core.services import Services
 from fedqueue.core.waits.outage import run_stored
 from fedqueue.fl.config import RunConfig
 from fedqueue.fl.messages import KIND_NAME
-from fedqueue.fl.ml.weights import encode_state
 from fedqueue.fl.strategy.common import checkpoint_version
 from fedqueue.fl.strategy.registry import strategy_for
 
@@ -22,30 +21,18 @@ def new_run_id() -> str:
     return uuid.uuid4().hex[:12]
 
 
-def submit_run(services: Services, config: RunConfig, run_id: str | None = None) -> str:
-    """Record the run, publish version 0 of the model and enqueue its first work."""
-    # torch: loaded by the process that submits, never by the repair pass (every command and worker loads it).
-    from fedqueue.fl.ml.data import load_federated
-    from fedqueue.fl.ml.models import initial_state
-    from fedqueue.fl.packs.trial import resolve_packing
-    from fedqueue.fl.setup import call_plugin, check_plugins, data_spec
+def submit_run(services: Services, config: RunConfig, run_id: str | None = None, apart: bool = False) -> str:
+    """Record the run, publish version 0 of the model and enqueue its first work. `apart`: its torch work in a
+    process of its own (fl/submit/prepare.py), so this one never loads torch."""
+    from fedqueue.fl.submit.memory import check_fits
+    from fedqueue.fl.submit.prepare import prepare, prepare_apart
 
-    check_plugins(config)
     run_id = run_id or new_run_id()
-    data = call_plugin("dataset", config.data.dataset, load_federated, data_spec(config))
-    state = call_plugin(
-        "model",
-        config.model,
-        initial_state,
-        config.model,
-        data.input_shape,
-        data.num_classes,
-        config.seed,
-        config.plugin,
-    )
-    # After the model plugin proved it builds: packing builds it again, and tries a vmapped step.
-    config = resolve_packing(config, data, services.worker_slots)
-    encoded = encode_state(state)
+    # The workers are asked (a second or so) only where the packing is "auto"; the memory check reads them then.
+    workers = services.worker_slots() if config.packing.needs_workers else None
+    check_fits(config, workers)
+    prepared = (prepare_apart if apart else prepare)(config, lambda: workers or {})
+    config, encoded = prepared.config, prepared.state
     services.store.create_run(
         run_id,
         config.name,

@@ -29,6 +29,8 @@ from fedqueue.core.database import open_store
 from fedqueue.errors import ConfigError
 from fedqueue.llm.export import check_out_folder, write_export
 from fedqueue.llm.job import DEFAULT_BATCH_SIZE, JobRequest, Submitted, require_job
+from fedqueue.llm.pipelines.cli import export_pipeline, pipeline, show_pipeline
+from fedqueue.llm.pipelines.config import is_pipeline
 from fedqueue.llm.results import job_counts
 from fedqueue.llm.settings import GenerationSettings
 from fedqueue.llm.submission import model_name, prepare
@@ -40,6 +42,8 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
     help="LLM batch jobs: a file of prompts generated in batches by the workers, outputs kept in the store.",
 )
+
+app.command()(pipeline)
 
 SOME_FAILED = 3  # `llm submit`'s exit code for a job that finished with failed prompts
 JobArg = Annotated[str, typer.Argument(help="Job id (printed by `fedqueue llm submit`).")]
@@ -186,7 +190,10 @@ def print_job(out: Console, summary: dict[str, Any]) -> None:
 
 
 def show_status(store: Store, job_id: str, as_json: bool) -> None:
-    """What `fedqueue status` prints for an LLM job."""
+    """What `fedqueue status` prints for an LLM job or pipeline."""
+    if is_pipeline(store.get_run(job_id).config):
+        show_pipeline(store, job_id, as_json)
+        return
     summary = job_summary(store, job_id)
     if as_json:
         print(json.dumps(summary, indent=2))
@@ -222,7 +229,10 @@ def export(
 
 
 def export_job(store: Store, job: str, out: Path) -> None:
-    """The job's rows as JSON lines in input order, written whole to `out`."""
+    """The job's rows (a pipeline's items) as JSON lines in input order, written whole to `out`."""
+    if is_pipeline(store.get_run(job).config):
+        export_pipeline(store, job, out)
+        return
     rows = write_export(store, job, out, "--out")
     pending = sum(1 for row in rows if row["state"] == "pending")
     note = f" ({pending} still pending)" if pending else ""

@@ -11,6 +11,10 @@ from fedqueue.config import Settings
 from fedqueue.core.jobs import JobKind, RunProgress, TaskContext, TaskHandler
 from fedqueue.core.services import Services
 from fedqueue.llm.messages import KIND_NAME, LLM_QUEUE, GenerateBatch
+from fedqueue.llm.pipelines.config import is_pipeline
+from fedqueue.llm.pipelines.lane import give_up_lane, run_lane
+from fedqueue.llm.pipelines.messages import PipelineLane
+from fedqueue.llm.pipelines.repair import reconcile_pipeline
 from fedqueue.llm.repair import reconcile
 from fedqueue.llm.worker import ModelCache, fail_batch, run_batch
 from fedqueue.report.kind import KindViews
@@ -23,6 +27,7 @@ if TYPE_CHECKING:
     from fedqueue.report.run_data import RunData
 
 GENERATE_BATCH = "fedqueue.generate_batch"
+PIPELINE_LANE = "fedqueue.pipeline_lane"
 
 
 def _generate(context: TaskContext, task: GenerateBatch) -> None:
@@ -33,12 +38,25 @@ def _batch_failed(context: TaskContext, task: GenerateBatch, attempts: int, erro
     fail_batch(context.services, task, context.worker, attempts, error)
 
 
+def _lane(context: TaskContext, task: PipelineLane) -> None:
+    run_lane(context.services, context.cache, task, context.worker)
+
+
+def _lane_failed(context: TaskContext, task: PipelineLane, attempts: int, error: str) -> None:
+    give_up_lane(context.services, task, error)
+
+
 class LlmKind(JobKind, KindViews):
     name = KIND_NAME
     migrations = Path(__file__).with_name("migrations")
-    handlers = (TaskHandler(GENERATE_BATCH, LLM_QUEUE, GenerateBatch, _generate, _batch_failed),)
+    handlers = (
+        TaskHandler(GENERATE_BATCH, LLM_QUEUE, GenerateBatch, _generate, _batch_failed),
+        TaskHandler(PIPELINE_LANE, LLM_QUEUE, PipelineLane, _lane, _lane_failed),
+    )
 
     def repair(self, services: Services, run_id: str) -> list[str]:
+        if is_pipeline(services.store.get_run(run_id).config):
+            return reconcile_pipeline(services, run_id)
         return reconcile(services, run_id)
 
     def new_cache(self) -> ModelCache:
@@ -68,7 +86,10 @@ class LlmKind(JobKind, KindViews):
 
     def progress(self, services: Services, run_id: str) -> RunProgress:
         from fedqueue.llm.bars import PromptProgress
+        from fedqueue.llm.pipelines.bars import ItemProgress
 
+        if is_pipeline(services.store.get_run(run_id).config):
+            return ItemProgress(services, run_id)
         return PromptProgress(services, run_id)
 
     def show_status(self, store: Store, run_id: str, as_json: bool, every_row: bool) -> bool:
@@ -78,24 +99,41 @@ class LlmKind(JobKind, KindViews):
         return True
 
     def report_numbers(self, store: Store, data: RunData, numbers: dict[str, Any]) -> dict[str, Any]:
+        from fedqueue.llm.pipelines.summary import pipeline_summary
         from fedqueue.llm.summary import job_summary
 
+        if is_pipeline(data.run.config):
+            return {"job": pipeline_summary(store, data.run.id)}
         return {"job": job_summary(store, data.run.id)}
 
     def run_columns(self, store: Store, runs: Sequence[RunRow]) -> dict[str, dict[str, Any]]:
-        """`fedqueue runs`: chat or plain prompts, prompts generated of all, the input file and model."""
+        """`fedqueue runs`: chat or plain prompts, or a pipeline; prompts generated (items ended) of all, the input
+        file and model."""
+        from fedqueue.llm.pipelines.rows import pipeline_counts
         from fedqueue.llm.results import done_counts
 
-        counts = done_counts(store, [run.id for run in runs])
-        return {
+        jobs = [run for run in runs if not is_pipeline(run.config)]
+        counts = done_counts(store, [run.id for run in jobs])
+        columns = {
             run.id: {
                 "type": "llm chat" if run.config.get("chat") else "llm",
                 "progress": f"{counts[run.id][0]}/{counts[run.id][1]} prompts",
                 "dataset": run.config.get("input"),
                 "model": run.config.get("model"),
             }
-            for run in runs
+            for run in jobs
         }
+        for run in runs:
+            if is_pipeline(run.config):
+                items = pipeline_counts(store, run.id)
+                ended = items.get("done", 0) + items.get("failed", 0)
+                columns[run.id] = {
+                    "type": "llm pipeline",
+                    "progress": f"{ended}/{items.get('total', 0)} items",
+                    "dataset": run.config.get("input"),
+                    "model": run.config.get("model"),
+                }
+        return columns
 
 
 KIND = LlmKind()

@@ -10,19 +10,13 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from html import escape
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from fedqueue.report.cells import STYLE, html_head, html_row
 from fedqueue.report.timeline import RoundMark, RoundWords
 
-STYLE = """
-body { font: 14px/1.45 system-ui, sans-serif; margin: 24px auto; max-width: 1320px; color: #222; padding: 0 16px; }
-h1 { font-size: 22px; margin-bottom: 4px; } h2 { font-size: 17px; margin-top: 30px; }
-table { border-collapse: collapse; margin: 8px 0; font-variant-numeric: tabular-nums; }
-th, td { padding: 3px 9px; border-bottom: 1px solid #e3e3e3; text-align: right; white-space: nowrap; }
-th { background: #f4f4f4; } td.text, th.text { text-align: left; }
-.headline td { font-size: 15px; } .note { color: #666; font-size: 12px; } .error { color: #b00; }
-img { max-width: 100%; border: 1px solid #eee; margin: 6px 0; }
-"""
+if TYPE_CHECKING:
+    from fedqueue.report.long_table import LongTable
 
 
 @dataclass(frozen=True)
@@ -36,6 +30,7 @@ class KindPage:
     rounds: Sequence[RoundMark] = ()  # marked on the timeline and concurrency pictures
     words: RoundWords = RoundWords()  # how those pictures name the rounds (FL's buffered runs: versions)
     draw: Callable[[Path, str], None] | None = None  # draws the kind's pictures: (folder, the run's title)
+    tables: Sequence[LongTable] = ()  # written beside the page, whole (`sections` shows their summaries)
 
 
 def fmt(value: Any, digits: int = 3) -> str:
@@ -64,20 +59,8 @@ def _bytes(value: int | None) -> str:
 
 
 def html_table(headers: Sequence[str], rows: Sequence[Sequence[Any]], text_columns: Sequence[int] = ()) -> str:
-    head = "".join(
-        f'<th class="text">{escape(name)}</th>' if index in text_columns else f"<th>{escape(name)}</th>"
-        for index, name in enumerate(headers)
-    )
-    body = "".join(
-        "<tr>"
-        + "".join(
-            f'<td class="text">{escape(str(cell))}</td>' if index in text_columns else f"<td>{escape(str(cell))}</td>"
-            for index, cell in enumerate(row)
-        )
-        + "</tr>"
-        for row in rows
-    )
-    return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+    body = "".join(html_row(row, text_columns) for row in rows)
+    return f"<table><thead><tr>{html_head(headers, text_columns)}</tr></thead><tbody>{body}</tbody></table>"
 
 
 def _headline(report: dict[str, Any], page: KindPage) -> str:

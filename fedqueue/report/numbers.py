@@ -15,7 +15,8 @@ from typing import Any
 from fedqueue.errors import ConfigError
 from fedqueue.report.html import render_html
 from fedqueue.report.kind import views_of
-from fedqueue.report.run_data import RunData, load_run_data
+from fedqueue.report.long_table import write_table_files
+from fedqueue.report.run_data import RunData, gc_paused, load_run_data
 from fedqueue.report.timeline import (
     Lane,
     Span,
@@ -23,7 +24,6 @@ from fedqueue.report.timeline import (
     dispatch_gaps,
     idle_while_queued,
     mean,
-    pack_lanes,
     parallel_efficiency,
     percentile,
 )
@@ -43,7 +43,8 @@ TOP_SLOWEST = 5
 
 def build_report(store: Store, run_id: str, now: float | None = None) -> dict[str, Any]:
     """Every number of the report, read from the store (NotFound for an unknown run)."""
-    return report_of(store, load_run_data(store, run_id, now))
+    with gc_paused():
+        return report_of(store, load_run_data(store, run_id, now))
 
 
 def report_of(store: Store, data: RunData) -> dict[str, Any]:
@@ -57,7 +58,7 @@ def report_of(store: Store, data: RunData) -> dict[str, Any]:
 def compute_report(data: RunData) -> dict[str, Any]:
     """The core's numbers from a run's task timings and samples; no I/O."""
     run, spans = data.run, data.spans
-    lanes = pack_lanes(spans)
+    lanes = data.lanes
     slots = len(lanes)
     wall_s = max(0.0, data.end - run.created_at)
     done = [span for span in spans if span.state == "done"]
@@ -199,11 +200,19 @@ def rounded(value: float | None, digits: int = 3) -> float | None:
 
 def write_report(store: Store, run_id: str, out_dir: Path, now: float | None = None) -> dict[str, Any]:
     """Write the pictures and report.html into out_dir; return the numbers."""
+    with gc_paused():
+        data = load_run_data(store, run_id, now)
+        report = report_of(store, data)
+        _write_files(data, report, out_dir)
+    return report
+
+
+def _write_files(data: RunData, report: dict[str, Any], out_dir: Path) -> None:
+    """The pictures, report.html and the kind's tables, into out_dir."""
     # Imported here: plots loads matplotlib, which a process reading only the numbers does without.
     import fedqueue.report.plots as plots
 
-    data = load_run_data(store, run_id, now)
-    report = report_of(store, data)
+    run_id = data.run.id
     page = views_of(data.run.kind).report_page(report)
     done = [span for span in data.spans if span.state == "done"]
     origin, end = data.run.created_at, data.end
@@ -212,7 +221,7 @@ def write_report(store: Store, run_id: str, out_dir: Path, now: float | None = N
         name = f"run {run_id}" + (f" ({data.run.name})" if data.run.name else "")
         plots.timeline(
             out_dir / "timeline.png",
-            pack_lanes(data.spans),
+            data.lanes,
             data.spans,
             page.rounds,
             data.samples,
@@ -234,7 +243,8 @@ def write_report(store: Store, run_id: str, out_dir: Path, now: float | None = N
         )
         if page.draw is not None:
             page.draw(out_dir, name)
+        for table in page.tables:
+            write_table_files(table, out_dir, name)
         (out_dir / "report.html").write_text(render_html(report, page), encoding="utf-8")
     except OSError as err:
         raise ConfigError(f"--out: cannot write the report into {str(out_dir)!r}: {err.strerror or err}") from None
-    return report

@@ -9,7 +9,8 @@ from typing import Any
 
 from fedqueue.config import DEFAULT_LEASE_TTL_S
 from fedqueue.report.kind import views_of
-from fedqueue.report.timeline import merge_vmapped_packs, span_of
+from fedqueue.report.run_data import gc_paused, read_spans
+from fedqueue.report.timeline import merge_vmapped_packs
 from fedqueue.store import Store
 from fedqueue.store.schema import RunRow
 
@@ -34,8 +35,13 @@ def max_concurrency(intervals: Iterable[tuple[float, float]]) -> int:
 
 def run_summary(store: Store, run_id: str) -> dict[str, Any]:
     """A run's status: what its task timings say, with the keys its job kind adds (`KindViews.summary`)."""
+    with gc_paused():
+        return _run_summary(store, run_id)
+
+
+def _run_summary(store: Store, run_id: str) -> dict[str, Any]:
     run = store.get_run(run_id)
-    spans = merge_vmapped_packs(span_of(row) for row in store.task_timings(run_id))
+    spans = merge_vmapped_packs(read_spans(store, run_id))
     ran = [span for span in spans if span.state == "done"]
     end = run.finished_at
     if end is None:

@@ -28,6 +28,10 @@ from fedqueue.store.repo import Store
 CONNECT_TIMEOUT_S = 5
 SQLITE_BUSY_TIMEOUT_MS = 30_000
 WAL_SWITCH_RETRY_S = 0.02
+# A new SQLite file's page size: a 45 MB checkpoint written in 64 KiB pages costs about half what it costs in
+# the default 4 KiB ones (an overflow chain 16x shorter); a small commit costs some tens of microseconds more.
+# A file keeps the size it was made with (a WAL file cannot change it).
+SQLITE_PAGE_SIZE = 65536
 
 
 def _switch_to_wal(cursor: Any) -> None:
@@ -48,6 +52,7 @@ def _enable_sqlite_wal(dbapi_connection: Any, _record: Any) -> None:
     cursor = dbapi_connection.cursor()
     # WAL lets readers work beside the single writer; the busy timeout makes writers wait, not fail.
     cursor.execute(f"PRAGMA busy_timeout={SQLITE_BUSY_TIMEOUT_MS}")
+    cursor.execute(f"PRAGMA page_size={SQLITE_PAGE_SIZE}")  # before the switch to WAL: only a new file takes it
     _switch_to_wal(cursor)
     cursor.execute("PRAGMA synchronous=NORMAL")
     cursor.execute("PRAGMA foreign_keys=ON")

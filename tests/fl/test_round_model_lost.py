@@ -8,6 +8,7 @@ from pathlib import Path
 
 from fedqueue.config import Settings
 from fedqueue.core.broker.memory import RecordingEnqueuer, memory_services
+from fedqueue.core.codec import BlobRef
 from fedqueue.core.database import open_store
 from fedqueue.fl.messages import AggregateTask, DeviceTask
 from fedqueue.fl.scheduler import submit_run
@@ -46,6 +47,46 @@ def test_an_aggregation_whose_global_model_left_the_broker_reads_it_from_the_sto
                     aggregate_round(services, run_id, message.round_index, "here#1")
         assert store.get_run(run_id).state == "finished"
         assert lost == 3
+        assert_same_weights(final_state(store, run_id), reference_final_state(config))
+    finally:
+        store.close()
+
+
+def test_the_aggregating_worker_takes_the_round_model_from_its_own_memory(tmp_path: Path) -> None:
+    """A worker that trained on the round's model aggregates from the model it holds: the broker is never asked
+    for it again, and the run ends with the reference's weights."""
+    store = open_store(f"sqlite:///{tmp_path / 'store.db'}", migrate=True)
+    try:
+        config = small_config(rounds=3, num_devices=12, devices_per_round=4, local_iters=2)
+        services = memory_services(SETTINGS, store)
+        run_id = submit_run(services, config)
+        sent = services.enqueue
+        assert isinstance(sent, RecordingEnqueuer)
+        cache, strategy = WorkerCache(), strategy_for(config)
+        read: list[str] = []
+        get = services.blobs.get
+
+        def reading(ref: BlobRef) -> bytes:  # every read of this store, get_many's too, comes here
+            read.append(ref.key)
+            return get(ref)
+
+        services.blobs.get = reading  # type: ignore[method-assign]
+        models = set()
+        while store.get_run(run_id).state == "running":
+            waiting = sent.take()
+            assert waiting, "the run waits on nothing"
+            for message in waiting:
+                if isinstance(message, DeviceTask):
+                    run_device_task(services, cache, message, "here", 1, strategy)
+                elif isinstance(message, AggregateTask):
+                    row = get_round(store, run_id, message.round_index)
+                    assert row is not None
+                    models.add(row.model_key)
+                    before = read.count(row.model_key)
+                    aggregate_round(services, run_id, message.round_index, "here#1", cache)
+                    assert read.count(row.model_key) == before
+        assert store.get_run(run_id).state == "finished"
+        assert len(models) == 3 and all(read.count(key) == 1 for key in models)  # once, by the first device task
         assert_same_weights(final_state(store, run_id), reference_final_state(config))
     finally:
         store.close()

@@ -89,6 +89,11 @@ def test_compose_validates_and_each_profile_starts_what_the_readme_says(tmp_path
         assert worker["stop_grace_period"] == "3600s" and worker["stop_signal"] == "SIGTERM"
         assert {"redis", "postgres"} == set(worker["depends_on"])
         assert all(dep["condition"] == "service_healthy" for dep in worker["depends_on"].values())
+    # A container's /dev/shm is its own and 64 MB: blobs go through Redis unless the .env says otherwise.
+    for name, service in services.items():
+        if name not in ("redis", "postgres"):
+            assert service["environment"]["FEDQUEUE_BLOB_SHM"] == "off", name
+    assert all(services[f"worker-gpu{index}"]["shm_size"] in ("64m", 64 * 2**20) for index in (0, 1))
     llm = services["worker-llm"]
     assert (
         "--gpus-per-worker" in llm["command"]

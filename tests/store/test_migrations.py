@@ -389,7 +389,7 @@ def test_a_new_database_and_one_from_the_earlier_line_end_with_the_same_schema(f
     expected = {
         "alembic_version": [head_revision()],
         "alembic_version_fl": ["fl_0003"],
-        "alembic_version_llm": ["llm_0001"],
+        "alembic_version_llm": ["llm_0002"],
     }
     assert version_rows(fresh_url) == version_rows(second_url) == expected
 

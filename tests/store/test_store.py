@@ -44,7 +44,7 @@ from fedqueue.fl.store.results import (
 from fedqueue.fl.store.schema import CheckpointRow, RoundRow
 from fedqueue.llm import schema as llm_schema
 from fedqueue.store import Store
-from fedqueue.store.db import make_engine
+from fedqueue.store.db import SQLITE_PAGE_SIZE, make_engine
 from fedqueue.store.migrate import branches_with_core, head_revision, schema_revision
 from fedqueue.store.repo import TaskTiming
 from fedqueue.store.schema import Base
@@ -157,6 +157,29 @@ def test_migrating_twice_is_harmless_and_keeps_data(database_url: str) -> None:
         assert branch_revisions(second) == branch_heads()
     finally:
         second.close()
+
+
+def test_a_new_sqlite_store_has_big_pages_and_an_old_one_keeps_its_own(tmp_path: Path) -> None:
+    """A new SQLite file is made with 64 KiB pages (a model's checkpoint writes faster); a file made before with
+    the default pages is opened as it is, its data intact."""
+    import sqlite3
+
+    new = tmp_path / "new.db"
+    open_store(f"sqlite:///{new}", migrate=True).engine.dispose()
+    old = tmp_path / "old.db"
+    with sqlite3.connect(old) as made:
+        made.execute("PRAGMA journal_mode=WAL")
+        made.execute("CREATE TABLE kept (value TEXT)")
+        made.execute("INSERT INTO kept VALUES ('before')")
+    store = open_store(f"sqlite:///{old}", migrate=True)
+    with store.engine.connect() as connection:
+        assert connection.exec_driver_sql("SELECT value FROM kept").scalar() == "before"
+    store.engine.dispose()
+    sizes = {}
+    for path in (new, old):
+        with sqlite3.connect(path) as reading:
+            sizes[path.name] = reading.execute("PRAGMA page_size").fetchone()[0]
+    assert sizes == {"new.db": SQLITE_PAGE_SIZE, "old.db": 4096}
 
 
 def test_open_without_migrate_on_empty_sqlite_is_refused(tmp_path: Path) -> None:

@@ -19,7 +19,8 @@ import torch
 import torch.nn.functional as F
 
 from fedqueue.errors import ConfigError, DataError
-from fedqueue.fl.ml.data_section import PARTITIONS
+from fedqueue.fl.ml.data_section import FIXED_SIZE_PARTITIONS, PARTITIONS
+from fedqueue.fl.ml.device_shards import DeviceShards
 from fedqueue.fl.ml.fixed_shards import FixedShards, fixed_split
 from fedqueue.fl.ml.plugins import DatasetRequest, LoadedDataset, TensorData, describe_choices, is_valid_name, resolve
 
@@ -47,12 +48,12 @@ class DataSpec:
     root: str | None = None
     seed: int = 0
     num_devices: int = 1
-    partition: str = "iid"  # "iid" | "dirichlet" | "dirichlet_fixed"
+    partition: str = "iid"  # one of data_section.PARTITIONS
     alpha: float = 0.5
     samples_per_device: int | None = None
     # Share of the training set the server holds out before the devices are partitioned (FedRevive's kd_split).
     server_fraction: float = 0.0
-    # dirichlet_fixed (fl/ml/fixed_shards.py): samples per device, and the shares FedRevive's fixed split
+    # dirichlet_fixed(_per_device) (fl/ml/fixed_shards.py, device_shards.py): samples per device, and the shares FedRevive's fixed split
     # takes out of the training set before the shards are drawn (its val_split and kd_split).
     client_data_size: int | None = None
     val_fraction: float = 0.0
@@ -71,7 +72,7 @@ class FederatedData:
 
     train: TensorData
     test: TensorData
-    partitions: Sequence[np.ndarray]  # dirichlet_fixed's deal their shards when first read
+    partitions: Sequence[np.ndarray]  # dirichlet_fixed's deal their shards when first read, _per_device's draw one
     num_classes: int
     input_shape: tuple[int, ...]
     server: np.ndarray | None = None  # indices into train the server holds out (no device has them)
@@ -86,8 +87,8 @@ def _check_partition_args(num_devices: int, scheme: str, alpha: float, cap: int 
         raise ConfigError(f"alpha: must be > 0 for a dirichlet partition, got {alpha}")
     if cap is not None and cap < 1:
         raise ConfigError(f"samples_per_device: must be >= 1, got {cap}")
-    if scheme == "dirichlet_fixed" and cap is not None:
-        raise ConfigError("samples_per_device: dirichlet_fixed gives each device exactly client_data_size; unset it")
+    if scheme in FIXED_SIZE_PARTITIONS and cap is not None:
+        raise ConfigError(f"samples_per_device: {scheme} gives each device exactly client_data_size; unset it")
 
 
 def _dirichlet_parts(labels: np.ndarray, num_devices: int, alpha: float, rng: np.random.Generator) -> list[np.ndarray]:
@@ -126,8 +127,8 @@ def partition_indices(
 ) -> tuple[np.ndarray, ...]:
     """Disjoint, non-empty index sets, one per device, fixed by seed."""
     _check_partition_args(num_devices, scheme, alpha, cap)
-    if scheme == "dirichlet_fixed":
-        raise ConfigError("partition: dirichlet_fixed shards overlap; fixed_shards.fixed_size_shards draws them")
+    if scheme in FIXED_SIZE_PARTITIONS:
+        raise ConfigError(f"partition: {scheme} shards overlap; fixed_shards.py and device_shards.py draw them")
     labels = np.asarray(labels).reshape(-1)
     if len(labels) < num_devices:
         raise DataError(f"partition: {len(labels)} samples cannot give each of {num_devices} devices one")
@@ -340,7 +341,7 @@ def _build(spec: DataSpec) -> FederatedData:
 def _split(spec: DataSpec, loaded: LoadedDataset) -> tuple[np.ndarray | None, Sequence[np.ndarray]]:
     """(the server's held-out indices or None, each device's indices) into the training set."""
     train = loaded.train
-    if loaded.partitions is None and spec.partition == "dirichlet_fixed":
+    if loaded.partitions is None and spec.partition in FIXED_SIZE_PARTITIONS:
         return _fixed_shards(spec, train, loaded.num_classes)
     server, pool = _server_split(spec, len(train))
     if loaded.partitions is None:
@@ -358,15 +359,19 @@ def _split(spec: DataSpec, loaded: LoadedDataset) -> tuple[np.ndarray | None, Se
     return None, _given_partitions(spec, loaded.partitions, len(train))
 
 
-def _fixed_shards(spec: DataSpec, train: TensorData, num_classes: int) -> tuple[np.ndarray | None, FixedShards]:
+def _fixed_shards(
+    spec: DataSpec, train: TensorData, num_classes: int
+) -> tuple[np.ndarray | None, FixedShards | DeviceShards]:
     """FedRevive's split and shards: the server holds the kd part (if it holds anything), val goes unused.
-    The shards are dealt when a device's is first read, up to that device."""
+    dirichlet_fixed's shards are dealt when a device's is first read, up to that device; _per_device's are
+    each drawn alone when read."""
     if spec.client_data_size is None:
-        raise ConfigError('client_data_size: required with partition = "dirichlet_fixed"')
+        raise ConfigError(f'client_data_size: required with partition = "{spec.partition}"')
     pool, _, kd = fixed_split(len(train), spec.val_fraction, spec.kd_fraction)
     labels = train.y.numpy()[pool]
     size, alpha = spec.client_data_size, spec.alpha
-    shards = FixedShards(labels, spec.num_devices, size, alpha, num_classes, spec.seed, into=pool)
+    rule = FixedShards if spec.partition == "dirichlet_fixed" else DeviceShards
+    shards = rule(labels, spec.num_devices, size, alpha, num_classes, spec.seed, into=pool)
     server = None
     if spec.server_fraction > 0:
         if len(kd) == 0:
@@ -378,7 +383,7 @@ def _fixed_shards(spec: DataSpec, train: TensorData, num_classes: int) -> tuple[
 
 def partition_sizes(data: FederatedData) -> np.ndarray:
     """Every device's sample count; fixed shards are not dealt for it."""
-    if isinstance(data.partitions, FixedShards):
+    if isinstance(data.partitions, FixedShards | DeviceShards):
         return data.partitions.sizes()
     return np.fromiter((len(part) for part in data.partitions), dtype=np.int64, count=len(data.partitions))
 

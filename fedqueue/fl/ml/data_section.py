@@ -13,7 +13,9 @@ from fedqueue.errors import ConfigError
 from fedqueue.fl.ml.plugins import describe_choices, is_valid_name
 from fedqueue.fl.sections.base import Run, choice, positive
 
-PARTITIONS = ("iid", "dirichlet", "dirichlet_fixed")
+PARTITIONS = ("iid", "dirichlet", "dirichlet_fixed", "dirichlet_fixed_per_device")
+# Shards of exactly client_data_size samples: one stream over the devices in order, or one generator per device.
+FIXED_SIZE_PARTITIONS = ("dirichlet_fixed", "dirichlet_fixed_per_device")
 LOCAL_DATASETS = ("cifar10", "cifar100")  # read from data_root, never downloaded
 AUGMENTS = ("none", "crop_flip", "crop_flip_rotate")
 AUGMENT_SIZE = (32, 32)  # the images a device's augmentation is meant for: CIFAR's
@@ -36,16 +38,21 @@ class DataSection:
     """Cap on each device's training samples (none: all its share)."""
     partition: str = "iid"
     """How the training set is split over the devices: `iid`, `dirichlet` (label shares drawn from
-    Dirichlet(`alpha`)), or `dirichlet_fixed` (FedRevive's overlapping shards of exactly `client_data_size`)."""
+    Dirichlet(`alpha`)), `dirichlet_fixed` (FedRevive's overlapping shards of exactly `client_data_size`, dealt
+    from one random stream over the devices in order), or `dirichlet_fixed_per_device` (the same kind of shard,
+    each drawn from the seed and the device's id alone: a device costs the same whatever the device count; use it
+    for runs of a million devices)."""
     alpha: float = 0.5
-    """Concentration of the `dirichlet` and `dirichlet_fixed` label draws: smaller is more skewed."""
+    """Concentration of the `dirichlet` and `dirichlet_fixed*` label draws: smaller is more skewed."""
     # FedRevive's data: partition = "dirichlet_fixed" gives every device exactly client_data_size samples, class
     # shares from its own Dirichlet(alpha) draw, shards overlapping across devices; drawn from the training set
     # left after a fixed seed-42 split takes val_split and the run's kd_split out (fixed_shards.py).
     client_data_size: int | None = None
-    """With `partition = "dirichlet_fixed"` (required there): the samples every device gets."""
+    """With `partition = "dirichlet_fixed"` or `"dirichlet_fixed_per_device"` (required there): the samples every
+    device gets."""
     val_split: float = 0.15
-    """With `partition = "dirichlet_fixed"`: the share of the training set split off first (with `kd_split`)."""
+    """With `partition = "dirichlet_fixed"` or `"dirichlet_fixed_per_device"`: the share of the training set split
+    off first (with `kd_split`)."""
     # Each batch's random crop (4 px of black padding) and flip, + a 15 degree rotation with "crop_flip_rotate".
     augment: str = "none"
     """Training-batch augmentation: `none`, `crop_flip` (a random 32 px crop of a 4 px zero-padded copy, and a
@@ -53,8 +60,8 @@ class DataSection:
 
     @property
     def fixed_shards(self) -> bool:
-        """FedRevive's fixed-size shards (partition = "dirichlet_fixed")."""
-        return self.partition == "dirichlet_fixed"
+        """Shards of exactly client_data_size (partition = "dirichlet_fixed" or "dirichlet_fixed_per_device")."""
+        return self.partition in FIXED_SIZE_PARTITIONS
 
     @property
     def missing_root(self) -> str | None:
@@ -88,14 +95,16 @@ class DataSection:
     def _check_fixed_shards(self, kd_split: float) -> None:
         if not self.fixed_shards:
             if self.client_data_size is not None:
-                raise ConfigError('client_data_size: applies to partition = "dirichlet_fixed" only')
+                raise ConfigError(
+                    'client_data_size: applies to partition = "dirichlet_fixed" or "dirichlet_fixed_per_device" only'
+                )
             return
         if self.client_data_size is None:
-            raise ConfigError('client_data_size: required with partition = "dirichlet_fixed" (samples per device)')
+            raise ConfigError(f'client_data_size: required with partition = "{self.partition}" (samples per device)')
         positive("client_data_size", self.client_data_size)
         if self.samples_per_device is not None:
             raise ConfigError(
-                'samples_per_device: partition = "dirichlet_fixed" gives exactly client_data_size; unset it'
+                f'samples_per_device: partition = "{self.partition}" gives exactly client_data_size; unset it'
             )
         for key, share in (("val_split", self.val_split), ("kd_split", kd_split)):
             if not 0 <= share < 1:

@@ -40,7 +40,7 @@ def fixed_split(size: int, val_fraction: float, kd_fraction: float) -> tuple[np.
     return order[:train], order[train : train + val], order[train + val :]
 
 
-def _class_counts(proportions: list[float], size: int, rng: np.random.Generator) -> list[int]:
+def class_counts(proportions: list[float], size: int, rng: np.random.Generator) -> list[int]:
     """Rounded shares of `size` (half to even), the deficit to one random class, the excess off the largest."""
     counts = [round(share * size) for share in proportions]  # as numpy's round: half to even
     deficit = size - sum(counts)
@@ -167,7 +167,7 @@ class FixedShards(Sequence[np.ndarray]):
                 shares[int(rng.integers(classes))] = 1.0
             if draws is not None:
                 draws[row] = shares
-            for label, wanted in enumerate(_class_counts(shares, size, rng)):
+            for label, wanted in enumerate(class_counts(shares, size, rng)):
                 if wanted == 0:
                     continue
                 if wanted > lengths[label]:

@@ -28,6 +28,11 @@ class PackSection:
     """Written at submit, not set by hand: how `"auto"` chose the pack size and mode, and the timings behind it."""
 
     @property
+    def needs_workers(self) -> bool:
+        """Whether the submit asks the workers: "auto" reads their slots (and whether they have GPUs)."""
+        return AUTO in (self.pack_size, self.pack_mode)
+
+    @property
     def resolved_size(self) -> int:
         """Devices per task; a stored run's config always holds a number (submit resolves "auto")."""
         if not isinstance(self.pack_size, int):

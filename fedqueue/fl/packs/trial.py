@@ -47,7 +47,7 @@ def resolve_packing(
 ) -> RunConfig:
     """The config with "auto" pack size and mode chosen (and the choice noted), checked for vmap; else as given."""
     packing = config.packing
-    if packing.pack_size != AUTO and packing.pack_mode != AUTO:
+    if not packing.needs_workers:
         check_pack_mode(config, data)
         return config
     workers = worker_slots()

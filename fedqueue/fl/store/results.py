@@ -10,7 +10,7 @@ import logging
 import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from sqlalchemy import and_, bindparam, delete, func, or_, select, update
 from sqlalchemy.engine import Connection, Dialect, Row
@@ -109,9 +109,19 @@ def get_round(store: Store, run_id: str, round_index: int) -> RoundRow | None:
 
 
 @retry_transient
-def list_rounds(store: Store, run_id: str) -> list[RoundRow]:
+def list_rounds(store: Store, run_id: str, after: int = 0) -> list[RoundRow]:
+    """A run's rounds in order; only those numbered above `after` if given."""
+    query = select(RoundRow).where(RoundRow.run_id == run_id, RoundRow.round_index > after)
     with store.session() as session:
-        return list(session.scalars(select(RoundRow).where(RoundRow.run_id == run_id).order_by(RoundRow.round_index)))
+        return list(session.scalars(query.order_by(RoundRow.round_index)))
+
+
+@retry_transient
+def last_rounds(store: Store, run_id: str, count: int) -> list[RoundRow]:
+    """A run's last `count` rounds, in order."""
+    query = select(RoundRow).where(RoundRow.run_id == run_id).order_by(RoundRow.round_index.desc()).limit(count)
+    with store.session() as session:
+        return list(reversed(list(session.scalars(query))))
 
 
 def round_rows_for(store: Store, run_ids: Sequence[str]) -> dict[str, list[RoundRow]]:
@@ -355,6 +365,34 @@ def device_tasks(store: Store, run_id: str, round_index: int | None = None) -> l
         query = query.where(DeviceTaskRow.round_index == round_index)
     with store.session() as session:
         return list(session.scalars(query.order_by(DeviceTaskRow.round_index, DeviceTaskRow.device)))
+
+
+class DeviceOutcome(NamedTuple):
+    """What became of a device's task, without its update: what the status and report count."""
+
+    round_index: int
+    device: int
+    state: str
+    worker: str
+    attempt: int
+    error: str | None
+    fate: str | None
+    staleness: int | None
+
+
+_OUTCOME_OF_DEVICE = [getattr(DeviceTaskRow, name) for name in DeviceOutcome._fields]
+
+
+@retry_transient
+def device_outcomes(store: Store, run_id: str) -> list[DeviceOutcome]:
+    """Every device task's outcome in a run, by round and device: plain rows (a long run has 100,000)."""
+    query = (
+        select(*_OUTCOME_OF_DEVICE)
+        .where(DeviceTaskRow.run_id == run_id)
+        .order_by(DeviceTaskRow.round_index, DeviceTaskRow.device)
+    )
+    with store.engine.connect() as connection:
+        return [DeviceOutcome(*row) for row in connection.execute(query)]
 
 
 @retry_transient

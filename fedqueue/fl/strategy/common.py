@@ -80,8 +80,12 @@ def evaluate_version(
     }
 
 
-def checkpoint_version(services: Services, run_id: str, version: int, encoded: bytes) -> None:
-    save_checkpoint(services.store, run_id, version, hashlib.sha256(encoded).hexdigest(), encoded)
+def checkpoint_version(
+    services: Services, run_id: str, version: int, encoded: bytes, sha256: str | None = None
+) -> None:
+    """The run's checkpoint; `sha256`: the encoding's, where the caller has it already (not hashed again)."""
+    digest = sha256 if sha256 is not None else hashlib.sha256(encoded).hexdigest()
+    save_checkpoint(services.store, run_id, version, digest, encoded)
 
 
 def final_state(store: Store, run_id: str) -> dict[str, torch.Tensor]:

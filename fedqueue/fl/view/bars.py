@@ -5,11 +5,13 @@ from __future__ import annotations
 import time
 
 from fedqueue.core.jobs import ProgressBar
-from fedqueue.fl.store.results import count_done, list_rounds
+from fedqueue.fl.store.results import count_done, last_rounds
 from fedqueue.fl.store.schedule_rows import get_schedule
 from fedqueue.fl.store.schema import RoundRow
 from fedqueue.fl.view.summary import mode_of
 from fedqueue.store import Store
+
+SHOWN = 12  # bars a follower shows: the last rounds (versions), the one in the making among them
 
 
 class RoundProgress:
@@ -22,7 +24,9 @@ class RoundProgress:
         self.buffer_size = int(run.config.get("buffer_size") or 1)
 
     def bars(self) -> list[ProgressBar]:
-        rows = list_rounds(self.store, self.run_id)
+        """The last SHOWN rounds' bars (versions'): a run of 10,000 versions shows where it is, not a screen per
+        poll of every version (the table it ends with has every one)."""
+        rows = last_rounds(self.store, self.run_id, SHOWN)
         if self.mode.asynchronous:
             return self._version_bars(rows)
         return [self._round_bar(row) for row in rows]

@@ -14,6 +14,8 @@ from matplotlib.figure import Figure
 
 from fedqueue.report.plots import DPI
 
+MARKED_POINTS = 100  # more points than this are drawn as a line without markers
+
 
 def accuracy(path: Path, rounds: Sequence[dict[str, Any]], title: str = "", word: str = "round") -> None:
     """Held-out accuracy, held-out loss and mean training loss per round (`word`: per version)."""
@@ -21,14 +23,16 @@ def accuracy(path: Path, rounds: Sequence[dict[str, Any]], title: str = "", word
     left, right = figure.subplots(1, 2)
     evaluated = [row for row in rounds if row["accuracy"] is not None]
     trained = [row for row in rounds if row["train_loss"] is not None]
+    # A marker per point while they can be told apart; a line alone for thousands.
+    dot = "o" if len(evaluated) <= MARKED_POINTS else None
     if evaluated:
         left.plot(
-            [row["round"] for row in evaluated], [row["accuracy"] for row in evaluated], marker="o", color="#2ca02c"
+            [row["round"] for row in evaluated], [row["accuracy"] for row in evaluated], marker=dot, color="#2ca02c"
         )
         right.plot(
             [row["round"] for row in evaluated],
             [row["loss"] for row in evaluated],
-            marker="o",
+            marker=dot,
             color="#d62728",
             label="held-out loss",
         )
@@ -38,7 +42,7 @@ def accuracy(path: Path, rounds: Sequence[dict[str, Any]], title: str = "", word
         right.plot(
             [row["round"] for row in trained],
             [row["train_loss"] for row in trained],
-            marker=".",
+            marker="." if len(trained) <= MARKED_POINTS else None,
             linestyle="--",
             color="#ff7f0e",
             label="mean training loss",
@@ -61,7 +65,8 @@ def simulated(path: Path, rounds: Sequence[dict[str, Any]], staleness: dict[str,
     left, right = figure.subplots(1, 2)
     timed = [row for row in rounds if row["sim_time"] is not None and row["accuracy"] is not None]
     if timed:
-        left.plot([row["sim_time"] for row in timed], [row["accuracy"] for row in timed], marker="o", color="#2ca02c")
+        dot = "o" if len(timed) <= MARKED_POINTS else None
+        left.plot([row["sim_time"] for row in timed], [row["accuracy"] for row in timed], marker=dot, color="#2ca02c")
     else:
         left.text(0.5, 0.5, "no version evaluated yet", ha="center", va="center", transform=left.transAxes)
     left.set_xlabel("simulated time (s)")

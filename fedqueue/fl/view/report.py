@@ -9,22 +9,23 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from fedqueue.fl.store.results import device_tasks, list_rounds
-from fedqueue.fl.store.schema import DeviceTaskRow, RoundRow
+from fedqueue.fl.store.results import DeviceOutcome, device_outcomes, list_rounds
+from fedqueue.fl.store.schema import RoundRow
 from fedqueue.fl.store.stop_rows import get_stop
 from fedqueue.fl.strategy.mode import ROUNDS, VERSIONS, Unit
 from fedqueue.fl.view.summary import buffered_of, mode_of, packing_of
 from fedqueue.report.html import KindPage, fmt, html_table, percent
+from fedqueue.report.long_table import LongTable, summary_html
 from fedqueue.report.numbers import rounded, time_breakdown
 from fedqueue.report.run_data import RunData
-from fedqueue.report.timeline import Lane, RoundMark, RoundWords, Span, pack_lanes, parallel_efficiency
+from fedqueue.report.timeline import Lane, RoundMark, RoundWords, Span, parallel_efficiency
 from fedqueue.store import Store
 
 
 def report_numbers(store: Store, data: RunData, numbers: dict[str, Any]) -> dict[str, Any]:
     """The FL keys of a run's report, read from its rounds and, for a buffered-async run, its updates."""
     run = data.run
-    results = device_tasks(store, run.id)
+    results = device_outcomes(store, run.id)
     buffered = buffered_of(run, results)
     stop = get_stop(store, run.id)
     return {
@@ -34,7 +35,7 @@ def report_numbers(store: Store, data: RunData, numbers: dict[str, Any]) -> dict
     }
 
 
-def device_task_count(results: Sequence[DeviceTaskRow], spans: Sequence[Span]) -> dict[str, Any]:
+def device_task_count(results: Sequence[DeviceOutcome], spans: Sequence[Span]) -> dict[str, Any]:
     """Device tasks as `fedqueue status` counts them (one per device trained, from their results), and the packs
     that trained `packed` of them together (the core's timed tasks count a vmapped pack once)."""
     done = sum(1 for result in results if result.state == "done")
@@ -53,13 +54,14 @@ def rounds_report(
 ) -> dict[str, Any]:
     """The FL keys of a run's report from its rows; no I/O. `buffered` is `summary.buffered_of`'s."""
     run, spans = data.run, data.spans
-    lanes = pack_lanes(spans)
+    lanes = data.lanes
     slots = len(lanes)
     wall_s = max(0.0, data.end - run.created_at)
     done = [span for span in spans if span.state == "done"]
     by_round: dict[int | None, list[Span]] = defaultdict(list)
     for span in spans:
         by_round[span.round_index].append(span)
+    lanes_by_round = lanes_of_rounds(lanes)
     return {
         "dataset": run.config.get("dataset"),
         "model": run.config.get("model"),
@@ -70,7 +72,12 @@ def rounds_report(
         "rounds_done": sum(1 for row in rounds if row.state == "done"),
         "devices_trained": sum(span.devices for span in done if span.task_type == "train"),
         "time": {**numbers["time"], **one_process_seconds(rounds)},
-        "rounds": [round_numbers(row, by_round.get(row.round_index, []), lanes, slots, data.now) for row in rounds],
+        "rounds": [
+            round_numbers(
+                row, by_round.get(row.round_index, []), lanes_by_round.get(row.round_index, []), slots, data.now
+            )
+            for row in rounds
+        ],
         "simulated": simulated_numbers(run.config, rounds, buffered, wall_s),
     }
 
@@ -106,9 +113,23 @@ def simulated_numbers(
     }
 
 
+def lanes_of_rounds(lanes: Sequence[Lane]) -> dict[int | None, list[Lane]]:
+    """Each round's part of the run's lanes: the lanes holding its tasks, with only its tasks, in one pass over
+    the tasks (a run of 10,000 versions and 100,000 tasks would take 10^9 steps filtering every lane per round)."""
+    parts: dict[int | None, list[Lane]] = defaultdict(list)
+    for lane in lanes:
+        mine: dict[int | None, list[Span]] = defaultdict(list)
+        for span in lane.spans:
+            mine[span.round_index].append(span)
+        for round_index, spans in mine.items():
+            parts[round_index].append(Lane(lane.worker, lane.pid, lane.device_used, lane.slot, tuple(spans)))
+    return parts
+
+
 def round_numbers(
-    row: RoundRow, spans: Sequence[Span], lanes: Sequence[Lane], slots: int, now: float
+    row: RoundRow, spans: Sequence[Span], round_lanes: Sequence[Lane], slots: int, now: float
 ) -> dict[str, Any]:
+    """A round's numbers from its tasks and `round_lanes`, the lanes' parts holding them (`lanes_of_rounds`)."""
     done = [span for span in spans if span.state == "done"]
     end = row.aggregated_at
     if end is None:
@@ -116,17 +137,6 @@ def round_numbers(
         end = max(now, max((span.finished_at for span in spans), default=row.enqueued_at))
     wall_s = max(0.0, end - row.enqueued_at)
     busy_s = sum(span.busy_s for span in done)
-    mine = {span.task for span in spans}
-    round_lanes = [
-        Lane(
-            lane.worker,
-            lane.pid,
-            lane.device_used,
-            lane.slot,
-            tuple(span for span in lane.spans if span.task in mine),
-        )
-        for lane in lanes
-    ]
     # The round's own tasks, beside the aggregation that closes it.
     work = [span for span in spans if span.task_type != "aggregate"]
     work_done = [span for span in work if span.state == "done"]
@@ -157,6 +167,7 @@ def report_page(report: dict[str, Any]) -> KindPage:
     """The FL part of report.html, from the report's numbers."""
     spent = report["time"]
     word = _word(report)
+    table = rounds_table(report) if report["rounds"] else None
 
     def draw(folder: Path, name: str) -> None:
         # matplotlib: loaded when a page is drawn
@@ -181,10 +192,11 @@ def report_page(report: dict[str, Any]) -> KindPage:
             ("of which evaluation (one process)", spent["evaluation_s"]),
         ],
         top=_curves(report),
-        sections=_rounds_section(report) + _simulated(report),
+        sections=_rounds_section(report, table) + _simulated(report),
         rounds=[RoundMark(r["round"], r["enqueued_at"], r["aggregated_at"]) for r in report["rounds"]],
         words=BUFFERED_WORDS if report.get("buffered") else RoundWords(),
         draw=draw,
+        tables=[] if table is None else [table],
     )
 
 
@@ -235,28 +247,45 @@ def _packing_rows(packing: dict[str, Any] | None) -> list[tuple[str, str]]:
     return rows
 
 
-def _rounds(report: dict[str, Any]) -> str:
-    headers = [
-        _word(report),
-        "state",
-        "selected",
-        "done",
-        "failed",
-        "retried",
-        "wall s",
-        "queue wait s (mean)",
-        "load s",
-        "compute s",
-        "upload s",
-        "between tasks s",
-        "slots idle s",
-        "aggregation s",
-        "evaluation s",
-        "efficiency",
-        "tasks/s",
-        "accuracy",
-        "loss",
-    ]
+ROUND_HEADERS = [
+    "state",
+    "selected",
+    "done",
+    "failed",
+    "retried",
+    "wall s",
+    "queue wait s (mean)",
+    "load s",
+    "compute s",
+    "upload s",
+    "between tasks s",
+    "slots idle s",
+    "aggregation s",
+    "evaluation s",
+    "efficiency",
+    "tasks/s",
+    "accuracy",
+    "loss",
+]
+# The CSV's columns: the round's numbers as the report has them, unrounded, with when it began and ended
+# (the page's columns are the same, in this order, formatted).
+CSV_KEYS = ["state", "selected", "done", "failed", "retried", "wall_s"]
+CSV_TIMES = [
+    "queue_wait_mean_s",
+    "load_s",
+    "compute_s",
+    "upload_s",
+    "between_tasks_s",
+    "slots_idle_s",
+    "aggregation_s",
+    "evaluation_s",
+]
+CSV_TAIL = ["parallel_efficiency", "tasks_per_s", "accuracy", "loss", "train_loss", "sim_time"]
+CSV_CLOCK = ["enqueued_at", "aggregated_at"]
+
+
+def rounds_table(report: dict[str, Any]) -> LongTable:
+    """The table of rounds (versions): formatted for the page, unrounded for the CSV."""
     rows = [
         (
             r["round"],
@@ -266,14 +295,7 @@ def _rounds(report: dict[str, Any]) -> str:
             r["failed"],
             r["retried"],
             fmt(r["wall_s"]),
-            fmt(r["time"]["queue_wait_mean_s"]),
-            fmt(r["time"]["load_s"]),
-            fmt(r["time"]["compute_s"]),
-            fmt(r["time"]["upload_s"]),
-            fmt(r["time"]["between_tasks_s"]),
-            fmt(r["time"]["slots_idle_s"]),
-            fmt(r["time"]["aggregation_s"]),
-            fmt(r["time"]["evaluation_s"]),
+            *(fmt(r["time"][key]) for key in CSV_TIMES),
             percent(r["parallel_efficiency"]),
             fmt(r["tasks_per_s"], 1),
             fmt(r["accuracy"], 4),
@@ -281,14 +303,33 @@ def _rounds(report: dict[str, Any]) -> str:
         )
         for r in report["rounds"]
     ]
-    return html_table(headers, rows, (1,))
+    csv_rows = [
+        (
+            r["round"],
+            *(r[key] for key in CSV_KEYS),
+            *(r["time"][key] for key in CSV_TIMES),
+            *(r.get(key) for key in CSV_TAIL),
+            *(r.get(key) for key in CSV_CLOCK),
+        )
+        for r in report["rounds"]
+    ]
+    word = _word(report)
+    return LongTable(
+        stem=f"{word}s",
+        word=word,
+        headers=[word, *ROUND_HEADERS],
+        rows=rows,
+        csv_headers=[word, *CSV_KEYS, *CSV_TIMES, *CSV_TAIL, *CSV_CLOCK],
+        csv_rows=csv_rows,
+        text_columns=(1,),
+    )
 
 
-def _rounds_section(report: dict[str, Any]) -> str:
-    if not report["rounds"]:  # a job kind without rounds (LLM batches)
+def _rounds_section(report: dict[str, Any], table: LongTable | None) -> str:
+    if table is None:  # a job kind without rounds (LLM batches)
         return ""
     return f"""<h2>{_word(report).capitalize()}s</h2>
-{_rounds(report)}
+{summary_html(table)}
 """
 
 

@@ -10,9 +10,9 @@ from collections import Counter
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from fedqueue.fl.store.results import device_tasks, list_rounds, round_rows_for
+from fedqueue.fl.store.results import DeviceOutcome, device_outcomes, list_rounds, round_rows_for
 from fedqueue.fl.store.schedule_rows import get_schedule
-from fedqueue.fl.store.schema import DeviceTaskRow, RoundRow
+from fedqueue.fl.store.schema import RoundRow
 from fedqueue.fl.store.stop_rows import get_stop
 from fedqueue.fl.strategy.mode import Mode
 from fedqueue.fl.strategy.modes import MODES
@@ -24,7 +24,7 @@ from fedqueue.store.schema import RunRow
 def run_status(store: Store, run: RunRow, spans: Sequence[Span]) -> dict[str, Any]:
     """The FL keys of a run's status; its device tasks are counted from their results, not their timings."""
     rounds = list_rounds(store, run.id)
-    results = device_tasks(store, run.id)
+    results = device_outcomes(store, run.id)
     trained = [span for span in spans if span.state == "done" and span.task_type == "train"]
     return {
         "rounds_total": run.rounds_total,
@@ -139,7 +139,7 @@ def mode_of(run: RunRow) -> Mode:
     return MODES[str(run.config.get("mode", "fedavg"))]
 
 
-def buffered_of(run: RunRow, results: Iterable[DeviceTaskRow]) -> dict[str, Any]:
+def buffered_of(run: RunRow, results: Iterable[DeviceOutcome]) -> dict[str, Any]:
     """A buffered-async run's updates: how many were folded, dropped as stale or failed, and their staleness."""
     if not mode_of(run).asynchronous:
         return {}

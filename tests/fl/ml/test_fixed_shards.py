@@ -29,16 +29,20 @@ def test_every_device_gets_exactly_client_data_size_without_duplicates() -> None
 def test_class_counts_are_the_rounded_draw() -> None:
     parts, draws = shards()
     for part, draw in zip(parts, draws, strict=True):
-        counts = np.bincount(LABELS[part], minlength=10)
-        rounded = np.round(draw * 50).astype(int)
-        gap = 50 - int(rounded.sum())
-        if gap >= 0:  # the whole deficit lands on one class
-            moved = np.flatnonzero(counts != rounded)
-            assert len(moved) <= 1 and (counts - rounded).sum() == gap
-        else:  # the excess comes off the largest classes, one at a time
-            assert np.all(counts <= rounded) and (rounded - counts).sum() == -gap
-            assert np.all(counts[rounded > counts] >= counts.max() - 1)
+        assert_rounded(np.bincount(LABELS[part], minlength=10), draw, 50)
     assert np.allclose(draws.sum(axis=1), 1.0)
+
+
+def assert_rounded(counts: np.ndarray, draw: np.ndarray, size: int) -> None:
+    """A shard's class counts are its Dirichlet draw times `size`, rounded as FedRevive rounds them."""
+    rounded = np.round(draw * size).astype(int)
+    gap = size - int(rounded.sum())
+    if gap >= 0:  # the whole deficit lands on one class
+        moved = np.flatnonzero(counts != rounded)
+        assert len(moved) <= 1 and (counts - rounded).sum() == gap
+    else:  # the excess comes off the largest classes, one at a time
+        assert np.all(counts <= rounded) and (rounded - counts).sum() == -gap
+        assert np.all(counts[rounded > counts] >= counts.max() - 1)
 
 
 def test_shards_overlap_across_devices() -> None:

@@ -80,8 +80,8 @@ def _config_rules(config: RunConfig) -> Rules:
 
 
 def _trip_seconds(config: RunConfig) -> schedule.TripTime:
-    # torch: the clock reads the devices' data sizes; loaded by the fold pass, not by the command line
-    from fedqueue.fl.setup import run_clock
+    # torch only where the clock reads the devices' data sizes from a loaded partition (not fixed-size shards)
+    from fedqueue.fl.strategy.trip_clock import run_clock
 
     return run_clock(config).trip_seconds
 

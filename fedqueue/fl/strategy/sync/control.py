@@ -24,7 +24,7 @@ def _aggregate(context: TaskContext, task: AggregateTask) -> None:
     # A claim names this delivery, so a worker that lost its claim can never finish the round.
     owner = f"{context.worker}#{uuid.uuid4().hex[:8]}"
     # Timed from the round's completion: a wait through the round's tail (reading ahead) is not aggregating.
-    started_at = aggregate_round(context.services, task.run_id, task.round_index, owner)
+    started_at = aggregate_round(context.services, task.run_id, task.round_index, owner, context.cache)
     if started_at is None:
         # Nothing attempted (the round was taken, or its tail gave the slot back): attempts count
         # failed and lost aggregations, not requests that found nothing to do.

@@ -42,7 +42,7 @@ from fedqueue.fl.store.stop_rows import record_stop
 from fedqueue.fl.strategy.common import ClaimLost, checkpoint_bytes, checkpoint_version, evaluate_version, renewing
 from fedqueue.fl.strategy.sync.read_ahead import ReadAhead, read_round_ahead
 from fedqueue.fl.strategy.sync.section import FedAvgSection
-from fedqueue.fl.worker.state_blobs import get_states
+from fedqueue.fl.worker.state_blobs import get_state, get_states
 
 if TYPE_CHECKING:
     import torch
@@ -50,6 +50,7 @@ if TYPE_CHECKING:
 
     # torch, as in aggregation
     from fedqueue.fl.ml.aggregate import LoadedOnUse
+    from fedqueue.fl.worker.cache import WorkerCache
 
 log = logging.getLogger(__name__)
 
@@ -66,10 +67,12 @@ def round_key(run_id: str, round_index: int) -> str:
     return f"{run_id}:{round_index}"
 
 
-def start_round(services: Services, run_id: str, config: RunConfig, round_index: int, model: bytes) -> bool:
-    """Record and enqueue a round; False when another starter (an aggregator, a repair pass) already did."""
+def start_round(services: Services, run_id: str, config: RunConfig, round_index: int, model: bytes | BlobRef) -> bool:
+    """Record and enqueue a round; False when another starter (an aggregator, a repair pass) already did.
+
+    `model`: the round's global model, or where its aggregator already published it (`publish_version`)."""
     version = round_index - 1
-    ref = services.blobs.put(global_key(run_id, version), model)
+    ref = model if isinstance(model, BlobRef) else publish_version(services, run_id, version, model)
     selected = select_devices(config.seed, round_index, config.num_devices, config.devices_per_round)
     now = time.time()
     recorded = add_round(
@@ -93,12 +96,19 @@ def start_round(services: Services, run_id: str, config: RunConfig, round_index:
     return True
 
 
-def _round_model(services: Services, run_id: str, row: RoundRow) -> bytes:
-    """The round's global model: from the broker, or, when a broker restarted empty lost it after the round's
-    devices had all been stored (no repair pass republishes it then), from the store's checkpoint of it."""
+def publish_version(services: Services, run_id: str, version: int, model: bytes) -> BlobRef:
+    return services.blobs.put(global_key(run_id, version), model)
+
+
+def _round_model(
+    services: Services, cache: WorkerCache | None, run_id: str, row: RoundRow
+) -> Mapping[str, torch.Tensor]:
+    """The round's global model: from this worker's memory (it trained on it), from the blob store, or, when a
+    broker restarted empty lost it after the round's devices had all been stored (no repair pass republishes it
+    then), from the store's checkpoint of it. Read only: a cached state is shared with this worker's tasks."""
     ref = BlobRef(key=row.model_key, sha256=row.model_sha256, nbytes=row.model_nbytes)
     try:
-        return services.blobs.get(ref)
+        return cache.global_state(services, ref) if cache is not None else get_state(services.blobs, ref)
     except BlobIntegrityError:
         log.warning(
             "run %s round %s: global model %s not in the broker; read from the store",
@@ -106,11 +116,14 @@ def _round_model(services: Services, run_id: str, row: RoundRow) -> bytes:
             row.round_index,
             row.version,
         )
-        return checked_blob(ref, checkpoint_bytes(services, run_id, row.version))
+        return decode_state(checked_blob(ref, checkpoint_bytes(services, run_id, row.version)))
 
 
-def aggregate_round(services: Services, run_id: str, round_index: int, owner: str) -> float | None:
+def aggregate_round(
+    services: Services, run_id: str, round_index: int, owner: str, cache: WorkerCache | None = None
+) -> float | None:
     """Aggregate a round, evaluate, checkpoint, start the next; when the aggregation began, or None if not done.
+    `cache`: this worker's, where the round's model may already be.
 
     Requested in the round's tail, it first reads the updates already stored while the last
     devices train (fedqueue.fl.strategy.sync.read_ahead), and gives up if the tail outlasts its limit.
@@ -134,7 +147,7 @@ def aggregate_round(services: Services, run_id: str, round_index: int, owner: st
     try:
         renew = functools.partial(renew_claim, services.store, run_id, round_index, owner)
         with renewing(services, renew, f"run {run_id} round {round_index}") as lost:
-            _aggregate_claimed_round(services, run_id, round_index, owner, lost, ahead)
+            _aggregate_claimed_round(services, cache, run_id, round_index, owner, lost, ahead)
     except ClaimLost:
         log.warning("run %s round %d: aggregation taken over by another worker; stopped", run_id, round_index)
         return None
@@ -170,7 +183,13 @@ def _policy_failure(config: RunConfig, round_index: int, tasks: Sequence[Row[Any
 
 
 def _aggregate_claimed_round(
-    services: Services, run_id: str, round_index: int, owner: str, lost: threading.Event, ahead: ReadAhead
+    services: Services,
+    cache: WorkerCache | None,
+    run_id: str,
+    round_index: int,
+    owner: str,
+    lost: threading.Event,
+    ahead: ReadAhead,
 ) -> None:
     # torch: loaded by the worker that aggregates, not by the command line
     from fedqueue.fl.ml.aggregate import SUMMABLE_RULES, fedavg
@@ -193,7 +212,7 @@ def _aggregate_claimed_round(
         return
     results = [task for task in tasks if task.state == "done"]
     began = time.perf_counter()
-    global_state = decode_state(_round_model(services, run_id, row))
+    global_state = _round_model(services, cache, run_id, row)
     alone, packs = _updates_of(results)
     # Each update is read as the rule reaches it (a few ahead): memory stays flat whatever the round's size.
     with _loaded(services, alone, ahead) as updates, _loaded(services, packs, ahead) as sums:
@@ -220,19 +239,22 @@ def _aggregate_claimed_round(
 
     if lost.is_set() or not renew_claim(services.store, run_id, round_index, owner):
         raise ClaimLost()
-    checkpoint_version(services, run_id, round_index, encoded)
+    # Published before the round is closed, to checkpoint it with the digest its ref carries (one sha256 of the
+    # model, not two): an aggregator that takes over publishes the same bytes under the same key.
+    published = publish_version(services, run_id, round_index, encoded)
+    checkpoint_version(services, run_id, round_index, encoded, published.sha256)
     if not complete_round(services.store, run_id, round_index, owner, **metrics):
         raise ClaimLost()
     services.blobs.delete(list(dict.fromkeys(task.update_key for task in results if task.update_key)))
     services.blobs.delete([row.model_key])
-    start_next(services, run_id, config, round_index, encoded)
+    start_next(services, run_id, config, round_index, published)
     log.info("run %s round %d aggregated from %d devices", run_id, round_index, len(results))
 
 
 def _round_sim_time(services: Services, config: RunConfig, run_id: str, row: RoundRow) -> float:
     """When the round ends in simulated time: the previous round's end plus its slowest selected device's trip."""
     # torch: the clock reads the devices' data sizes
-    from fedqueue.fl.setup import run_clock
+    from fedqueue.fl.strategy.trip_clock import run_clock
 
     clock = run_clock(config)
     previous = get_round(services.store, run_id, row.round_index - 1) if row.round_index > 1 else None
@@ -288,13 +310,14 @@ def _loaded(services: Services, stored: Sequence[_Stored], ahead: ReadAhead) -> 
     )
 
 
-def start_next(services: Services, run_id: str, config: RunConfig, done_round: int, model: bytes) -> bool:
+def start_next(services: Services, run_id: str, config: RunConfig, done_round: int, model: bytes | BlobRef) -> bool:
     """After a round is done: start the next one, or finish the run after the last (or where a stop rule
-    ends it, recording the rule). Idempotent."""
+    ends it, recording the rule). Idempotent. `model`: the new version, or where it is published."""
     stop = stop_after(services, run_id, config, done_round)
     if stop is None:
         return start_round(services, run_id, config, done_round + 1, model)
-    services.blobs.put(global_key(run_id, done_round), model)
+    if not isinstance(model, BlobRef):
+        publish_version(services, run_id, done_round, model)
     record_stop(services.store, run_id, stop)
     return services.store.finish_run(run_id, "finished")
 

@@ -19,7 +19,7 @@ def rounds_within(config: RunConfig) -> int:
     if config.max_sim_time is None:
         return config.rounds
     # torch: the clock reads the devices' data sizes; called at submit, which loads them anyway
-    from fedqueue.fl.setup import run_clock
+    from fedqueue.fl.strategy.trip_clock import run_clock
 
     clock = run_clock(config)
     ends = 0.0
