@@ -32,6 +32,10 @@ WAL_SWITCH_RETRY_S = 0.02
 # the default 4 KiB ones (an overflow chain 16x shorter); a small commit costs some tens of microseconds more.
 # A file keeps the size it was made with (a WAL file cannot change it).
 SQLITE_PAGE_SIZE = 65536
+# How much the WAL holds before a commit folds it back into the file: SQLite counts it in pages (1000 by default,
+# 4 MB in its default pages), which in 64 KiB pages would let the WAL grow to 64 MB beside the file, more than a
+# small disk holds. The same bytes whatever the page size.
+WAL_CHECKPOINT_BYTES = 4 * 1024 * 1024
 
 
 def _switch_to_wal(cursor: Any) -> None:
@@ -54,6 +58,8 @@ def _enable_sqlite_wal(dbapi_connection: Any, _record: Any) -> None:
     cursor.execute(f"PRAGMA busy_timeout={SQLITE_BUSY_TIMEOUT_MS}")
     cursor.execute(f"PRAGMA page_size={SQLITE_PAGE_SIZE}")  # before the switch to WAL: only a new file takes it
     _switch_to_wal(cursor)
+    page_size = cursor.execute("PRAGMA page_size").fetchone()[0]
+    cursor.execute(f"PRAGMA wal_autocheckpoint={max(1, WAL_CHECKPOINT_BYTES // page_size)}")
     cursor.execute("PRAGMA synchronous=NORMAL")
     cursor.execute("PRAGMA foreign_keys=ON")
     cursor.close()

@@ -44,7 +44,7 @@ from fedqueue.fl.store.results import (
 from fedqueue.fl.store.schema import CheckpointRow, RoundRow
 from fedqueue.llm import schema as llm_schema
 from fedqueue.store import Store
-from fedqueue.store.db import SQLITE_PAGE_SIZE, make_engine
+from fedqueue.store.db import SQLITE_PAGE_SIZE, WAL_CHECKPOINT_BYTES, make_engine
 from fedqueue.store.migrate import branches_with_core, head_revision, schema_revision
 from fedqueue.store.repo import TaskTiming
 from fedqueue.store.schema import Base
@@ -180,6 +180,24 @@ def test_a_new_sqlite_store_has_big_pages_and_an_old_one_keeps_its_own(tmp_path:
         with sqlite3.connect(path) as reading:
             sizes[path.name] = reading.execute("PRAGMA page_size").fetchone()[0]
     assert sizes == {"new.db": SQLITE_PAGE_SIZE, "old.db": 4096}
+
+
+def test_a_big_page_stores_wal_is_folded_back_at_the_same_bytes_as_small_pages(tmp_path: Path) -> None:
+    """Small commits into a store of 64 KiB pages: the WAL beside it stays near WAL_CHECKPOINT_BYTES (SQLite's
+    default, counted in pages, would let it reach 64 MB and fill a small disk by itself)."""
+    path = tmp_path / "small.db"
+    store = open_store(f"sqlite:///{path}", migrate=True)
+    commits = 2 * WAL_CHECKPOINT_BYTES // SQLITE_PAGE_SIZE + 20  # each commit writes at least one whole page
+    try:
+        with store.engine.begin() as connection:
+            connection.exec_driver_sql("CREATE TABLE scratch (value INTEGER)")
+        for value in range(commits):
+            with store.engine.begin() as connection:
+                connection.exec_driver_sql(f"INSERT INTO scratch VALUES ({value})")
+        wal_bytes = Path(f"{path}-wal").stat().st_size
+    finally:
+        store.engine.dispose()
+    assert wal_bytes < WAL_CHECKPOINT_BYTES + 8 * SQLITE_PAGE_SIZE, wal_bytes
 
 
 def test_open_without_migrate_on_empty_sqlite_is_refused(tmp_path: Path) -> None:
