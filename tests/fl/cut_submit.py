@@ -67,18 +67,20 @@ def mid_publish(original: Callable[..., None]) -> Callable[..., None]:
     return _publish
 
 
-point, *arguments = sys.argv[1:]
-assert point in POINTS, point
-broker_url = Settings.from_env().broker_url or ""
-if point == "before-row":
-    # mypy types a method read off its class as bound, so a replacement with its self argument does not match.
-    RedisLedger.broker_id = before_row(RedisLedger.broker_id)  # type: ignore[method-assign, assignment]
-elif point == "after-row":
-    Store.create_run = after_row(Store.create_run)  # type: ignore[method-assign]
-else:
-    publish._publish = mid_publish(publish._publish)  # type: ignore[assignment]
-sys.argv = ["fedqueue", *arguments]
+# Guarded: `fedqueue run` prepares the submit in a spawned process, which imports this script again.
+if __name__ == "__main__":
+    point, *arguments = sys.argv[1:]
+    assert point in POINTS, point
+    broker_url = Settings.from_env().broker_url or ""
+    if point == "before-row":
+        # mypy types a method read off its class as bound, so a replacement with its self argument does not match.
+        RedisLedger.broker_id = before_row(RedisLedger.broker_id)  # type: ignore[method-assign, assignment]
+    elif point == "after-row":
+        Store.create_run = after_row(Store.create_run)  # type: ignore[method-assign]
+    else:
+        publish._publish = mid_publish(publish._publish)  # type: ignore[assignment]
+    sys.argv = ["fedqueue", *arguments]
 
-from fedqueue.cli.commands import main  # noqa: E402 - after the patches, as a user's command starts
+    from fedqueue.cli.commands import main  # noqa: E402 - after the patches, as a user's command starts
 
-main()
+    main()
