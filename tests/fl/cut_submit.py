@@ -81,6 +81,6 @@ if __name__ == "__main__":
         publish._publish = mid_publish(publish._publish)  # type: ignore[assignment]
     sys.argv = ["fedqueue", *arguments]
 
-    from fedqueue.cli.commands import main  # noqa: E402 - after the patches, as a user's command starts
+    from fedqueue.cli.commands import main  # after the patches, as a user's command starts
 
     main()
