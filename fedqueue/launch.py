@@ -112,7 +112,7 @@ def launched(
     ) as place:
         check(submission, place.settings)
         open_store(place.settings.database_url, migrate=True).close()  # a bad database before a bad broker
-        services = open_client_services(place.settings, place.worker_slots)
+        services = open_client_services(place.settings, place.worker_slots, ask_within_s(place))
         try:
             # Through a broker outage, as its follower waits through one: from the launch's first step to its last.
             handle = submit_through_outage(submission, place, services, say=say_outage)
@@ -189,6 +189,16 @@ def placement(
         yield Placement(cluster.settings, cluster.workers.slots, cluster=cluster)
 
 
+def ask_within_s(place: Placement) -> float:
+    """How long a question to the workers waits for one to take it. Workers started here are still booting (their
+    imports cost what the asker would spend doing the work itself): none is asked."""
+    from fedqueue.queue.client import ASK_STANDING_S, ASK_UNSURE_S
+
+    if place.cluster is not None:
+        return 0.0
+    return ASK_STANDING_S if place.standing is not None else ASK_UNSURE_S
+
+
 @contextlib.contextmanager
 def _client(place: Placement, services: Services | None) -> Iterator[Services]:
     """The caller's services, or ones opened (and closed) for the block."""
@@ -197,7 +207,7 @@ def _client(place: Placement, services: Services | None) -> Iterator[Services]:
         return
     from fedqueue.queue.client import open_client_services
 
-    opened = open_client_services(place.settings, place.worker_slots)
+    opened = open_client_services(place.settings, place.worker_slots, ask_within_s(place))
     try:
         yield opened
     finally:

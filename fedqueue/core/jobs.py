@@ -72,6 +72,16 @@ class TaskHandler:
 
 
 @dataclass(frozen=True)
+class Question:
+    """Work a client asks of any worker and waits on, with no run behind it yet (the FL submit's model and pack
+    trial, done where torch is loaded already): `answer` takes the question's JSON and returns JSON and bytes.
+    Sent through the control queue and answered through the broker (fedqueue.queue.ask)."""
+
+    name: str  # the Celery task name
+    answer: Callable[[dict[str, Any]], tuple[dict[str, Any], bytes]]
+
+
+@dataclass(frozen=True)
 class ProgressBar:
     """One bar a follower shows: a round, a version, a job's prompts."""
 
@@ -119,6 +129,7 @@ class JobKind(ABC):
 
     name: str
     handlers: tuple[TaskHandler, ...]
+    questions: tuple[Question, ...] = ()
     # The folder of the kind's Alembic revisions, which make and change its own tables: a schema branch of its
     # own, recorded in the table alembic_version_NAME and upgraded after the core's (its tables may refer to runs).
     migrations: Path | None = None

@@ -24,8 +24,17 @@ Enqueue = Callable[[Sequence[Any]], None]
 WorkerSlots = Callable[[], dict[str, int]]
 
 
+# A question to any worker (its task name, its JSON): the answer's JSON and bytes, or None where no worker took it
+# in time or it failed there (the caller then does the work itself); see `fedqueue.queue.ask`.
+AskWorkers = Callable[[str, dict[str, Any]], tuple[dict[str, Any], bytes] | None]
+
+
 def no_workers_known() -> dict[str, int]:
     return {}
+
+
+def no_worker_asked(_name: str, _question: dict[str, Any]) -> None:
+    return None
 
 
 def check_broker_url(url: str) -> None:
@@ -59,6 +68,7 @@ class Services:
     ledger: TaskLedger
     enqueue: Enqueue
     worker_slots: WorkerSlots = no_workers_known
+    ask_workers: AskWorkers = no_worker_asked
 
     def close(self) -> None:
         self.store.close()

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from fedqueue.config import Settings
-from fedqueue.core.jobs import JobKind, RunProgress, TaskContext, TaskHandler
+from fedqueue.core.jobs import JobKind, Question, RunProgress, TaskContext, TaskHandler
 from fedqueue.core.process.writable import writable_folder
 from fedqueue.core.services import Services
 from fedqueue.errors import ConfigError
@@ -20,6 +20,7 @@ from fedqueue.fl.scheduler import reconcile
 from fedqueue.fl.store.results import reopen_failed_rounds
 from fedqueue.fl.strategy.base import Strategy
 from fedqueue.fl.strategy.registry import control_handlers, entry_for, strategy_for
+from fedqueue.fl.submit.prepare import PREPARE_QUESTION, answer_prepare
 from fedqueue.fl.worker.admission import refusal
 from fedqueue.fl.worker.cache import WorkerCache
 from fedqueue.fl.worker.device_task import give_up_on, run_device_task
@@ -69,6 +70,7 @@ class FlKind(JobKind, KindViews):
         TaskHandler(TRAIN_DEVICE, DEVICES_QUEUE, DeviceTask, _train, _device_failed, refusal=_refusal),
         *control_handlers(),
     )
+    questions = (Question(PREPARE_QUESTION, answer_prepare),)
     commands_at_top = True
 
     def repair(self, services: Services, run_id: str) -> list[str]:

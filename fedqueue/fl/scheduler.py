@@ -22,16 +22,20 @@ def new_run_id() -> str:
 
 
 def submit_run(services: Services, config: RunConfig, run_id: str | None = None, apart: bool = False) -> str:
-    """Record the run, publish version 0 of the model and enqueue its first work. `apart`: its torch work in a
-    process of its own (fl/submit/prepare.py), so this one never loads torch."""
+    """Record the run, publish version 0 of the model and enqueue its first work. `apart`: its torch work done by a
+    running worker, else in a process of its own (fl/submit/prepare.py), so this one never loads torch."""
     from fedqueue.fl.submit.memory import check_fits
-    from fedqueue.fl.submit.prepare import prepare, prepare_apart
+    from fedqueue.fl.submit.prepare import prepare, prepare_apart, prepare_on_worker
 
     run_id = run_id or new_run_id()
     # The workers are asked (a second or so) only where the packing is "auto"; the memory check reads them then.
     workers = services.worker_slots() if config.packing.needs_workers else None
     check_fits(config, workers)
-    prepared = (prepare_apart if apart else prepare)(config, lambda: workers or {})
+    if apart:
+        on_worker = prepare_on_worker(services.ask_workers, config, lambda: workers or {})
+        prepared = on_worker or prepare_apart(config, lambda: workers or {})
+    else:
+        prepared = prepare(config, lambda: workers or {})
     config, encoded = prepared.config, prepared.state
     services.store.create_run(
         run_id,

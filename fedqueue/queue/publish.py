@@ -63,7 +63,7 @@ def _publish(app: Celery, settings: Settings, messages: Sequence[Any]) -> None:
                     app.send_task(
                         handler.name,
                         args=[body],
-                        kwargs=_signed(settings, handler.name, body),
+                        kwargs=signature_kwargs(settings, handler.name, body),
                         queue=settings.queue(handler.queue),
                         producer=producer,
                         # What Flower shows for the task; also spares Celery a repr of every message.
@@ -81,7 +81,7 @@ def _publish(app: Celery, settings: Settings, messages: Sequence[Any]) -> None:
             raise
 
 
-def _signed(settings: Settings, task: str, body: Any) -> dict[str, str]:
+def signature_kwargs(settings: Settings, task: str, body: Any) -> dict[str, str]:
     """The message's signature, as the task's one keyword argument, where the deployment signs (core.signing)."""
     if settings.message_key is None:
         return {}

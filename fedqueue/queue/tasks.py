@@ -34,6 +34,7 @@ from fedqueue.core.runs.cancel import is_cancelled, run_of
 from fedqueue.core.services import Services
 from fedqueue.core.signing import verify
 from fedqueue.core.waits.waiting import note_waiting
+from fedqueue.queue.ask import answer_on, reply_prefix
 from fedqueue.queue.publish import enqueue_with
 from fedqueue.queue.stopping import worker_stopping
 from fedqueue.queue.watchdog import Watchdog
@@ -59,7 +60,7 @@ class WorkerState:
         self._lock = threading.Lock()
         self._services: Services | None = None
         self._caches: dict[str, object] = {}
-        self._dead_letters: redis.Redis | None = None
+        self._broker: redis.Redis | None = None
         self.watchdog = Watchdog(settings.task_time_limit_s)
 
     def services(self) -> Services:
@@ -68,14 +69,17 @@ class WorkerState:
                 self._services = open_services(self._settings, enqueue_with(self._app, self._settings), migrate=False)
             return self._services
 
-    def dead_letter(self, queue: str, why: str, body: Any) -> None:
+    def broker(self) -> redis.Redis:
+        """A plain client of the broker's Redis (dead letters, answers to questions)."""
         with self._lock:
-            if self._dead_letters is None:
-                self._dead_letters = redis.Redis.from_url(
+            if self._broker is None:
+                self._broker = redis.Redis.from_url(
                     self._settings.broker_url or "", socket_connect_timeout=3, socket_timeout=10
                 )
-            client = self._dead_letters
-        dead_letter(client, self._settings.key_prefix, queue, why, body)
+            return self._broker
+
+    def dead_letter(self, queue: str, why: str, body: Any) -> None:
+        dead_letter(self.broker(), self._settings.key_prefix, queue, why, body)
 
     def cache(self, kind: jobs.JobKind) -> object:
         with self._lock:
@@ -88,7 +92,34 @@ def register_tasks(app: Celery, settings: Settings) -> WorkerState:
     state = WorkerState(app, settings)
     for kind, handler in jobs.handlers():
         _register(app, settings, state, kind, handler)
+    for kind in jobs.kinds().values():
+        for question in kind.questions:
+            _register_question(app, settings, state, kind, question)
     return state
+
+
+def _register_question(
+    app: Celery, settings: Settings, state: WorkerState, kind: jobs.JobKind, question: jobs.Question
+) -> None:
+    @app.task(name=question.name, bind=True, ignore_result=True)
+    def answer_task(self: Task, raw: Any, signature: Any = None, **unexpected: Any) -> None:
+        def refuse(why: str) -> Reject:
+            state.dead_letter(_queue_of(self), f"{question.name}: {why}", raw)
+            return Reject(why, requeue=False)
+
+        if unexpected:
+            raise refuse(f"unexpected arguments {', '.join(sorted(unexpected))}")
+        if settings.message_key is not None and not verify(settings.message_key, question.name, raw, signature):
+            raise refuse("unsigned, or not signed with this deployment's FEDQUEUE_MESSAGE_KEY")
+        reply = raw.get("reply") if isinstance(raw, dict) else None
+        # Answers go only to the deployment's own reply keys, never to a key the message names at will.
+        if not isinstance(reply, str) or not reply.startswith(reply_prefix(settings)):
+            raise refuse("malformed: no reply key of this deployment")
+        if not isinstance(raw.get("question"), dict):
+            raise refuse("malformed: no question")
+        jobs.wait_for_warm_up(WARM_UP_WAIT_S)
+        with kind.task_scope(settings):
+            answer_on(state.broker(), settings, question, raw)
 
 
 def _requeue(reason: str) -> Reject:

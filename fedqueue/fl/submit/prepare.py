@@ -1,7 +1,9 @@
 """What a submit computes with torch: the plugins checked, the data and version 0 of the model built, the packing
-chosen (the pack trial). Either here, or in a fresh process that exits once it has answered (`apart`): a command
-that then follows the run for its whole length (`fedqueue run`) never loads torch, the few hundred MB of memory
-it would otherwise hold until the end, for nothing it does after the submit.
+chosen (the pack trial). Either here, or away from a command that then follows the run for its whole length
+(`fedqueue run`), so that it never loads torch, the few hundred MB of memory it would otherwise hold until the
+end, for nothing it does after the submit (`apart`): by a running worker, which has torch loaded already and
+answers in a fraction of a second (`prepare_on_worker`), else in a fresh process that exits once it has
+answered (`prepare_apart`), which spends seconds importing torch. The answer is the same either way.
 """
 
 from __future__ import annotations
@@ -12,7 +14,10 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
+from fedqueue.core.services import AskWorkers
 from fedqueue.fl.config import RunConfig
+
+PREPARE_QUESTION = "fedqueue.fl.prepare"
 
 
 @dataclass(frozen=True)
@@ -45,6 +50,25 @@ def prepare(config: RunConfig, worker_slots: Callable[[], dict[str, int]]) -> Pr
     )
     # After the model plugin proved it builds: packing builds it again, and tries a vmapped step.
     return Prepared(resolve_packing(config, data, worker_slots), encode_state(state))
+
+
+def prepare_on_worker(
+    ask_workers: AskWorkers, config: RunConfig, worker_slots: Callable[[], dict[str, int]]
+) -> Prepared | None:
+    """prepare() by a running worker; None where none answered (none took it in time, or it failed there: the
+    caller prepares apart, and meets the same error with its own message)."""
+    slots = worker_slots() if config.packing.needs_workers else {}
+    answer = ask_workers(PREPARE_QUESTION, {"config": config.to_dict(), "slots": slots})
+    if answer is None:
+        return None
+    resolved, state = answer
+    return Prepared(RunConfig.from_dict(resolved["config"]), state)
+
+
+def answer_prepare(question: dict[str, Any]) -> tuple[dict[str, Any], bytes]:
+    """A worker's side of `prepare_on_worker`."""
+    config, state = _prepare_raw(question["config"], question["slots"])
+    return {"config": config}, state
 
 
 def prepare_apart(config: RunConfig, worker_slots: Callable[[], dict[str, int]]) -> Prepared:

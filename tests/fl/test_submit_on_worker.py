@@ -1,0 +1,97 @@
+"""The submit's torch work done by a running worker (fl/submit/prepare.py `prepare_on_worker`, fedqueue.queue.ask):
+the same version 0 and packing as prepared here, on a real Redis with real worker processes; a worker that
+cannot answer, or a question no worker may take, leaves the work to the asker."""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+from pathlib import Path
+
+import pytest
+import redis
+
+from fedqueue.config import Settings
+from fedqueue.core.broker.dead_letters import recent_dead_letters
+from fedqueue.fl.scheduler import submit_run
+from fedqueue.fl.submit import prepare as preparing
+from fedqueue.fl.submit.prepare import prepare, prepare_on_worker
+from fedqueue.queue.client import open_client_services
+from tests.conftest import running_workers
+from tests.support.helpers import small_config
+from tests.support.reliability_support import wait_until
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "plugins"
+TAKE_WITHIN_S = 60.0  # generous: a worker of a loaded machine may still be in its warm-up
+SLOTS = {"worker@a": 2}
+
+
+def test_a_running_worker_prepares_the_same_run_as_here(settings: Settings) -> None:
+    config = small_config(pack_size="auto", pack_mode="sequential", num_devices=40, devices_per_round=8)
+    with running_workers(settings, procs=1):
+        services = open_client_services(settings, worker_slots=lambda: SLOTS, ask_within_s=TAKE_WITHIN_S)
+        try:
+            on_worker = prepare_on_worker(services.ask_workers, config, lambda: SLOTS)
+        finally:
+            services.close()
+    here = prepare(config, lambda: SLOTS)
+    assert on_worker is not None
+    assert hashlib.sha256(on_worker.state).digest() == hashlib.sha256(here.state).digest()
+    assert on_worker.config.to_dict() == here.config.to_dict()  # the packing too: sized for the slots sent
+
+
+def test_a_submit_apart_uses_the_worker_and_spawns_nothing(settings: Settings, monkeypatch: pytest.MonkeyPatch) -> None:
+    def spawned(*_args: object) -> None:
+        raise AssertionError("prepared in a process of its own, with a worker running")
+
+    monkeypatch.setattr(preparing, "prepare_apart", spawned)
+    config = small_config(num_devices=10, devices_per_round=4, rounds=1)
+    with running_workers(settings, procs=1):
+        services = open_client_services(settings, worker_slots=lambda: SLOTS, ask_within_s=TAKE_WITHIN_S)
+        try:
+            run_id = submit_run(services, config, apart=True)
+            assert services.store.get_run(run_id).state in ("running", "finished")
+        finally:
+            services.close()
+
+
+def test_a_plugin_that_fails_on_the_worker_is_prepared_here_with_its_own_error(settings: Settings) -> None:
+    from fedqueue.errors import ConfigError
+
+    plugins = settings.with_plugin_path([str(EXAMPLES)])
+    config = small_config(local_step="fedqueue_examples.fedprox:fedprox_step", plugin={"mu": -1})
+    with running_workers(plugins, procs=1):
+        services = open_client_services(plugins, worker_slots=lambda: SLOTS, ask_within_s=TAKE_WITHIN_S)
+        try:
+            assert prepare_on_worker(services.ask_workers, config, lambda: SLOTS) is None
+            with pytest.raises(ConfigError, match="^plugin: mu must be"):
+                submit_run(services, config, apart=True)
+        finally:
+            services.close()
+
+
+def test_no_worker_to_ask_leaves_the_work_here(settings: Settings) -> None:
+    services = open_client_services(settings, worker_slots=lambda: SLOTS, ask_within_s=0.5)
+    try:
+        assert prepare_on_worker(services.ask_workers, small_config(), lambda: SLOTS) is None
+    finally:
+        services.close()
+
+
+@pytest.mark.faults
+def test_an_unsigned_question_is_dead_lettered_and_never_answered(settings: Settings) -> None:
+    signing = dataclasses.replace(settings, message_key="the deployment's secret")
+    forger = dataclasses.replace(settings, message_key="another secret")
+    with running_workers(signing, procs=1):
+        services = open_client_services(forger, worker_slots=lambda: SLOTS, ask_within_s=5.0)
+        try:
+            # The worker refuses it: nobody takes it, and the asker stops waiting when it expires.
+            assert prepare_on_worker(services.ask_workers, small_config(), lambda: SLOTS) is None
+        finally:
+            services.close()
+        client = redis.Redis.from_url(settings.broker_url or "")
+        wait_until(lambda: recent_dead_letters(client, settings.key_prefix)[0] > 0, timeout_s=60)
+        _, letters = recent_dead_letters(client, settings.key_prefix, last=10)
+    assert [letter.why for letter in letters] == [
+        "fedqueue.fl.prepare: unsigned, or not signed with this deployment's FEDQUEUE_MESSAGE_KEY"
+    ]
