@@ -170,8 +170,8 @@ def _own_cpu_s() -> float:
     return times.user + times.system + times.children_user + times.children_system
 
 
-def tree_cpu_s() -> float:
-    """CPU seconds of this process and of every live process below it (workers, an embedded Redis):
+def tree_cpu_s(root: int | None = None) -> float:
+    """CPU seconds of this process (or `root`) and of every live process below it (workers, an embedded Redis):
     the work a run cost, whatever else the machine was doing."""
     ticks = os.sysconf("SC_CLK_TCK")
     children: dict[int, list[int]] = {}
@@ -186,7 +186,7 @@ def tree_cpu_s() -> float:
         pid = int(entry.name)
         children.setdefault(int(fields[1]), []).append(pid)
         used[pid] = (int(fields[11]) + int(fields[12])) / ticks  # utime + stime
-    total, waiting = 0.0, [os.getpid()]
+    total, waiting = 0.0, [os.getpid() if root is None else root]
     while waiting:
         pid = waiting.pop()
         total += used.get(pid, 0.0)
@@ -217,10 +217,16 @@ class ForeignLoad:
         self._began = time.monotonic()
         self._machine = _machine_busy_s()
         self._own = _own_cpu_s()
+        self._detached_s = 0.0
+
+    def add_own(self, cpu_s: float) -> None:
+        """CPU the benchmark's own processes used outside its process tree (a cluster it started detached)."""
+        self._detached_s += cpu_s
 
     def fraction(self) -> float:
         elapsed = time.monotonic() - self._began
-        foreign = (_machine_busy_s() - self._machine) - (_own_cpu_s() - self._own)
+        own = _own_cpu_s() - self._own + self._detached_s
+        foreign = (_machine_busy_s() - self._machine) - own
         return max(0.0, foreign) / (elapsed * (os.cpu_count() or 1))
 
     def report(self) -> str:

@@ -56,6 +56,7 @@ from common import (
     machine_line,
     markdown_table,
     ratio,
+    tree_cpu_s,
     wait_for_quiet,
 )  # noqa: E402
 
@@ -241,7 +242,7 @@ def stop_cluster(folder: Path, env: dict[str, str], up_pid: int | None) -> None:
 
 
 def run_case(
-    case: Case, folder: Path, cache: Path, procs: int, extra: dict[str, Any], timeout_s: float
+    case: Case, folder: Path, cache: Path, procs: int, extra: dict[str, Any], timeout_s: float, load: ForeignLoad
 ) -> dict[str, Any]:
     env = case_env(folder, cache)
     (folder / "scale.toml").write_text(toml_text(case.config(extra)))
@@ -300,6 +301,8 @@ def run_case(
             "store_bytes": store_bytes(folder) - store_before,
         }
     finally:
+        # The detached cluster is this benchmark's own work, not other work on the machine: counted before it stops.
+        load.add_own(tree_cpu_s(info["pid"]))
         stop_cluster(folder, env, info["pid"])
 
 
@@ -414,7 +417,7 @@ def main() -> None:
             folder = root / f"case-{index}"
             folder.mkdir()
             print(f"{case.label()}: {case.updates:,} updates ...", flush=True)
-            results[case] = run_case(case, folder, cache, args.procs, extra, args.timeout)
+            results[case] = run_case(case, folder, cache, args.procs, extra, args.timeout, load)
             print("  " + json.dumps(results[case], default=_rounded), flush=True)
             shutil.rmtree(folder, ignore_errors=True)  # a million devices' store is not kept for the next case
     print_results(results, args.procs)
