@@ -16,13 +16,14 @@ import threading
 import time
 import uuid
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, cast
 
 import redis
 from celery import Celery
 
 from fedqueue.config import Settings
 from fedqueue.core import jobs
+from fedqueue.core.broker import keys
 from fedqueue.core.services import AskWorkers
 from fedqueue.queue.publish import signature_kwargs
 
@@ -48,7 +49,7 @@ def ask_with(app: Celery, settings: Settings, take_within_s: float) -> AskWorker
         body = {"question": question, "reply": reply}
         client = redis.Redis.from_url(settings.broker_url, socket_connect_timeout=3, socket_timeout=10)
         try:
-            app.send_task(
+            sent = app.send_task(
                 name,
                 args=[body],
                 kwargs=signature_kwargs(settings, name, body),
@@ -58,7 +59,10 @@ def ask_with(app: Celery, settings: Settings, take_within_s: float) -> AskWorker
                 argsrepr=name,
                 kwargsrepr="{}",
             )
-            return _answer(client, reply, take_within_s)
+            answer = _answer(client, reply, take_within_s)
+            if answer is None:
+                _withdraw(client, settings, sent.id)
+            return answer
         except Exception as err:  # a broker that fails here fails the asker's own work next, with its own message
             log.info("%s: no worker's answer (%s); done here", name, err)
             return None
@@ -90,6 +94,16 @@ def _answer(client: redis.Redis, reply: str, take_within_s: float) -> tuple[dict
     if not isinstance(data, bytes):  # gone (the broker restarted between the two reads)
         return None
     return header["answer"], data
+
+
+def _withdraw(client: redis.Redis, settings: Settings, task_id: str) -> None:
+    """The question taken out of its queue where no worker took it: a queue that holds messages tells a later
+    command that no worker reads it, and a worker started later has nobody to answer."""
+    queue = keys.queue_list(settings.key_prefix, settings.queue(jobs.CONTROL_QUEUE))
+    marker = task_id.encode()
+    for raw in client.lrange(queue, 0, -1):
+        if isinstance(raw, bytes) and marker in raw:
+            client.lrem(queue, 1, cast(str, raw))  # the very bytes read (redis-py takes bytes too)
 
 
 def answer_on(client: redis.Redis, settings: Settings, question: jobs.Question, body: dict[str, Any]) -> None:

@@ -12,7 +12,9 @@ import pytest
 import redis
 
 from fedqueue.config import Settings
+from fedqueue.core.broker import keys
 from fedqueue.core.broker.dead_letters import recent_dead_letters
+from fedqueue.core.jobs import CONTROL_QUEUE
 from fedqueue.fl.scheduler import submit_run
 from fedqueue.fl.submit import prepare as preparing
 from fedqueue.fl.submit.prepare import prepare, prepare_on_worker
@@ -70,12 +72,15 @@ def test_a_plugin_that_fails_on_the_worker_is_prepared_here_with_its_own_error(s
             services.close()
 
 
-def test_no_worker_to_ask_leaves_the_work_here(settings: Settings) -> None:
+def test_no_worker_to_ask_leaves_the_work_here_and_nothing_on_the_queue(settings: Settings) -> None:
     services = open_client_services(settings, worker_slots=lambda: SLOTS, ask_within_s=0.5)
     try:
         assert prepare_on_worker(services.ask_workers, small_config(), lambda: SLOTS) is None
     finally:
         services.close()
+    # A question left queued would tell the next command that no worker reads the control queue.
+    client = redis.Redis.from_url(settings.broker_url or "")
+    assert client.llen(keys.queue_list(settings.key_prefix, settings.queue(CONTROL_QUEUE))) == 0
 
 
 @pytest.mark.faults
