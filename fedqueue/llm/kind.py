@@ -39,7 +39,7 @@ def _batch_failed(context: TaskContext, task: GenerateBatch, attempts: int, erro
 
 
 def _lane(context: TaskContext, task: PipelineLane) -> None:
-    run_lane(context.services, context.cache, task, context.worker)
+    run_lane(context.services, context.cache, task, context.worker, context.attempt)
 
 
 def _lane_failed(context: TaskContext, task: PipelineLane, attempts: int, error: str) -> None:

@@ -11,11 +11,13 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fedqueue.core.services import Services
+from fedqueue.core.timing import timing_of
 from fedqueue.llm.backends import registry as backends
 from fedqueue.llm.converted import cache_root
+from fedqueue.llm.messages import KIND_NAME
 from fedqueue.llm.pipelines.config import PipelineConfig
 from fedqueue.llm.pipelines.messages import PipelineLane
 from fedqueue.llm.pipelines.program import load_program
@@ -35,6 +37,9 @@ from fedqueue.llm.schema import PipelineCallRow
 from fedqueue.llm.wake import announce_stored
 from fedqueue.llm.worker import ModelCache
 
+if TYPE_CHECKING:
+    from fedqueue.llm.model import LoadedModel
+
 log = logging.getLogger(__name__)
 
 IDLE_WAIT_S = 2.0  # how long a lane with nothing to claim waits for new calls before passing its turn on
@@ -45,7 +50,8 @@ def calls_key(prefix: str, run_id: str, lane: int) -> str:
     return f"{prefix}:llm-pipe-calls:{run_id}:{lane}"
 
 
-def run_lane(services: Services, cache: ModelCache, task: PipelineLane, worker: str) -> None:
+def run_lane(services: Services, cache: ModelCache, task: PipelineLane, worker: str, attempt: int = 1) -> None:
+    started_at = time.time()
     store = services.store
     if store.get_run(task.run_id).state != "running":  # finished, or cancelled
         return
@@ -61,9 +67,31 @@ def run_lane(services: Services, cache: ModelCache, task: PipelineLane, worker: 
         if move_lane(store, task.run_id, task.lane, task.seq):
             _follow_on(services, task)
         return
+    clock = time.perf_counter()
+    loaded = _model(services, cache, config)
+    load_ms = _elapsed_ms(clock)
+    clock = time.perf_counter()
     outcomes = generate_calls(services, cache, config, calls)
+    compute_ms = _elapsed_ms(clock)
+    clock = time.perf_counter()
     advances = advance_items(config, task.run_id, services, calls, outcomes)
-    if store_batch(store, task.run_id, task.lane, task.seq, worker, outcomes, advances):
+    # A batch's row of the timing table, as a batch job's: the report's timeline and utilization read it.
+    timing = timing_of(
+        task,
+        kind=KIND_NAME,
+        task_type="generate",
+        task=f"{task.task_name} task {task.seq}",
+        round_index=None,
+        state="done",
+        worker=worker,
+        attempt=attempt,
+        device_used=str(loaded.device),
+        started_at=started_at,
+        load_ms=load_ms,
+        compute_ms=compute_ms,
+        upload_ms=_elapsed_ms(clock),  # the programs' replay to their next calls
+    )
+    if store_batch(store, task.run_id, task.lane, task.seq, worker, outcomes, advances, timing):
         for lane in range(config.lanes):
             if lane != task.lane:
                 services.ledger.wake(calls_key(services.settings.key_prefix, task.run_id, lane))
@@ -85,7 +113,7 @@ def generate_calls(
 ) -> list[CallOutcome]:
     """Each call's output, in the calls' order; calls with other decoding settings run as batches of their own."""
     backend = backends.get(config.generation.backend)
-    loaded = cache.model(config.model, config.generation.dtype, backend, cache_root(services.settings.model_cache))
+    loaded = _model(services, cache, config)
     from fedqueue.llm.generate import PromptIn  # loaded by cache.model, under its lock
 
     groups: dict[Any, list[tuple[int, Generate]]] = {}
@@ -111,6 +139,16 @@ def generate_calls(
                 error=generation.error,
             )
     return [found[index] for index in range(len(calls))]
+
+
+def _model(services: Services, cache: ModelCache, config: PipelineConfig) -> LoadedModel:
+    """The run's model, loaded once per worker process (the cache's)."""
+    backend = backends.get(config.generation.backend)
+    return cache.model(config.model, config.generation.dtype, backend, cache_root(services.settings.model_cache))
+
+
+def _elapsed_ms(began: float) -> float:
+    return (time.perf_counter() - began) * 1000
 
 
 def advance_items(

@@ -11,7 +11,7 @@ from __future__ import annotations
 import time
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any
 
 from sqlalchemy import func, select, update
@@ -19,7 +19,7 @@ from sqlalchemy import func, select, update
 from fedqueue.llm.pipelines.replay import Advance, Failed, Finished, NextCall
 from fedqueue.llm.schema import PipelineCallRow, PipelineItemRow, PipelineLaneRow
 from fedqueue.store import Store
-from fedqueue.store.repo import changed_one, dialect_insert, retry_transient
+from fedqueue.store.repo import TaskTiming, changed_one, dialect_insert, retry_transient
 
 ERROR_MAX = 8000  # characters of a traceback kept per item
 
@@ -167,9 +167,11 @@ def store_batch(
     worker: str,
     outcomes: Sequence[CallOutcome],
     advances: Mapping[str, tuple[Advance, int]],
+    timing: TaskTiming | None = None,
 ) -> bool:
-    """In one transaction: move the lane from `seq` on, store the calls' outcomes and each item's next call
-    (with its length) or end. False, and nothing written, when the lane had moved on already."""
+    """In one transaction: move the lane from `seq` on, store the calls' outcomes, each item's next call
+    (with its length) or end, and the task's timing row. False, and nothing written, when the lane had moved on
+    already."""
     now = time.time()
     insert = dialect_insert(store.engine.dialect)
     with store.engine.begin() as connection:
@@ -210,6 +212,8 @@ def store_batch(
                 connection.execute(update(PipelineItemRow).where(*item).values(steps=advance.step))
             else:
                 connection.execute(update(PipelineItemRow).where(*item).values(**ended(advance, now)))
+        if timing is not None:
+            connection.execute(store.timing_upsert, asdict(timing))
     return True
 
 

@@ -13,6 +13,7 @@ from fedqueue.llm.pipelines.rows import call_rows, item_rows
 from fedqueue.llm.pipelines.submit import PipelineRequest, submit_pipeline
 from fedqueue.llm.settings import GenerationSettings
 from fedqueue.queue.client import open_client_services
+from fedqueue.report.run_data import read_spans
 from tests.conftest import running_workers
 from tests.support.helpers import wait_finished
 from tests.support.reliability_support import PLUGINS
@@ -71,4 +72,12 @@ def test_a_three_step_pipeline_on_two_workers_equals_each_item_run_alone(
         assert item.steps == len(steps)
     assert all(call.state == "done" and call.generated_tokens for call in calls)
     assert len({call.worker for call in calls}) == 2  # both workers took calls
+    # Every lane task that stored a batch left its row of the timing table: the report's timeline reads them.
+    timings = services.store.task_timings(submitted.job_id)
+    assert timings and all(row.task_type == "generate" and row.state == "done" for row in timings)
+    assert all(row.task.startswith(("lane 0 task ", "lane 1 task ")) for row in timings)
+    assert all(row.started_at <= row.finished_at and row.compute_ms > 0 for row in timings)
+    assert {row.worker for row in timings} == {call.worker for call in calls}
+    assert len(timings) >= -(-len(calls) // 4)  # at least as many batches as calls in batches of 4
+    assert len(read_spans(services.store, submitted.job_id)) == len(timings)
     services.close()
