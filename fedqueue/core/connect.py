@@ -14,25 +14,12 @@ from fedqueue.core.broker.shm import with_shared_memory
 from fedqueue.core.broker.spilling import SpillingBlobStore
 from fedqueue.core.database import open_store
 from fedqueue.core.runs.cancel import unless_cancelled
-from fedqueue.core.services import (
-    AskWorkers,
-    Enqueue,
-    Services,
-    WorkerSlots,
-    connect_redis,
-    no_worker_asked,
-    no_workers_known,
-)
+from fedqueue.core.services import Enqueue, Services, WorkerSlots, connect_redis, no_workers_known
 from fedqueue.errors import ConfigError
 
 
 def open_services(
-    settings: Settings,
-    enqueue: Enqueue,
-    *,
-    migrate: bool,
-    worker_slots: WorkerSlots = no_workers_known,
-    ask_workers: AskWorkers = no_worker_asked,
+    settings: Settings, enqueue: Enqueue, *, migrate: bool, worker_slots: WorkerSlots = no_workers_known
 ) -> Services:
     if not settings.broker_url:
         raise ConfigError("FEDQUEUE_BROKER_URL: not set")
@@ -54,5 +41,4 @@ def open_services(
         ledger=RedisLedger(client, settings),
         enqueue=unless_cancelled(enqueue, store),  # a cancelled run's tasks are never sent
         worker_slots=worker_slots,
-        ask_workers=ask_workers,
     )

@@ -1,8 +1,9 @@
 """Questions to any worker (`jobs.Question`): sent on the control queue, answered through the broker.
 
 The asker waits first for a worker to take the question (a key the worker keeps alive while it answers), then for
-the answer; a question nobody took in time, whose worker went quiet, or that failed there is answered with None,
-and the asker does the work itself. So a cluster whose workers are busy, gone or older than the asker costs a
+the answer: a line of JSON on a Redis list, its bytes a blob (shared memory on one host, else Redis under its
+budget or the store, as every blob); a question nobody took in time, whose worker went quiet, or that failed
+there is answered with None, and the asker does the work itself. So a cluster whose workers are busy, gone or older than the asker costs a
 short wait, never a wrong answer: the answer is what the asker would have computed (the same code, the same
 JSON), only where torch is loaded already.
 """
@@ -16,6 +17,7 @@ import threading
 import time
 import uuid
 from collections.abc import Iterator
+from dataclasses import asdict
 from typing import Any, cast
 
 import redis
@@ -24,6 +26,8 @@ from celery import Celery
 from fedqueue.config import Settings
 from fedqueue.core import jobs
 from fedqueue.core.broker import keys
+from fedqueue.core.broker.blobs import BlobStore
+from fedqueue.core.codec import BlobRef
 from fedqueue.core.services import AskWorkers
 from fedqueue.queue.publish import signature_kwargs
 
@@ -39,8 +43,9 @@ def reply_prefix(settings: Settings) -> str:
     return f"{settings.key_prefix}:ask:"
 
 
-def ask_with(app: Celery, settings: Settings, take_within_s: float) -> AskWorkers:
-    """Asks on this app's broker; a question no worker took within `take_within_s` (0: never asked) gets None."""
+def ask_with(app: Celery, settings: Settings, take_within_s: float, blobs: BlobStore) -> AskWorkers:
+    """Asks on this app's broker; a question no worker took within `take_within_s` (0: never asked) gets None.
+    `blobs`: where answers' bytes are read, the blob store the workers put them in."""
 
     def ask(name: str, question: dict[str, Any]) -> tuple[dict[str, Any], bytes] | None:
         if take_within_s <= 0 or not settings.broker_url:
@@ -59,7 +64,7 @@ def ask_with(app: Celery, settings: Settings, take_within_s: float) -> AskWorker
                 argsrepr=name,
                 kwargsrepr="{}",
             )
-            answer = _answer(client, reply, take_within_s)
+            answer = _answer(client, blobs, reply, take_within_s)
             if answer is None:
                 _withdraw(client, settings, sent.id)
             return answer
@@ -68,13 +73,15 @@ def ask_with(app: Celery, settings: Settings, take_within_s: float) -> AskWorker
             return None
         finally:
             with contextlib.suppress(redis.RedisError):
-                client.delete(f"{reply}:alive", f"{reply}:answer", f"{reply}:bytes")
+                client.delete(f"{reply}:alive", f"{reply}:answer")
             client.close()
 
     return ask
 
 
-def _answer(client: redis.Redis, reply: str, take_within_s: float) -> tuple[dict[str, Any], bytes] | None:
+def _answer(
+    client: redis.Redis, blobs: BlobStore, reply: str, take_within_s: float
+) -> tuple[dict[str, Any], bytes] | None:
     deadline = time.monotonic() + take_within_s
     while not client.exists(f"{reply}:alive", f"{reply}:answer"):
         if time.monotonic() > deadline:
@@ -90,10 +97,11 @@ def _answer(client: redis.Redis, reply: str, take_within_s: float) -> tuple[dict
     if not header.get("ok"):
         log.info("a worker could not answer: %s; done here", header.get("error"))
         return None
-    data = client.get(f"{reply}:bytes")
-    if not isinstance(data, bytes):  # gone (the broker restarted between the two reads)
-        return None
-    return header["answer"], data
+    ref = BlobRef.from_dict(header["blob"])
+    try:
+        return header["answer"], blobs.get(ref)  # checked against its sha256
+    finally:
+        blobs.delete([ref.key])
 
 
 def _withdraw(client: redis.Redis, settings: Settings, task_id: str) -> None:
@@ -106,25 +114,30 @@ def _withdraw(client: redis.Redis, settings: Settings, task_id: str) -> None:
             client.lrem(queue, 1, cast(str, raw))  # the very bytes read (redis-py takes bytes too)
 
 
-def answer_on(client: redis.Redis, settings: Settings, question: jobs.Question, body: dict[str, Any]) -> None:
-    """A worker's side: mark the question taken, answer it, and leave the answer (or why not) for its asker."""
+def answer_on(client: redis.Redis, blobs: BlobStore, question: jobs.Question, body: dict[str, Any]) -> None:
+    """A worker's side, inside `answering`: answer the question, and leave the answer (or why not) for its asker.
+    Nothing raises: an asker that gets no answer does the work itself."""
     reply = body["reply"]
-    with _kept_alive(client, f"{reply}:alive"):
-        try:
-            answer, data = question.answer(body["question"])
-            header: dict[str, Any] = {"ok": True, "answer": answer}
-        except Exception as err:  # the asker does it itself, and meets the same error with its own message
-            log.warning("%s: %s: %s", question.name, type(err).__name__, err)
-            header, data = {"ok": False, "error": f"{type(err).__name__}: {err}"}, b""
+    try:
+        answer, data = question.answer(body["question"])
+        ref = blobs.put(f"{reply.rsplit(':', 1)[-1]}:answer", data)
+        header: dict[str, Any] = {"ok": True, "answer": answer, "blob": asdict(ref)}
+    except Exception as err:  # the asker does it itself, and meets the same error with its own message
+        log.warning("%s: %s: %s", question.name, type(err).__name__, err)
+        header = {"ok": False, "error": f"{type(err).__name__}: {err}"}
+    try:
         with client.pipeline(transaction=True) as pipe:
-            pipe.set(f"{reply}:bytes", data, ex=ANSWER_TTL_S)
             pipe.rpush(f"{reply}:answer", json.dumps(header))
             pipe.expire(f"{reply}:answer", ANSWER_TTL_S)
             pipe.execute()
+    except redis.RedisError as err:  # a full or lost broker: the asker stops waiting once `alive` lapses
+        log.warning("%s: answer not left (%s)", question.name, err)
 
 
 @contextlib.contextmanager
-def _kept_alive(client: redis.Redis, key: str) -> Iterator[None]:
+def answering(client: redis.Redis, reply: str) -> Iterator[None]:
+    """The question marked taken for its asker while the block runs (a mark that lapses if this process dies)."""
+    key = f"{reply}:alive"
     stop = threading.Event()
 
     def refresh() -> None:
@@ -134,7 +147,8 @@ def _kept_alive(client: redis.Redis, key: str) -> Iterator[None]:
             if stop.wait(ALIVE_REFRESH_S):
                 return
 
-    client.set(key, b"1", px=int(ALIVE_TTL_S * 1000))
+    with contextlib.suppress(redis.RedisError):
+        client.set(key, b"1", px=int(ALIVE_TTL_S * 1000))
     thread = threading.Thread(target=refresh, daemon=True, name="answering")
     thread.start()
     try:

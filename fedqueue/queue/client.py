@@ -33,13 +33,9 @@ def open_client_services(
     settings.activate_plugin_path()
     app = make_app(settings)
     slots = worker_slots if worker_slots is not None else worker_slots_of(app)
-    return open_services(
-        settings,
-        enqueue_with(app, settings),
-        migrate=True,
-        worker_slots=slots,
-        ask_workers=ask_with(app, settings, ask_within_s),
-    )
+    services = open_services(settings, enqueue_with(app, settings), migrate=True, worker_slots=slots)
+    services.ask_workers = ask_with(app, settings, ask_within_s, services.blobs)
+    return services
 
 
 def worker_slots_of(app: Celery) -> WorkerSlots:

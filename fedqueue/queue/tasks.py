@@ -34,7 +34,7 @@ from fedqueue.core.runs.cancel import is_cancelled, run_of
 from fedqueue.core.services import Services
 from fedqueue.core.signing import verify
 from fedqueue.core.waits.waiting import note_waiting
-from fedqueue.queue.ask import answer_on, reply_prefix
+from fedqueue.queue.ask import answer_on, answering, reply_prefix
 from fedqueue.queue.publish import enqueue_with
 from fedqueue.queue.stopping import worker_stopping
 from fedqueue.queue.watchdog import Watchdog
@@ -117,9 +117,10 @@ def _register_question(
             raise refuse("malformed: no reply key of this deployment")
         if not isinstance(raw.get("question"), dict):
             raise refuse("malformed: no question")
-        jobs.wait_for_warm_up(WARM_UP_WAIT_S)
-        with kind.task_scope(settings):
-            answer_on(state.broker(), settings, question, raw)
+        with answering(state.broker(), reply):  # taken: its asker waits for the answer, not for a taker
+            jobs.wait_for_warm_up(WARM_UP_WAIT_S)
+            with kind.task_scope(settings):
+                answer_on(state.broker(), state.services().blobs, question, raw)
 
 
 def _requeue(reason: str) -> Reject:
