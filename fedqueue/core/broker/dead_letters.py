@@ -60,10 +60,15 @@ def dead_letter(client: redis.Redis, prefix: str, queue: str, why: str, body: An
 
 
 def recent_dead_letters(client: redis.Redis, prefix: str, last: int = 5) -> tuple[int, list[DeadLetter]]:
-    """How many messages were dead-lettered in all, and the latest `last`, newest first."""
-    count = int(client.get(keys.dead_letter_count(prefix)) or 0)
+    """How many messages were dead-lettered in all, and the latest `last`, newest first: read in one transaction,
+    so a message dead-lettered meanwhile is in both or in neither."""
+    with client.pipeline(transaction=True) as pipe:
+        pipe.get(keys.dead_letter_count(prefix))
+        pipe.lrange(keys.dead_letters(prefix), 0, last - 1)
+        stored, latest = pipe.execute()
+    count = int(stored or 0)
     records = []
-    for raw in client.lrange(keys.dead_letters(prefix), 0, last - 1):
+    for raw in latest:
         try:
             records.append(DeadLetter(**json.loads(raw)))
         except (TypeError, ValueError):  # written by someone else: shown as it is
