@@ -28,33 +28,26 @@ TAKE_WITHIN_S = 60.0  # generous: a worker of a loaded machine may still be in i
 SLOTS = {"worker@a": 2}
 
 
-def test_a_running_worker_prepares_the_same_run_as_here(settings: Settings) -> None:
+def test_a_running_worker_prepares_the_same_run_as_here_and_a_submit_spawns_nothing(
+    settings: Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def spawned(*_args: object) -> None:
+        raise AssertionError("prepared in a process of its own, with a worker running")
+
     config = small_config(pack_size="auto", pack_mode="sequential", num_devices=40, devices_per_round=8)
     with running_workers(settings, procs=1):
         services = open_client_services(settings, worker_slots=lambda: SLOTS, ask_within_s=TAKE_WITHIN_S)
         try:
             on_worker = prepare_on_worker(services.ask_workers, config, lambda: SLOTS)
+            monkeypatch.setattr(preparing, "prepare_apart", spawned)
+            run_id = submit_run(services, small_config(num_devices=10, devices_per_round=4, rounds=1), apart=True)
+            assert services.store.get_run(run_id).state in ("running", "finished")
         finally:
             services.close()
     here = prepare(config, lambda: SLOTS)
     assert on_worker is not None
     assert hashlib.sha256(on_worker.state).digest() == hashlib.sha256(here.state).digest()
     assert on_worker.config.to_dict() == here.config.to_dict()  # the packing too: sized for the slots sent
-
-
-def test_a_submit_apart_uses_the_worker_and_spawns_nothing(settings: Settings, monkeypatch: pytest.MonkeyPatch) -> None:
-    def spawned(*_args: object) -> None:
-        raise AssertionError("prepared in a process of its own, with a worker running")
-
-    monkeypatch.setattr(preparing, "prepare_apart", spawned)
-    config = small_config(num_devices=10, devices_per_round=4, rounds=1)
-    with running_workers(settings, procs=1):
-        services = open_client_services(settings, worker_slots=lambda: SLOTS, ask_within_s=TAKE_WITHIN_S)
-        try:
-            run_id = submit_run(services, config, apart=True)
-            assert services.store.get_run(run_id).state in ("running", "finished")
-        finally:
-            services.close()
 
 
 def test_a_plugin_that_fails_on_the_worker_is_prepared_here_with_its_own_error(settings: Settings) -> None:
