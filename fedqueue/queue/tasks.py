@@ -119,7 +119,8 @@ def _register_question(
             raise refuse("malformed: no question")
         with answering(state.broker(), reply):  # taken: its asker waits for the answer, not for a taker
             jobs.wait_for_warm_up(WARM_UP_WAIT_S)
-            with kind.task_scope(settings):
+            # Under the time limit as every task (a plugin that hangs ends the process; the asker then stops waiting).
+            with state.watchdog.watching(question.name, lambda: None), kind.task_scope(settings):
                 answer_on(state.broker(), state.services().blobs, question, raw)
 
 
