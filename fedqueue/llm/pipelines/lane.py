@@ -51,7 +51,6 @@ def calls_key(prefix: str, run_id: str, lane: int) -> str:
 
 
 def run_lane(services: Services, cache: ModelCache, task: PipelineLane, worker: str, attempt: int = 1) -> None:
-    started_at = time.time()
     store = services.store
     if store.get_run(task.run_id).state != "running":  # finished, or cancelled
         return
@@ -67,6 +66,7 @@ def run_lane(services: Services, cache: ModelCache, task: PipelineLane, worker: 
         if move_lane(store, task.run_id, task.lane, task.seq):
             _follow_on(services, task)
         return
+    started_at = time.time()  # its batch claimed: a lane's wait for calls to claim is not its work
     clock = time.perf_counter()
     loaded = _model(services, cache, config)
     load_ms = _elapsed_ms(clock)
