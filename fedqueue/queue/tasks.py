@@ -98,19 +98,33 @@ def register_tasks(app: Celery, settings: Settings) -> WorkerState:
     return state
 
 
+def _refusing(state: WorkerState, task: Task, name: str, raw: Any) -> Callable[[str], Reject]:
+    def refuse(why: str) -> Reject:
+        """Refused for good: dead-lettered once, acknowledged, never run or put back."""
+        state.dead_letter(_queue_of(task), f"{name}: {why}", raw)
+        return Reject(why, requeue=False)
+
+    return refuse
+
+
+def _check_envelope(
+    settings: Settings, name: str, raw: Any, signature: Any, unexpected: dict[str, Any], refuse: Callable[[str], Reject]
+) -> None:
+    """What every task checks first: no arguments beside its message and signature, and the signature where the
+    deployment signs."""
+    if unexpected:
+        raise refuse(f"unexpected arguments {', '.join(sorted(unexpected))}")
+    if settings.message_key is not None and not verify(settings.message_key, name, raw, signature):
+        raise refuse("unsigned, or not signed with this deployment's FEDQUEUE_MESSAGE_KEY")
+
+
 def _register_question(
     app: Celery, settings: Settings, state: WorkerState, kind: jobs.JobKind, question: jobs.Question
 ) -> None:
     @app.task(name=question.name, bind=True, ignore_result=True)
     def answer_task(self: Task, raw: Any, signature: Any = None, **unexpected: Any) -> None:
-        def refuse(why: str) -> Reject:
-            state.dead_letter(_queue_of(self), f"{question.name}: {why}", raw)
-            return Reject(why, requeue=False)
-
-        if unexpected:
-            raise refuse(f"unexpected arguments {', '.join(sorted(unexpected))}")
-        if settings.message_key is not None and not verify(settings.message_key, question.name, raw, signature):
-            raise refuse("unsigned, or not signed with this deployment's FEDQUEUE_MESSAGE_KEY")
+        refuse = _refusing(state, self, question.name, raw)
+        _check_envelope(settings, question.name, raw, signature, unexpected, refuse)
         reply = raw.get("reply") if isinstance(raw, dict) else None
         # Answers go only to the deployment's own reply keys, never to a key the message names at will.
         if not isinstance(reply, str) or not reply.startswith(reply_prefix(settings)):
@@ -134,15 +148,8 @@ def _register(
 ) -> None:
     @app.task(name=handler.name, bind=True, acks_late=True, ignore_result=True)
     def run_task(self: Task, raw: Any, signature: Any = None, **unexpected: Any) -> None:
-        def refuse(why: str) -> Reject:
-            """Refused for good: dead-lettered once, acknowledged, never run or put back."""
-            state.dead_letter(_queue_of(self), f"{handler.name}: {why}", raw)
-            return Reject(why, requeue=False)
-
-        if unexpected:
-            raise refuse(f"unexpected arguments {', '.join(sorted(unexpected))}")
-        if settings.message_key is not None and not verify(settings.message_key, handler.name, raw, signature):
-            raise refuse("unsigned, or not signed with this deployment's FEDQUEUE_MESSAGE_KEY")
+        refuse = _refusing(state, self, handler.name, raw)
+        _check_envelope(settings, handler.name, raw, signature, unexpected, refuse)
         try:
             message = handler.message_type.from_dict(raw)  # type: ignore[attr-defined]
         except MessageError as err:
