@@ -25,6 +25,9 @@ from fedqueue.core.broker.heartbeats import Heartbeats
 
 log = logging.getLogger(__name__)
 
+ROOM_FIRST_PAUSE_S = 0.25  # a write refused for want of broker memory tries again after this, doubled ...
+ROOM_MAX_PAUSE_S = 5.0  # ... up to this
+
 WAKE_KEEP_S = 3600  # a wake-up nobody waits for goes away on its own
 
 
@@ -281,7 +284,19 @@ class RedisLedger(LedgerReads):
         return True
 
     def mark_enqueued(self, group_key: str) -> None:
-        self.redis.set(self._key(keys.enqueued, group_key), 1, ex=self.settings.blob_ttl_s)
+        # Written right after the group's publish, which waits for room in a full Redis: the publish itself can
+        # take the room made, so this write waits the same way (up to the broker wait) instead of failing the submit.
+        pause, waited = ROOM_FIRST_PAUSE_S, 0.0
+        while True:
+            try:
+                self.redis.set(self._key(keys.enqueued, group_key), 1, ex=self.settings.blob_ttl_s)
+                return
+            except redis.exceptions.OutOfMemoryError:
+                if waited >= self.settings.broker_wait_s:
+                    raise
+                time.sleep(pause)
+                waited += pause
+                pause = min(2 * pause, ROOM_MAX_PAUSE_S)
 
     def request_once(self, task_key: str, within_s: float) -> bool:
         return bool(self.redis.set(self._key(keys.requested, task_key), 1, nx=True, ex=request_ttl_s(within_s)))
