@@ -61,6 +61,9 @@ def submit_detached(submission: api.Submission, settings: Settings) -> str:
     return handle.id
 
 
+INTERRUPTED = "interrupted"  # what following gave when Ctrl-C cut it short
+
+
 def follow_to_end(
     handle: api.RunHandle, place: api.Placement, services: Services | None = None, all_rows: bool = False
 ) -> None:
@@ -84,6 +87,10 @@ def follow_to_end(
                 store_watch=supervisor.store_watch,
             )
         except KeyboardInterrupt:
+            # Asked once out of this block: the interrupted calls' frames (a store read cut short among them)
+            # go with it, not kept alive by the traceback through the question and the writes that follow.
+            ended = INTERRUPTED
+        if ended == INTERRUPTED:
             interrupted(handle.id, supervisor.services, place)
         if ended == CANCELLED:  # from another shell: its tasks leave this broker too (that shell may not reach it)
             _drop_queued(place.settings, handle.id)

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from sqlalchemy import create_engine, event
-from sqlalchemy.engine import URL, Connection, Engine, make_url
+from sqlalchemy.engine import URL, Connection, Engine, ExceptionContext, make_url
 from sqlalchemy.exc import ArgumentError, SQLAlchemyError
 from sqlalchemy.pool import NullPool
 
@@ -65,6 +65,17 @@ def _enable_sqlite_wal(dbapi_connection: Any, _record: Any) -> None:
     cursor.close()
 
 
+def _drop_locked_connection(context: ExceptionContext) -> None:
+    # A connection whose read was cut short (an exception mid-fetch, its traceback still holding the cursor) keeps
+    # that read's snapshot through the pool's rollback: once another connection writes, every write on it is
+    # refused at once as "database is locked", the busy timeout never waited out. Replace that one connection, so
+    # the store's retry (and every later call) runs on a fresh one.
+    error = context.original_exception
+    if isinstance(error, sqlite3.OperationalError) and "locked" in str(error):
+        context.is_disconnect = True
+        context.invalidate_pool_on_disconnect = False
+
+
 def make_engine(url: str) -> Engine:
     problem = database_url_problem(url)
     if problem is not None:  # SQLAlchemy's own refusal is a page of traceback
@@ -80,6 +91,7 @@ def make_engine(url: str) -> Engine:
             raise ServiceUnavailable(f"database: folder of {database!r} does not exist")
         engine = create_engine(parsed, connect_args={"timeout": SQLITE_BUSY_TIMEOUT_MS / 1000})
         event.listen(engine, "connect", _enable_sqlite_wal)
+        event.listen(engine, "handle_error", _drop_locked_connection)
         return engine
     if backend == "postgresql":
         if parsed.drivername == "postgresql":

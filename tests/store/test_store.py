@@ -200,6 +200,26 @@ def test_a_big_page_stores_wal_is_folded_back_at_the_same_bytes_as_small_pages(t
     assert wal_bytes < WAL_CHECKPOINT_BYTES + 8 * SQLITE_PAGE_SIZE, wal_bytes
 
 
+def test_a_read_cut_short_does_not_shut_its_connection_out_of_writes(tmp_path: Path) -> None:
+    """A read cut short (its cursor still held, as the traceback of a Ctrl-C holds it) keeps its snapshot on the
+    pooled connection; once another connection writes, a write there is refused at once as "database is locked",
+    however long the busy timeout. The store replaces that connection: the write goes through."""
+    path = tmp_path / "cut.db"
+    store = open_store(f"sqlite:///{path}", migrate=True)
+    other = open_store(f"sqlite:///{path}")
+    try:
+        run_ids = [new_run(store) for _ in range(3)]
+        with store.engine.connect() as connection:
+            cut_short = connection.exec_driver_sql("SELECT id FROM runs")
+            cut_short.fetchone()
+        new_run(other)  # written after the cut-short read took its snapshot
+        assert store.finish_run(run_ids[0], "cancelled", "cancelled with Ctrl-C")
+        assert store.get_run(run_ids[0]).state == "cancelled"
+    finally:
+        store.engine.dispose()
+        other.engine.dispose()
+
+
 def test_open_without_migrate_on_empty_sqlite_is_refused(tmp_path: Path) -> None:
     """An empty database is reported as unavailable (no tables), not used as if it were a store."""
     with pytest.raises(ServiceUnavailable, match="no fedqueue tables"):
