@@ -6,6 +6,11 @@ download, training and upload time. Arrivals are taken in simulated order (ties 
 round): each is folded into the buffer, dropped as too stale, or counted failed; every
 `buffer_size` folded updates make a new version; freed slots are refilled with sampled devices.
 
+Refilled devices leave in packs of `pack_size` (one task trains a pack): a refill's devices join the pack
+forming on their version, which is sent once it is whole, when a new version is made, or when the clock
+reaches the first of its arrivals, whichever comes first. Each device keeps its own dispatch time and
+arrival: packs change which devices a task trains together, never the clock.
+
 Nothing here depends on wall time or on which worker finished first: `advance` takes the next
 arrival only once its outcome is stored, so the same seed gives the same versions, from the same
 updates, with one worker or fifty, and a worker never sleeps for a simulated delay.
@@ -64,7 +69,7 @@ class Trip(NamedTuple):
     device: int
     round_index: int  # the version it trains on, plus one (as a synchronous round trains on round - 1)
     dispatched: float
-    pack: tuple[int, ...]  # the devices of the task it travels in, sorted
+    pack: tuple[int, ...]  # the devices of the task it travels in, sorted (empty while its pack forms)
 
     @property
     def base_version(self) -> int:
@@ -110,7 +115,8 @@ class NewVersion:
 
 @dataclass(frozen=True)
 class Dispatch:
-    """Devices sent off at simulated time `at` with version `round_index - 1`, in packs."""
+    """Packs of devices sent at simulated time `at` to train on version `round_index - 1` (each device
+    dispatched at its trip's own time: a refill's devices may wait for their pack to fill)."""
 
     round_index: int
     at: float
@@ -132,7 +138,8 @@ class ScheduleState:
 
     version: int = 0
     now: float = 0.0  # simulated time of the last arrival taken
-    in_flight: list[Trip] = field(default_factory=list)  # sorted by arrival
+    in_flight: list[Trip] = field(default_factory=list)  # sent, sorted by arrival
+    forming: list[Trip] = field(default_factory=list)  # refilled into the pack not sent yet, in refill order
     buffer: list[Arrival] = field(default_factory=list)  # folded into the next version
     free: int = 0  # slots freed and not refilled yet
     refills: int = 0  # refills drawn so far: each draws from its own seeded stream
@@ -162,6 +169,7 @@ class ScheduleState:
             "version": self.version,
             "now": self.now,
             "trips": _trips_to_dict(self.in_flight),
+            "forming": [trip.to_list() for trip in self.forming],
             "buffer": [
                 [a.trip.to_list(), a.fate, a.staleness, a.weight, a.version, [t.to_list() for t in a.recent]]
                 for a in self.buffer
@@ -191,6 +199,7 @@ class ScheduleState:
             in_flight=_trips_from_dict(raw["trips"])
             if "trips" in raw
             else [Trip.from_list(t) for t in raw["in_flight"]],
+            forming=[Trip.from_list(trip) for trip in raw.get("forming", [])],  # absent: saved before packs formed
             buffer=[
                 Arrival(
                     Trip.from_list(trip),
@@ -221,30 +230,37 @@ class ScheduleState:
 
 
 def _trips_to_dict(trips: list[Trip]) -> dict[str, Any]:
-    """Trips in flight by column, each pack's round, dispatch time and devices once: a fold pass saves and
-    reads them all, and a thousand in flight made its schedule's largest part."""
-    packs: dict[tuple[int, float, tuple[int, ...]], int] = {}
-    pack_of = [packs.setdefault((trip.round_index, trip.dispatched, trip.pack), len(packs)) for trip in trips]
+    """Trips in flight by column, each pack's round and devices once: a fold pass saves and reads them all, and
+    a thousand in flight made its schedule's largest part."""
+    packs: dict[tuple[int, tuple[int, ...]], int] = {}
+    pack_of = [packs.setdefault((trip.round_index, trip.pack), len(packs)) for trip in trips]
     return {
-        "packs": [[round_index, dispatched, list(pack)] for round_index, dispatched, pack in packs],
+        "packs": [[round_index, list(pack)] for round_index, pack in packs],
         "arrives": [trip.arrives for trip in trips],
         "device": [trip.device for trip in trips],
+        "dispatched": [trip.dispatched for trip in trips],
         "pack": pack_of,
     }
 
 
 def _trips_from_dict(raw: dict[str, Any]) -> list[Trip]:
-    packs = [(int(round_index), float(dispatched), tuple(pack)) for round_index, dispatched, pack in raw["packs"]]
+    if "dispatched" not in raw:  # saved when a pack's devices all left at one time: kept with the pack
+        packs = [(int(round_index), tuple(pack)) for round_index, _, pack in raw["packs"]]
+        left = [float(raw["packs"][index][1]) for index in raw["pack"]]
+    else:
+        packs = [(int(round_index), tuple(pack)) for round_index, pack in raw["packs"]]
+        left = [float(dispatched) for dispatched in raw["dispatched"]]
     return [
-        Trip(float(arrives), device, packs[index][0], packs[index][1], packs[index][2])
-        for arrives, device, index in zip(raw["arrives"], raw["device"], raw["pack"], strict=True)
+        Trip(float(arrives), device, packs[index][0], dispatched, packs[index][1])
+        for arrives, device, dispatched, index in zip(raw["arrives"], raw["device"], left, raw["pack"], strict=True)
     ]
 
 
 def start(rules: Rules, trip_time: TripTime) -> tuple[ScheduleState, Dispatch | None]:
-    """A run's first state: every slot filled at simulated time 0 with version 0."""
+    """A run's first state: every slot filled at simulated time 0 with version 0, all sent (the last pack short)."""
     state = ScheduleState(free=rules.concurrency)
-    return state, _refill(state, rules, trip_time)
+    _draw(state, rules, trip_time)
+    return state, _send_forming(state, rules, whole_only=False)
 
 
 def advance(
@@ -262,7 +278,8 @@ def advance(
     caller can make that version before anything trains on it.
     """
     events: list[Event] = []
-    while state.in_flight and not state.done:
+    while (state.in_flight or state.forming) and not state.done:
+        _send_forming_if_due(state, rules, events)
         head = state.in_flight[0]
         # Known from the dispatch, before its result is stored: the run ends without waiting for it.
         late = time_stop(rules.stops, state.version, state.made_at, head.arrives)
@@ -279,6 +296,7 @@ def advance(
         state.free += 1
         made = None
         if len(state.buffer) >= rules.buffer_size:
+            _send_forming_now(state, rules, events)  # a pack trains on one version: the one it formed on
             made = NewVersion(state.version + 1, state.now, tuple(state.buffer))
             state.version += 1
             state.buffer = []
@@ -294,6 +312,8 @@ def advance(
             events.append(dispatch)
         if made is not None and stop_after_version:
             break
+    if not state.done:
+        _send_forming_if_due(state, rules, events)  # the head a caller names is the clock's next arrival
     if not state.in_flight and not state.done:
         state.stuck = (
             f"no device can be sent out at version {state.version}: every device is training, already"
@@ -325,32 +345,64 @@ def _arrive(state: ScheduleState, rules: Rules, trip: Trip, outcome: Outcome) ->
 
 
 def _refill(state: ScheduleState, rules: Rules, trip_time: TripTime) -> Dispatch | None:
-    """Send out devices for the free slots, once at least `min_refill` are free."""
+    """Draw devices for the free slots, once at least `min_refill` are free; the whole packs they make are sent."""
+    _draw(state, rules, trip_time)
+    return _send_forming(state, rules, whole_only=True)
+
+
+def _draw(state: ScheduleState, rules: Rules, trip_time: TripTime) -> None:
+    """Devices for the free slots, once at least `min_refill` are free, drawn into the forming pack."""
     if state.done or state.free < rules.min_refill:
-        return None
-    busy = {trip.device for trip in state.in_flight} | state.on_version
+        return
+    busy = {trip.device for trip in state.in_flight} | {trip.device for trip in state.forming} | state.on_version
     if not rules.device_reuse:
         busy |= state.used
     count = min(state.free, rules.num_devices - len(busy))
     if count == 0:
-        return None
+        return
     rng = np.random.default_rng([rules.seed, REFILL_STREAM, state.refills])
     chosen = pick_free(rng, busy, rules.num_devices - len(busy), count)
     state.refills += 1
     state.free -= count
     round_index = state.version + 1
-    trips = []
-    for start_at in range(0, len(chosen), rules.pack_size):
-        pack = tuple(chosen[start_at : start_at + rules.pack_size])
-        for device in pack:
-            arrives = state.now + trip_time(round_index, device, state.now)
-            trips.append(Trip(arrives, device, round_index, state.now, pack))
-    for trip in trips:
-        bisect.insort(state.in_flight, trip)
+    state.forming += [
+        Trip(state.now + trip_time(round_index, device, state.now), device, round_index, state.now, ())
+        for device in chosen
+    ]
     state.on_version.update(chosen)
     if not rules.device_reuse:
         state.used.update(chosen)
-    return Dispatch(round_index, state.now, tuple(trips))
+
+
+def _send_forming_if_due(state: ScheduleState, rules: Rules, events: list[Event]) -> None:
+    """The forming pack is sent once the clock's next arrival is one of its devices': nothing else is taken
+    before that device's result, and no result comes of a task never sent."""
+    if state.forming and (not state.in_flight or min(state.forming) < state.in_flight[0]):
+        _send_forming_now(state, rules, events)
+
+
+def _send_forming_now(state: ScheduleState, rules: Rules, events: list[Event]) -> None:
+    dispatch = _send_forming(state, rules, whole_only=False)
+    if dispatch is not None:
+        events.append(dispatch)
+
+
+def _send_forming(state: ScheduleState, rules: Rules, whole_only: bool) -> Dispatch | None:
+    """The forming devices sent in packs of `pack_size`, in the order they were drawn: the whole packs only,
+    or all of them (the last pack short). None when none is sent."""
+    size = max(1, rules.pack_size)
+    count = len(state.forming) - len(state.forming) % size if whole_only else len(state.forming)
+    if count == 0:
+        return None
+    leaving, state.forming = state.forming[:count], state.forming[count:]
+    trips: list[Trip] = []
+    for start_at in range(0, count, size):
+        members = leaving[start_at : start_at + size]
+        pack = tuple(sorted(trip.device for trip in members))
+        trips += [trip._replace(pack=pack) for trip in members]
+    for trip in trips:
+        bisect.insort(state.in_flight, trip)
+    return Dispatch(trips[0].round_index, state.now, tuple(trips))
 
 
 def pick_free(rng: np.random.Generator, busy: set[int], free: int, count: int) -> list[int]:

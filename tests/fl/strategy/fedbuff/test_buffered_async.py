@@ -171,6 +171,19 @@ def test_same_versions_and_weights_with_one_or_two_workers(settings: Settings, p
         assert_reported(handle, config, tmp_path)
 
 
+def test_refills_train_in_packs_and_make_the_reference_s_versions(settings: Settings) -> None:
+    """Refilled devices (one an arrival here) leave in packs formed on their version: trained back to back,
+    the packs end on the reference's versions and weights, each device trained alone there, bit for bit."""
+    config = buffered_config(pack_size=3, pack_mode="sequential")
+    with running_workers(settings, procs=2):
+        handle = api.submit(config, settings=settings)
+        handle.wait(180)
+    assert_like_reference(handle, config)
+    trained = [row for row in handle.store.task_timings(handle.id) if row.task_type == "train"]
+    refilled_in_packs = {(row.round_index, row.pack) for row in trained if (row.round_index or 0) > 1 and row.pack}
+    assert refilled_in_packs, "no refill trained in a pack of several devices"
+
+
 def assert_reported(handle: api.RunHandle, config: RunConfig, folder: Path) -> None:
     """The report counts what the fold passes did, and draws accuracy against simulated time."""
     from fedqueue.report import write_report

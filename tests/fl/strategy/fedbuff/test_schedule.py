@@ -187,6 +187,68 @@ def test_packs_cut_a_refill_in_order() -> None:
     assert sorted(d for p in packs for d in p) == sorted(t.device for t in first.trips)
 
 
+PACKED = replace(RULES, num_devices=60, concurrency=12, buffer_size=5, max_model_version=10, pack_size=4, seed=3)
+
+
+def spread(round_index: int, device: int, _at: float) -> float:
+    """Trip times from 0.5 s to 12 s: a refilled device may arrive before devices sent long before it."""
+    return 0.5 + (device * 13 + round_index * 7) % 24 / 2
+
+
+def test_refilled_devices_form_packs_sent_before_any_of_them_arrives() -> None:
+    """Refills of one device join the pack forming on their version: it leaves whole, at a new version, or
+    when the clock reaches one of its devices, so every arrival was sent before, in a pack of one version."""
+    state, first = schedule.start(PACKED, spread)
+    assert first is not None
+    events: list[schedule.Event] = [first]
+    events += schedule.advance(state, PACKED, spread, trained, stop_after_version=False)
+    assert state.version == PACKED.max_model_version
+    sent: set[tuple[int, int]] = set()
+    refill_packs: list[tuple[int, ...]] = []
+    for event in events:
+        if isinstance(event, Dispatch):
+            assert {trip.round_index for trip in event.trips} == {event.round_index}
+            for trip in event.trips:
+                assert trip.device in trip.pack and 0 < len(trip.pack) <= PACKED.pack_size
+                sent.add((trip.round_index, trip.device))
+            if event is not first:
+                refill_packs += event.packs()
+        elif isinstance(event, Arrival):
+            assert (event.trip.round_index, event.trip.device) in sent
+    # Each arrival refills one device (min_refill = 1), yet refills train together.
+    assert max(len(pack) for pack in refill_packs) == PACKED.pack_size
+    assert sum(len(pack) for pack in refill_packs) > 2 * len(refill_packs)
+    # Some left short: at a new version, or with the clock at one of their devices.
+    assert min(len(pack) for pack in refill_packs) < PACKED.pack_size
+
+
+def test_forming_packs_resume_from_saved_state_to_the_same_events() -> None:
+    """A pass that stops at a missing result saves its forming pack: resumed, the same packs and versions."""
+    whole_state, first = schedule.start(PACKED, spread)
+    whole = [first, *schedule.advance(whole_state, PACKED, spread, trained, stop_after_version=False)]
+    state, first_again = schedule.start(PACKED, spread)
+    events: list[schedule.Event | None] = [first_again]
+    stored: set[tuple[int, int]] = set()
+
+    def outcome_of(trip: Trip) -> Outcome | None:
+        return trained(trip) if (trip.round_index, trip.device) in stored else None
+
+    saw_forming = False
+    for _ in range(500):
+        if state.done:
+            break
+        events += schedule.advance(state, PACKED, spread, outcome_of)
+        saved = json.loads(json.dumps(state.to_dict()))
+        saw_forming = saw_forming or bool(saved["forming"])
+        state = ScheduleState.from_dict(saved)
+        if state.in_flight:
+            head = state.in_flight[0]
+            stored.add((head.round_index, head.device))
+    assert saw_forming
+    assert events == whole
+    assert state.to_dict() == whole_state.to_dict()
+
+
 def test_a_schedule_with_no_device_left_is_stuck_with_a_reason() -> None:
     rules = replace(RULES, device_reuse=False, max_model_version=3)
     state, _ = run_all(rules)
