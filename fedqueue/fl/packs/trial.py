@@ -84,7 +84,7 @@ def _auto_mode(config: RunConfig, data: FederatedData, pack: int, on_gpu: bool, 
     except ConfigError as err:
         refused = str(err).removeprefix("pack_mode: ").split(";")[0]
     if refused is None and not on_gpu:  # a CPU like the workers' is here to time both ways on
-        mode, why = measured_pack_mode(*timer(config, data, pack))
+        mode, why = measured_pack_mode(*timer(config, data, pack), presums=_presums_packs(config))
     else:
         mode, why = auto_pack_mode(_has_convolution(config, data), on_gpu, refused)
     if key is not None:

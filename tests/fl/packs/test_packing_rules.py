@@ -16,6 +16,7 @@ from fedqueue.fl.ml.data import load_federated
 from fedqueue.fl.ml.pack_train import StackedPack
 from fedqueue.fl.packs.rules import (
     AUTO_PACK_MAX,
+    UNSUMMED_VMAP_MARGIN,
     VMAP_TOLERANCE,
     auto_pack_mode,
     auto_pack_size,
@@ -59,6 +60,15 @@ def test_measured_mode_vmaps_unless_the_stacked_step_is_clearly_slower() -> None
     assert measured_pack_mode(sequential_s=0.001, vmap_s=0.001 * VMAP_TOLERANCE)[0] == "vmap"  # a tie: vmap
     mode, why = measured_pack_mode(sequential_s=0.001, vmap_s=0.002)
     assert mode == "sequential" and "2.0x slower" in why and "1.00 ms" in why
+
+
+def test_where_each_device_uploads_alone_vmap_must_be_clearly_faster() -> None:
+    """FedBuff's vmapped packs store each device's update: a tie, or a small gain, trains them back to back."""
+    assert measured_pack_mode(sequential_s=0.001, vmap_s=0.001, presums=False)[0] == "sequential"
+    mode, why = measured_pack_mode(sequential_s=0.0011, vmap_s=0.001, presums=False)
+    assert mode == "sequential" and "each device uploading alone" in why
+    assert measured_pack_mode(sequential_s=0.001 * UNSUMMED_VMAP_MARGIN, vmap_s=0.001, presums=False)[0] == "vmap"
+    assert measured_pack_mode(sequential_s=0.003, vmap_s=0.001, presums=False)[0] == "vmap"
 
 
 @pytest.mark.parametrize(
