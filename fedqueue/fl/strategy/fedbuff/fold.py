@@ -626,11 +626,13 @@ def teachers_needed(state: ScheduleState) -> frozenset[Trip]:
 
 
 def oldest_needed(state: ScheduleState) -> int:
-    """The oldest version a device in flight trains on or a buffered update came from (or the current one).
+    """The oldest version a device in flight or in a forming pack trains on or a buffered update came from (or
+    the current one).
 
     Published versions older than this are never read again.
     """
-    needed = [trip.base_version for trip in state.in_flight] + [a.trip.base_version for a in state.buffer]
+    waiting = state.in_flight + state.forming
+    needed = [trip.base_version for trip in waiting] + [a.trip.base_version for a in state.buffer]
     return min(needed, default=state.version)
 
 
