@@ -223,7 +223,10 @@ def _kd_settings(
         if algorithm != "async_fl" or kd is not None:
             raise ConfigError("async_downweighting: only with algorithm async_fl and no kd_augmentation")
         if dfkd.get("beta", "cosine") not in ("cosine", "adaptive"):
-            raise ConfigError(f"dfkd_settings.beta: AFL-DW here follows the cosine schedule, got {dfkd.get('beta')!r}")
+            raise ConfigError(
+                f"dfkd_settings.beta: {dfkd.get('beta')!r} with async_downweighting = true,"
+                ' whose AFL-DW follows the cosine schedule here ("cosine")'
+            )
         raw["staleness_weight"] = "afl_dw"
         raw["staleness_s_max"] = _real("dfkd_settings.adaptive_beta_factor", dfkd.get("adaptive_beta_factor", 75))
         origins["staleness_s_max"] = "dfkd_settings.adaptive_beta_factor"  # its refusals name their key
