@@ -31,8 +31,8 @@ NOT_TIMED = frozenset(
     }
 )
 MAX_ENTRIES = 256  # the oldest go first
-# Raised whenever the same timings would choose otherwise (FedBuff's vmap margin: 2): a choice remembered under
-# older rules is timed again.
+# Raised whenever the same timings would make another choice (2: the buffered modes' vmap margin): a choice
+# remembered under older rules is timed again.
 CHOICE_RULES = 2
 
 
