@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import overload
@@ -152,7 +154,6 @@ def fedavg(
     # read in float32 (or their own dtype) and widened slice by slice, exactly.
     base = {name: current.detach() for name, current in global_state.items() if current.is_floating_point()}
     delta = {name: torch.zeros(value.shape, dtype=torch.float64, device=value.device) for name, value in base.items()}
-    scratch = Scratch()
     counters: dict[str, Tensor] = {}
     for rank, position in enumerate(order):
         device, samples, state = updates[position]
@@ -160,8 +161,7 @@ def fedavg(
             local = _local(device, state, name, current).detach()
             if name in base:
                 # delta += (samples / total) * (local - base), one rounding per operation as written.
-                for into, trained, before in sliced(delta[name], local, base[name]):
-                    into.add_(scratch.difference(trained, before).mul_(samples / total))
+                in_parts(_add_weighted_difference(samples / total), delta[name], local, base[name])
             elif rank == 0 and not counters_from_sum:
                 counters[name] = local.clone()
     for rank, position in enumerate(sum_order):
@@ -169,8 +169,7 @@ def fedavg(
         for name, current in global_state.items():
             summed = _local(device, state, name, current).detach()
             if name in base:
-                for into, pack in sliced(delta[name], summed):
-                    into.add_(scratch.of(pack).div_(total))
+                in_parts(_add_divided(total), delta[name], summed)
             elif rank == 0 and counters_from_sum:
                 counters[name] = summed.clone()
     return {
@@ -285,7 +284,68 @@ class Scratch:
 def _stepped(base: Tensor, total: Tensor, scale: float) -> Tensor:
     """base + scale * total (total's float64, then base's dtype), a new contiguous tensor; `total` is spent."""
     out = torch.empty(base.shape, dtype=base.dtype, device=base.device)
-    for part, summed, before in sliced(out, total, base):
-        # scale * total, then + base: the two roundings of base + scale * total (addition commutes exactly).
-        part.copy_(summed.mul_(scale).add_(before))
+
+    def step(into: Tensor, summed_part: Tensor, base_part: Tensor) -> None:
+        for part, summed, before in sliced(into, summed_part, base_part):
+            # scale * total, then + base: the two roundings of base + scale * total (addition commutes exactly).
+            part.copy_(summed.mul_(scale).add_(before))
+
+    in_parts(step, out, total, base)
     return out
+
+
+def _add_weighted_difference(weight: float) -> Callable[[Tensor, Tensor, Tensor], None]:
+    """into += weight * (float64(local) - float64(base)), a slice at a time."""
+
+    def add(into: Tensor, local: Tensor, base: Tensor) -> None:
+        scratch = Scratch()
+        for part, trained, before in sliced(into, local, base):
+            part.add_(scratch.difference(trained, before).mul_(weight))
+
+    return add
+
+
+def _add_divided(total: int) -> Callable[[Tensor, Tensor], None]:
+    """into += float64(summed) / total, a slice at a time."""
+
+    def add(into: Tensor, summed: Tensor) -> None:
+        scratch = Scratch()
+        for part, pack in sliced(into, summed):
+            part.add_(scratch.of(pack).div_(total))
+
+    return add
+
+
+# Threads a CPU aggregation's float64 arithmetic is split over. Each element's arithmetic is the same in any
+# thread, so the bits do not depend on the count; a sync round's aggregation runs while every other slot
+# waits for it, so its arithmetic alone would leave cores idle.
+AGGREGATION_THREADS = max(1, min(4, os.cpu_count() or 1))
+_pool: ThreadPoolExecutor | None = None
+_pool_lock = threading.Lock()
+
+
+def _threads() -> ThreadPoolExecutor:
+    global _pool
+    with _pool_lock:
+        if _pool is None:
+            _pool = ThreadPoolExecutor(max_workers=AGGREGATION_THREADS, thread_name_prefix="aggregation")
+        return _pool
+
+
+def in_parts(work: Callable[..., None], into: Tensor, *inputs: Tensor) -> None:
+    """work(into's part, each input's part) over contiguous parts, one per thread, on a CPU.
+
+    Parts are whole multiples of the slice (`sliced`), so each element takes the path it takes in one pass; a
+    GPU tensor, or one of a few slices, is one part, worked in this thread. `into` must be contiguous."""
+    size = into.numel()
+    parts = min(AGGREGATION_THREADS, size // _SLICE) if into.device.type == "cpu" else 1
+    if parts <= 1:
+        work(into, *inputs)
+        return
+    flat = [into.view(-1), *(tensor.reshape(-1) for tensor in inputs)]
+    step = -(-size // parts // _SLICE) * _SLICE
+    futures = [
+        _threads().submit(work, *(tensor[start : start + step] for tensor in flat)) for start in range(0, size, step)
+    ]
+    for future in futures:
+        future.result()

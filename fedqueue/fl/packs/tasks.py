@@ -10,8 +10,20 @@ from fedqueue.fl.messages import DeviceTask
 
 
 def cut_packs(selected: Sequence[int], pack_size: int) -> list[tuple[int, ...]]:
-    """A round's packs: its sorted selection cut every `pack_size` devices, whatever the workers."""
-    return [tuple(selected[start : start + pack_size]) for start in range(0, len(selected), pack_size)]
+    """A round's packs: its sorted selection cut into as few packs of at most `pack_size` devices as can hold
+    it, their sizes one apart at most (the larger first), whatever the workers.
+
+    Even sizes keep the round's slots evenly loaded: 10 devices by 3 make packs of 3, 3, 2 and 2, which two
+    slots train 5 and 5, where 3, 3, 3 and 1 would hold one slot for 6 while the other waits after 4."""
+    count = -(-len(selected) // pack_size)
+    smaller, larger_count = divmod(len(selected), count) if count else (0, 0)
+    packs: list[tuple[int, ...]] = []
+    start = 0
+    for index in range(count):
+        size = smaller + (1 if index < larger_count else 0)
+        packs.append(tuple(selected[start : start + size]))
+        start += size
+    return packs
 
 
 def tasks_of_round(

@@ -175,3 +175,38 @@ def test_pre_summed_packs_average_with_devices_alone() -> None:
             torch.testing.assert_close(result[name], expected[name], rtol=1e-12, atol=0)
     with pytest.raises(ValueError, match="device 0 alone and in a pre-summed pack"):
         fedavg(base, updates[:1], 0.7, sums=[pack_sum(updates[:2])])
+
+
+@pytest.mark.parametrize("threads", [1, 2, 3, 4])
+def test_fedavg_split_over_threads_gives_the_bits_of_one_whole_pass(
+    threads: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Tensors of many slices are split between threads; each element's arithmetic, and so its bits, stays that of
+    the plain whole-tensor formula, pre-summed packs included."""
+    import fedqueue.fl.ml.aggregate as aggregate
+
+    monkeypatch.setattr(aggregate, "AGGREGATION_THREADS", threads)
+    size = 5 * aggregate._SLICE + 123  # several slices and a ragged end
+    generator = torch.Generator().manual_seed(7)
+
+    def state() -> dict[str, torch.Tensor]:
+        scale = 10.0 ** torch.randint(-6, 7, (size,), generator=generator)
+        return {"w": (torch.randn(size, generator=generator, dtype=torch.float64) * scale).float()}
+
+    base = state()
+    updates = [(device, 3 + device, state()) for device in range(3)]
+    pack = [(device, 11 + device, state()) for device in range(3, 5)]
+    pack_total = sum(samples for _, samples, _ in pack)
+    summed = torch.zeros(size, dtype=torch.float64)
+    for _, samples, s in pack:
+        summed += (s["w"].double() - base["w"].double()) * samples
+    total = sum(samples for _, samples, _ in updates) + pack_total
+
+    result = fedavg(base, updates, 0.7, sums=[(3, pack_total, {"w": summed})])
+
+    delta = torch.zeros(size, dtype=torch.float64)
+    for _, samples, s in updates:
+        delta += (s["w"].double() - base["w"].double()) * (samples / total)
+    delta += summed / total
+    expected = (delta * 0.7 + base["w"].double()).float()
+    assert torch.equal(result["w"].view(torch.int32), expected.view(torch.int32))

@@ -128,6 +128,9 @@ def test_models_with_running_statistics_or_dropout_are_refused() -> None:
         ([1, 4, 6, 9, 12], 2, [(1, 4), (6, 9), (12,)]),
         ([1, 4, 6], 1, [(1,), (4,), (6,)]),
         ([1, 4, 6], 5, [(1, 4, 6)]),
+        # As few packs as fit, sizes one apart: two slots train 5 devices each, not 6 and 4 (3, 3, 3, 1).
+        (list(range(10)), 3, [(0, 1, 2), (3, 4, 5), (6, 7), (8, 9)]),
+        ([2, 3, 5, 7, 11, 13, 17], 3, [(2, 3, 5), (7, 11), (13, 17)]),
     ],
 )
 def test_packs_are_cut_from_the_sorted_selection(selected: list[int], size: int, packs: list[tuple[int, ...]]) -> None:

@@ -245,9 +245,10 @@ def _aggregate_claimed_round(
     checkpoint_version(services, run_id, round_index, encoded, published.sha256)
     if not complete_round(services.store, run_id, round_index, owner, **metrics):
         raise ClaimLost()
+    start_next(services, run_id, config, round_index, published)
+    # After the next round is out: freeing a round's blobs (unmapping its shared memory) holds no slot back.
     services.blobs.delete(list(dict.fromkeys(task.update_key for task in results if task.update_key)))
     services.blobs.delete([row.model_key])
-    start_next(services, run_id, config, round_index, published)
     log.info("run %s round %d aggregated from %d devices", run_id, round_index, len(results))
 
 
