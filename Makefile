@@ -45,12 +45,12 @@ demo: $(STAMP)
 	$(BIN)/fedqueue run examples/digits_fedavg.toml
 
 test: $(STAMP) lint docs
-	$(BIN)/python -m pytest -m "not faults and not sessions"
+	$(BIN)/python -m pytest -m "not faults and not sessions and not slow"
 
 # Whole command sessions (fedqueue up / run / cancel / logs / Ctrl-C on a terminal, each starting and stopping
-# local clusters): minutes, so apart from `make test`; `.ci/run` runs them after it.
+# local clusters) and the slowest real-worker runs: minutes, so apart from `make test`; `.ci/run` runs them after it.
 test-sessions: $(STAMP)
-	$(BIN)/python -m pytest -m sessions
+	$(BIN)/python -m pytest -m "sessions or slow"
 
 # Infrastructure faults with services each test starts, stops and limits (a store that refuses connections,
 # a broker killed under a follower); minutes, so apart from `make test`; `.ci/run` runs them after it.

@@ -40,6 +40,7 @@ def test_no_line_of_fedqueue_names_the_toy_kind() -> None:
     assert not [path for path in PACKAGE.rglob("*.py") if "toy" in path.read_text().lower()]
 
 
+@pytest.mark.slow
 def test_a_third_kind_runs_through_real_workers_and_shows_in_status_runs_and_report(
     settings: Settings, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -102,6 +102,7 @@ def test_a_job_on_two_workers_equals_the_one_at_a_time_loop(
     services.close()
 
 
+@pytest.mark.slow
 def test_submitting_again_generates_only_what_is_missing(
     settings: Settings, tmp_path: Path, tiny_model_path: Path
 ) -> None:

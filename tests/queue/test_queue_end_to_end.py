@@ -86,6 +86,7 @@ def test_two_rounds_stored_aggregated_and_evaluated(backend_settings: Settings, 
     services.close()
 
 
+@pytest.mark.slow
 def test_same_seed_same_weights_with_one_or_two_workers(settings: Settings, tmp_path: Path) -> None:
     config = small_config(model="cnn", rounds=2, devices_per_round=6)
     states = []

@@ -132,6 +132,7 @@ def worker_host(command: list[str], env: dict[str, str], log: Path) -> Iterator[
             process.wait()
 
 
+@pytest.mark.slow
 def test_a_second_host_shares_the_run_and_the_weights_match_one_host(
     settings: Settings, postgres_url: str, tmp_path: Path
 ) -> None:

@@ -291,6 +291,7 @@ def cli(*args: str, database: Path, cwd: Path) -> subprocess.CompletedProcess[st
     return fedqueue_cli(*args, cwd=cwd, env=env, timeout=120)
 
 
+@pytest.mark.slow
 def test_report_of_a_real_run_through_workers(settings: Settings, tmp_path: Path) -> None:
     # Long enough (a few seconds) for every worker to take several one-second utilization samples.
     config = small_config(rounds=3, devices_per_round=8, local_iters=250, model="cnn")

@@ -67,6 +67,7 @@ def test_sequential_packs_of_1_5_and_20_give_the_same_weights(settings: Settings
     assert {row.pack for row in handles[0].store.task_timings(handles[0].id, 1)} == {None}
 
 
+@pytest.mark.slow
 def test_vmapped_packs_are_deterministic_and_match_sequential(settings: Settings, tmp_path: Path) -> None:
     """The same seed gives the same weights with 1 and with 2 workers, within float tolerance of sequential."""
     vmapped = PACKED.with_keys(pack_size=6, pack_mode="vmap")
@@ -192,6 +193,7 @@ def test_the_cli_refuses_a_model_that_cannot_be_vmapped_in_one_line(settings: Se
     assert api.runs(settings=settings) == []
 
 
+@pytest.mark.slow
 def test_the_demo_config_packed_by_default_reaches_the_accuracy_of_one_device_per_task(
     settings: Settings, tmp_path: Path
 ) -> None:

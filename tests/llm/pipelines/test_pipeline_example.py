@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 import fedqueue.llm
 from fedqueue.config import Settings
 from fedqueue.llm.model import load_model
@@ -17,6 +19,7 @@ from tests.conftest import running_workers
 EXAMPLE = Path(__file__).parents[3] / "examples" / "pipelines"
 
 
+@pytest.mark.slow
 def test_the_contrastive_example_runs_on_the_tiny_model_as_each_item_alone(
     settings: Settings, tmp_path: Path, tiny_model_path: Path
 ) -> None:

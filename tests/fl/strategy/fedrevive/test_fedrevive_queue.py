@@ -13,6 +13,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from fedqueue.config import Settings
 from fedqueue.fl import api
 from fedqueue.fl.config import RunConfig, load_run_config_with_notes
@@ -106,6 +108,7 @@ def versions_on_the_clock(config: RunConfig) -> int:
     return sum(isinstance(event, schedule.NewVersion) for event in events)
 
 
+@pytest.mark.slow
 def test_their_reduced_file_makes_the_same_versions_and_weights_with_one_or_two_workers(
     settings: Settings, tmp_path: Path
 ) -> None:
