@@ -332,6 +332,15 @@ def _threads() -> ThreadPoolExecutor:
         return _pool
 
 
+def _forget_threads() -> None:
+    """In a forked child (a prefork worker's slot): the parent's threads are not there, so a pool of its own."""
+    global _pool, _pool_lock
+    _pool, _pool_lock = None, threading.Lock()
+
+
+os.register_at_fork(after_in_child=_forget_threads)
+
+
 def in_parts(work: Callable[..., None], into: Tensor, *inputs: Tensor) -> None:
     """work(into's part, each input's part) over contiguous parts, one per thread, on a CPU.
 
