@@ -37,12 +37,12 @@ class Loop:
         import torch
 
         from fedqueue.fl.ml import aggregate
-
-        # The loop is the one-thread baseline: its fold too (fedqueue's aggregation splits it over the cores).
-        aggregate.AGGREGATION_THREADS = 1
         from fedqueue.fl.ml.data import load_federated
         from fedqueue.fl.ml.models import build_model, initial_state
         from fedqueue.fl.setup import data_spec, resolve_plugins, train_config
+
+        # The loop is the one-thread baseline: its fold too (fedqueue's aggregation splits it over the cores).
+        aggregate.AGGREGATION_THREADS = 1
 
         self.config = config
         self.spec = data_spec(config)

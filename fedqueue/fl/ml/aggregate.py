@@ -281,6 +281,20 @@ class Scratch:
         return self.of(local).sub_(base)
 
 
+_scratches = threading.local()
+
+
+def _thread_scratch(device: torch.device) -> Scratch:
+    """On a CPU, this thread's scratch slice: one per aggregation thread, not one per part, tensor and update.
+    A GPU works each tensor whole: its scratch (a tensor's size) is not kept."""
+    if device.type != "cpu":
+        return Scratch()
+    scratch: Scratch | None = getattr(_scratches, "scratch", None)
+    if scratch is None:
+        scratch = _scratches.scratch = Scratch()
+    return scratch
+
+
 def _stepped(base: Tensor, total: Tensor, scale: float) -> Tensor:
     """base + scale * total (total's float64, then base's dtype), a new contiguous tensor; `total` is spent."""
     out = torch.empty(base.shape, dtype=base.dtype, device=base.device)
@@ -298,7 +312,7 @@ def _add_weighted_difference(weight: float) -> Callable[[Tensor, Tensor, Tensor]
     """into += weight * (float64(local) - float64(base)), a slice at a time."""
 
     def add(into: Tensor, local: Tensor, base: Tensor) -> None:
-        scratch = Scratch()
+        scratch = _thread_scratch(into.device)
         for part, trained, before in sliced(into, local, base):
             part.add_(scratch.difference(trained, before).mul_(weight))
 
@@ -309,7 +323,7 @@ def _add_divided(total: int) -> Callable[[Tensor, Tensor], None]:
     """into += float64(summed) / total, a slice at a time."""
 
     def add(into: Tensor, summed: Tensor) -> None:
-        scratch = Scratch()
+        scratch = _thread_scratch(into.device)
         for part, pack in sliced(into, summed):
             part.add_(scratch.of(pack).div_(total))
 
