@@ -35,12 +35,26 @@ ENQUEUE_GRACE_S = 30.0
 def repair_rounds(
     services: Services, run_id: str, config: RunConfig, broker_lost: bool, strategy: Strategy
 ) -> list[str]:
-    """One pass over the run's current round (`strategy` is told of devices stored failed)."""
+    """One pass over the run's open rounds (`strategy` is told of devices stored failed): the latest, and the one
+    before it while that one still closes (a round starts the next before its checkpoint commits)."""
     rounds = list_rounds(services.store, run_id)
     if not rounds:
         start_round(services, run_id, config, 1, checkpoint_bytes(services, run_id, 0))
         return ["round 1 was never started: started"]
-    current = rounds[-1]
+    closing = rounds[-2] if len(rounds) > 1 and rounds[-2].state != "done" else None
+    actions = [] if closing is None else _repair_round(services, run_id, config, closing, broker_lost, strategy)
+    return actions + _repair_round(services, run_id, config, rounds[-1], broker_lost, strategy, closing is not None)
+
+
+def _repair_round(
+    services: Services,
+    run_id: str,
+    config: RunConfig,
+    current: RoundRow,
+    broker_lost: bool,
+    strategy: Strategy,
+    previous_open: bool = False,
+) -> list[str]:
     if current.state == "done":
         # Its aggregator starts the next round (or finishes the run) right after closing this one, which may take
         # a while (a model that goes to the store): the round was never started only once that aggregator is gone.
@@ -61,7 +75,7 @@ def repair_rounds(
         return []
     if current.state != "training":
         return []
-    actions = _repair_training_round(services, run_id, config, current, broker_lost, strategy)
+    actions = _repair_training_round(services, run_id, config, current, broker_lost, strategy, previous_open)
     if broker_lost:
         # An aggregation request may have been lost with the queue.
         services.ledger.forget_request(aggregate_key(run_id, current.round_index))
@@ -72,11 +86,23 @@ def repair_rounds(
 
 
 def _repair_training_round(
-    services: Services, run_id: str, config: RunConfig, current: RoundRow, broker_lost: bool, strategy: Strategy
+    services: Services,
+    run_id: str,
+    config: RunConfig,
+    current: RoundRow,
+    broker_lost: bool,
+    strategy: Strategy,
+    previous_open: bool,
 ) -> list[str]:
     actions: list[str] = []
     model = BlobRef(key=current.model_key, sha256=current.model_sha256, nbytes=current.model_nbytes)
     if not services.blobs.exists(model.key):
+        if previous_open:
+            # Its model's checkpoint is not in yet: whoever closes the round before it publishes the model again.
+            # Results whose updates the broker lost are forgotten now (a later pass would not know of the loss);
+            # the devices go out again once the model is back.
+            _unstored(services, run_id, current, check_blobs=broker_lost)
+            return [f"round {current.round_index}: global model {current.version} waits on its round's close"]
         services.blobs.put(model.key, checkpoint_bytes(services, run_id, current.version))
         actions.append(f"round {current.round_index}: global model {current.version} republished")
     # A round recorded but not (fully) enqueued: its starter died in between.

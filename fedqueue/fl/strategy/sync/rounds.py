@@ -23,7 +23,7 @@ from fedqueue.core.services import Services
 from fedqueue.errors import BlobIntegrityError
 from fedqueue.fl.clock.stops import Stop, accuracy_stop, time_stop, version_stop
 from fedqueue.fl.config import RunConfig
-from fedqueue.fl.messages import global_key, is_pack_sum_key
+from fedqueue.fl.messages import aggregate_key, global_key, is_pack_sum_key
 from fedqueue.fl.ml.weights import decode_state, encode_state
 from fedqueue.fl.packs.tasks import tasks_of_round
 from fedqueue.fl.store.results import (
@@ -41,6 +41,7 @@ from fedqueue.fl.store.schema import RoundRow
 from fedqueue.fl.store.stop_rows import record_stop
 from fedqueue.fl.strategy.common import ClaimLost, checkpoint_bytes, checkpoint_version, evaluate_version, renewing
 from fedqueue.fl.strategy.sync.read_ahead import ReadAhead, read_round_ahead
+from fedqueue.fl.strategy.sync.requests import request_aggregation
 from fedqueue.fl.strategy.sync.section import FedAvgSection
 from fedqueue.fl.worker.state_blobs import get_state, get_states
 
@@ -55,6 +56,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 UPDATES_READ_AHEAD = 4  # updates fetched and checked in the background while one is summed
+CLOSING_POLL_S = 0.02  # how often an aggregation asks whether the round before it has closed
 
 
 def select_devices(seed: int, round_index: int, num_devices: int, per_round: int) -> list[int]:
@@ -140,6 +142,10 @@ def aggregate_round(
         if waited is None:
             return None
         ahead = waited
+    if not _previous_closed(services, run_id, round_index):
+        # Its closer (or the repair pass that finishes it) requests this aggregation again.
+        services.ledger.forget_request(aggregate_key(run_id, round_index))
+        return None
     began = time.time()
     stale_before = began - services.settings.heartbeat_ttl_s
     if not claim_round(services.store, run_id, round_index, owner, stale_before):
@@ -155,6 +161,20 @@ def aggregate_round(
         unclaim_round(services.store, run_id, round_index, owner)
         raise
     return began
+
+
+def _previous_closed(services: Services, run_id: str, round_index: int) -> bool:
+    """Wait for the round before this one to close (its checkpoint commits after this round started); False
+    when it will not soon: handed back, its claim no longer renewed, or still open past a claim period."""
+    ttl_s = services.settings.heartbeat_ttl_s
+    deadline = time.monotonic() + ttl_s
+    while True:
+        previous = get_round(services.store, run_id, round_index - 1) if round_index > 1 else None
+        if previous is None or previous.state != "aggregating":
+            return previous is None or previous.state == "done"
+        if (previous.claimed_at or 0) < time.time() - ttl_s or time.monotonic() > deadline:
+            return False
+        time.sleep(CLOSING_POLL_S)
 
 
 def fail_aggregation(services: Services, run_id: str, round_index: int, attempts: int, error: str) -> None:
@@ -242,10 +262,18 @@ def _aggregate_claimed_round(
     # Published before the round is closed, to checkpoint it with the digest its ref carries (one sha256 of the
     # model, not two): an aggregator that takes over publishes the same bytes under the same key.
     published = publish_version(services, run_id, round_index, encoded)
+    ends = stop_after(services, run_id, config, round_index, closing=metrics)
+    if ends is None:
+        # The next round trains while this one's checkpoint commits (a 45 MB model takes hundreds of ms): the
+        # round stays claimed until its checkpoint is in, and the repair pass looks after it beside the new one.
+        start_round(services, run_id, config, round_index + 1, published)
     checkpoint_version(services, run_id, round_index, encoded, published.sha256)
     if not complete_round(services.store, run_id, round_index, owner, **metrics):
         raise ClaimLost()
-    start_next(services, run_id, config, round_index, published)
+    if ends is not None:
+        finish_run(services, run_id, ends)
+    else:
+        _after_closing(services, run_id, round_index, published, encoded)
     # After the next round is out: freeing a round's blobs (unmapping its shared memory) holds no slot back.
     services.blobs.delete(list(dict.fromkeys(task.update_key for task in results if task.update_key)))
     services.blobs.delete([row.model_key])
@@ -319,17 +347,43 @@ def start_next(services: Services, run_id: str, config: RunConfig, done_round: i
         return start_round(services, run_id, config, done_round + 1, model)
     if not isinstance(model, BlobRef):
         publish_version(services, run_id, done_round, model)
+    return finish_run(services, run_id, stop)
+
+
+def finish_run(services: Services, run_id: str, stop: Stop) -> bool:
+    """End the run on the rule that stopped it, once its last round is done."""
     record_stop(services.store, run_id, stop)
     return services.store.finish_run(run_id, "finished")
 
 
-def stop_after(services: Services, run_id: str, config: RunConfig, done_round: int) -> Stop | None:
+def _after_closing(services: Services, run_id: str, round_index: int, published: BlobRef, encoded: bytes) -> None:
+    """A round closed after the next one started: what that start could not count on yet."""
+    # A broker that restarted empty while the checkpoint committed took the next round's model with it, and the
+    # repair pass could not republish it from a checkpoint not yet in: the closer does it.
+    if not services.blobs.exists(published.key):
+        publish_version(services, run_id, round_index, encoded)
+    # The next round's aggregation waits for this one to close, and gives its slot back past a while: a next
+    # round already complete is requested again (forgotten first: its request may have found this one open).
+    following = get_round(services.store, run_id, round_index + 1)
+    stored = count_done(services.store, run_id, round_index + 1) if following is not None else 0
+    if following is not None and following.state == "training" and stored >= len(following.selected):
+        services.ledger.forget_request(aggregate_key(run_id, round_index + 1))
+        request_aggregation(services, run_id, round_index + 1)
+
+
+def stop_after(
+    services: Services, run_id: str, config: RunConfig, done_round: int, closing: Mapping[str, Any] | None = None
+) -> Stop | None:
     """The rule that ends the run after round `done_round`, in FedRevive's order: the bound on rounds, then
-    accuracy (read right after the round), then simulated time (the next round would end past it)."""
+    accuracy (read right after the round), then simulated time (the next round would end past it).
+    `closing`: the metrics of `done_round` where its row does not hold them yet (its aggregator asks)."""
     rules = config.stop_rules()
     rows = [row for row in list_rounds(services.store, run_id) if row.round_index <= done_round]
-    sim_time = rows[-1].sim_time if rows else None
-    accuracies = [row.accuracy for row in rows if row.accuracy is not None]
+    read = [(row.sim_time, row.accuracy) for row in rows]
+    if closing is not None and rows and rows[-1].round_index == done_round:
+        read[-1] = (closing.get("sim_time"), closing.get("accuracy"))
+    sim_time = read[-1][0] if read else None
+    accuracies = [accuracy for _, accuracy in read if accuracy is not None]
     last, best = (accuracies[-1], max(accuracies)) if accuracies else (None, None)
     within = services.store.get_run(run_id).rounds_total  # max_sim_time's bound, worked out at submit
     return (
