@@ -21,6 +21,7 @@ from fedqueue.fl.store.results import list_rounds, load_checkpoint, unclaim_roun
 from fedqueue.fl.strategy.common import checkpoint_version, final_state
 from fedqueue.fl.strategy.registry import strategy_for
 from fedqueue.fl.strategy.sync import rounds
+from fedqueue.fl.strategy.sync.repair import repair_rounds
 from fedqueue.fl.worker.cache import WorkerCache
 from fedqueue.fl.worker.device_task import run_device_task
 from tests.support.helpers import assert_same_weights, reference_final_state, small_config
@@ -79,6 +80,45 @@ def test_an_aggregator_killed_before_its_checkpoint_leaves_the_next_round_runnin
         assert [outcome is None for outcome in outcomes[1]] == [True, False]
         assert outcomes[2][0] is None and sum(outcome is not None for outcome in outcomes[2]) == 1
         assert [row.state for row in list_rounds(store, run_id)] == ["done"] * 3
+        assert_same_weights(final_state(store, run_id), reference_final_state(config))
+    finally:
+        store.close()
+
+
+def test_a_next_round_model_lost_while_its_round_closes_is_published_again_by_the_close(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A broker that restarts empty while round 1's checkpoint commits takes round 2's model with it; the repair
+    pass cannot republish it from a checkpoint not yet in, so it waits, and round 1's close publishes it."""
+    store = open_store(f"sqlite:///{tmp_path / 'store.db'}", migrate=True)
+    try:
+        config = small_config(rounds=2, num_devices=12, devices_per_round=4, local_iters=2)
+        services = memory_services(SETTINGS, store)
+        run_id = submit_run(services, config)
+        sent = services.enqueue
+        assert isinstance(sent, RecordingEnqueuer)
+        cache, strategy = WorkerCache(), strategy_for(config)
+        repaired: list[str] = []
+
+        def broker_restarts_first(*args: object, **kwargs: object) -> None:
+            monkeypatch.setattr(rounds, "checkpoint_version", checkpoint_version)
+            following = list_rounds(store, run_id)[-1]
+            assert following.round_index == 2
+            services.blobs.delete([following.model_key])
+            repaired.extend(repair_rounds(services, run_id, config, True, strategy))
+            checkpoint_version(*args, **kwargs)  # type: ignore[arg-type]
+
+        monkeypatch.setattr(rounds, "checkpoint_version", broker_restarts_first)
+        while store.get_run(run_id).state == "running":
+            waiting = sent.take()
+            assert waiting, "the run waits on nothing"
+            for message in waiting:
+                if isinstance(message, DeviceTask):
+                    run_device_task(services, cache, message, "here", 1, strategy)
+                elif isinstance(message, AggregateTask):
+                    rounds.aggregate_round(services, run_id, message.round_index, "here#1", cache)
+        assert repaired == ["round 2: global model 1 waits on its round's close"]
+        assert store.get_run(run_id).state == "finished"
         assert_same_weights(final_state(store, run_id), reference_final_state(config))
     finally:
         store.close()
