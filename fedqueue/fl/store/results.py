@@ -133,6 +133,11 @@ def round_rows_for(store: Store, run_ids: Sequence[str]) -> dict[str, list[Round
     return grouped
 
 
+def claim_is_stale(row: RoundRow, ttl_s: float) -> bool:
+    """An aggregating round whose claim was not renewed for a claim period: its holder is gone."""
+    return (row.claimed_at or 0) < time.time() - ttl_s
+
+
 @retry_transient
 def claim_round(store: Store, run_id: str, round_index: int, owner: str, stale_before: float) -> bool:
     """Move a round from training to aggregating for `owner`; exactly one caller wins.

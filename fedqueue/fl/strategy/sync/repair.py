@@ -18,7 +18,7 @@ from fedqueue.core.services import Services
 from fedqueue.fl.config import RunConfig
 from fedqueue.fl.messages import DEVICES_QUEUE, DeviceTask, aggregate_key
 from fedqueue.fl.packs.tasks import tasks_of_round
-from fedqueue.fl.store.results import count_done, delete_result, device_tasks, list_rounds
+from fedqueue.fl.store.results import claim_is_stale, count_done, delete_result, device_tasks, list_rounds
 from fedqueue.fl.store.schema import RoundRow
 from fedqueue.fl.strategy.base import Strategy
 from fedqueue.fl.strategy.common import checkpoint_bytes
@@ -69,8 +69,9 @@ def _repair_round(
             return ["the last round was done but the run not finished: finished"]
         return []
     if current.state == "aggregating":
-        stale = (current.claimed_at or 0) < time.time() - services.settings.heartbeat_ttl_s
-        if stale and request_aggregation(services, run_id, current.round_index):
+        if claim_is_stale(current, services.settings.heartbeat_ttl_s) and request_aggregation(
+            services, run_id, current.round_index
+        ):
             return [f"round {current.round_index}: aggregation claim no longer renewed; taken over"]
         return []
     if current.state != "training":

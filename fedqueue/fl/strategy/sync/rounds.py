@@ -28,6 +28,7 @@ from fedqueue.fl.ml.weights import decode_state, encode_state
 from fedqueue.fl.packs.tasks import tasks_of_round
 from fedqueue.fl.store.results import (
     add_round,
+    claim_is_stale,
     claim_round,
     complete_round,
     count_done,
@@ -172,7 +173,7 @@ def _previous_closed(services: Services, run_id: str, round_index: int) -> bool:
         previous = get_round(services.store, run_id, round_index - 1) if round_index > 1 else None
         if previous is None or previous.state != "aggregating":
             return previous is None or previous.state == "done"
-        if (previous.claimed_at or 0) < time.time() - ttl_s or time.monotonic() > deadline:
+        if claim_is_stale(previous, ttl_s) or time.monotonic() > deadline:
             return False
         time.sleep(CLOSING_POLL_S)
 
@@ -365,8 +366,9 @@ def _after_closing(services: Services, run_id: str, round_index: int, published:
     # The next round's aggregation waits for this one to close, and gives its slot back past a while: a next
     # round already complete is requested again (forgotten first: its request may have found this one open).
     following = get_round(services.store, run_id, round_index + 1)
-    stored = count_done(services.store, run_id, round_index + 1) if following is not None else 0
-    if following is not None and following.state == "training" and stored >= len(following.selected):
+    if following is None or following.state != "training":
+        return
+    if count_done(services.store, run_id, round_index + 1) >= len(following.selected):
         services.ledger.forget_request(aggregate_key(run_id, round_index + 1))
         request_aggregation(services, run_id, round_index + 1)
 
