@@ -104,6 +104,19 @@ def cpu_copy(tensor: torch.Tensor) -> torch.Tensor:
     return copied.contiguous()
 
 
+def _apart(state: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The tensors on the CPU as they are, each with storage of its own: one that shares another's (tied
+    weights) is copied, as encoders of a state refuse shared storage."""
+    seen: set[int] = set()
+    apart: dict[str, torch.Tensor] = {}
+    for key, value in state.items():
+        tensor = value.detach().to("cpu")
+        storage = tensor.untyped_storage().data_ptr()
+        apart[key] = cpu_copy(tensor) if storage in seen or not storage else tensor
+        seen.add(storage)
+    return apart
+
+
 def cross_entropy_step(
     model: nn.Module,
     batch: tuple[torch.Tensor, torch.Tensor],
@@ -124,19 +137,28 @@ def train_local(
     step: LocalStep = cross_entropy_step,
     options: Options | None = None,
     optimizer_of: OptimizerFactory = make_optimizer,
+    *,
+    copy_out: bool = True,
 ) -> TrainOutcome:
     """Train `model` (already holding the global weights) on one device's data.
 
     `step` gives each mini-batch's loss; it sees the global weights (on `device`) and the
     run's plugin options, which is all FedProx-like objectives need.
+    `copy_out=False`: the outcome's state is the model's own tensors where the model is on the CPU,
+    valid until it trains again, for a caller that writes them out at once (a copy of a big state less).
     """
     check_train_config(cfg)
     count = len(data)
     batch_size, steps = local_schedule(count, cfg)
 
     model.to(device)
-    # Taken before the first step: the weights the device started from.
-    global_state = {key: cpu_copy(value).to(device) for key, value in model.state_dict().items()}
+    # Taken before the first step: the weights the device started from. The built-in step never reads them,
+    # and a big state's copy costs more than a small model's whole training.
+    global_state = (
+        {}
+        if step is cross_entropy_step
+        else {key: cpu_copy(value).to(device) for key, value in model.state_dict().items()}
+    )
     options = dict(options or {})
     model.train()
     x = data.x.to(device)
@@ -160,6 +182,7 @@ def train_local(
         optimizer.step()
         loss_sum += loss.detach()
 
-    state = {key: cpu_copy(value) for key, value in model.state_dict().items()}
+    trained = model.state_dict()
+    state = {key: cpu_copy(value) for key, value in trained.items()} if copy_out else _apart(trained)
     mean_loss = float(loss_sum.item()) / steps
     return TrainOutcome(state=state, samples=count, loss=mean_loss, steps=steps)

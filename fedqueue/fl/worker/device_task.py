@@ -129,8 +129,16 @@ class _Delivery:
         self.model.load_state_dict(self.global_state)
         clock = time.perf_counter()
         seed = task_seed(self.config.seed, self.task.round_index, device)
+        # Its weights are written out before the module trains again: no copy of them is needed.
         outcome = train_local(
-            self.model, data, self.train, seed, self.torch_device, self.plugins.local_step, self.plugins.options
+            self.model,
+            data,
+            self.train,
+            seed,
+            self.torch_device,
+            self.plugins.local_step,
+            self.plugins.options,
+            copy_out=False,
         )
         phases = {"load_ms": load_ms, "compute_ms": _elapsed_ms(clock)}
         clock = time.perf_counter()

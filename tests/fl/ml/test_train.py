@@ -2,6 +2,8 @@ from __future__ import annotations
 
 import math
 import threading
+from collections.abc import Mapping
+from typing import Any
 
 import pytest
 import torch
@@ -131,6 +133,50 @@ def test_state_is_a_detached_cpu_copy() -> None:
             parameter.add_(1.0)
     assert not _same(outcome.state, model.state_dict())
     assert all(t.device.type == "cpu" and t.is_contiguous() and not t.requires_grad for t in outcome.state.values())
+
+
+def test_copy_out_false_gives_the_model_own_tensors_with_the_same_weights() -> None:
+    copied = train_local(_model(), _digits(), SGD, 0, CPU)
+    model = _model()
+    held = train_local(model, _digits(), SGD, 0, CPU, copy_out=False)
+    assert _same(held.state, copied.state)
+    trained = model.state_dict()
+    assert all(held.state[key].data_ptr() == trained[key].data_ptr() for key in trained)
+
+
+class _Tied(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.first = nn.Linear(64, 64)
+        self.second = nn.Linear(64, 10)
+        self.echo = self.first  # the same weights under two names
+
+    def forward(self, inputs: torch.Tensor) -> torch.Tensor:
+        return self.second(torch.relu(self.echo(self.first(inputs.flatten(1)))))
+
+
+def test_copy_out_false_copies_a_tensor_that_shares_storage() -> None:
+    held = train_local(_Tied(), _digits(), SGD, 0, CPU, copy_out=False).state
+    assert torch.equal(held["first.weight"], held["echo.weight"])
+    assert held["first.weight"].data_ptr() != held["echo.weight"].data_ptr()
+
+
+def test_a_plugin_step_still_sees_the_weights_the_device_started_from() -> None:
+    model, seen = _model(), []
+    start = {key: value.clone() for key, value in model.state_dict().items()}
+
+    def step(
+        model: nn.Module,
+        batch: tuple[torch.Tensor, torch.Tensor],
+        global_state: Mapping[str, torch.Tensor],
+        options: Mapping[str, Any],
+    ) -> torch.Tensor:
+        seen.append(_same(dict(global_state), start))
+        inputs, labels = batch
+        return torch.nn.functional.cross_entropy(model(inputs), labels)
+
+    train_local(model, _digits(), SGD, 0, CPU, step)
+    assert len(seen) == SGD.local_iters and all(seen)
 
 
 def test_bad_configs() -> None:
