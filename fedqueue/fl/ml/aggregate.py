@@ -155,23 +155,27 @@ def fedavg(
     base = {name: current.detach() for name, current in global_state.items() if current.is_floating_point()}
     delta = {name: torch.zeros(value.shape, dtype=torch.float64, device=value.device) for name, value in base.items()}
     counters: dict[str, Tensor] = {}
-    for rank, position in enumerate(order):
-        device, samples, state = updates[position]
+    group = _fold_group(global_state)
+    for first in range(0, len(order), group):
+        # A few updates at a time: a slice of the sum takes each one's share while it is in the cache.
+        members = [updates[position] for position in order[first : first + group]]
+        weights = [samples / total for _, samples, _ in members]
         for name, current in global_state.items():
-            local = _local(device, state, name, current).detach()
+            locals_ = [_local(device, state, name, current).detach() for device, _, state in members]
             if name in base:
-                # delta += (samples / total) * (local - base), one rounding per operation as written.
-                in_parts(_add_weighted_difference(samples / total), delta[name], local, base[name])
-            elif rank == 0 and not counters_from_sum:
-                counters[name] = local.clone()
-    for rank, position in enumerate(sum_order):
-        device, _, state = sums[position]
+                # delta += (samples / total) * (local - base) for each in device order, one rounding per
+                # operation as written.
+                in_parts(_add_weighted_differences(weights), delta[name], base[name], *locals_)
+            elif first == 0 and not counters_from_sum:
+                counters[name] = locals_[0].clone()
+    for first in range(0, len(sum_order), group):
+        members = [sums[position] for position in sum_order[first : first + group]]
         for name, current in global_state.items():
-            summed = _local(device, state, name, current).detach()
+            summed = [_local(device, state, name, current).detach() for device, _, state in members]
             if name in base:
-                in_parts(_add_divided(total), delta[name], summed)
-            elif rank == 0 and counters_from_sum:
-                counters[name] = summed.clone()
+                in_parts(_add_divided(total), delta[name], *summed)
+            elif first == 0 and counters_from_sum:
+                counters[name] = summed[0].clone()
     return {
         name: counters[name] if name not in base else _stepped(base[name], delta[name], global_lr)
         for name, current in global_state.items()
@@ -308,26 +312,40 @@ def _stepped(base: Tensor, total: Tensor, scale: float) -> Tensor:
     return out
 
 
-def _add_weighted_difference(weight: float) -> Callable[[Tensor, Tensor, Tensor], None]:
-    """into += weight * (float64(local) - float64(base)), a slice at a time."""
+def _add_weighted_differences(weights: Sequence[float]) -> Callable[..., None]:
+    """into += weight * (float64(local) - float64(base)) for each local in turn, a slice at a time: called as
+    add(into, base, *locals), one weight per local."""
 
-    def add(into: Tensor, local: Tensor, base: Tensor) -> None:
+    def add(into: Tensor, base: Tensor, *locals_: Tensor) -> None:
         scratch = _thread_scratch(into.device)
-        for part, trained, before in sliced(into, local, base):
-            part.add_(scratch.difference(trained, before).mul_(weight))
+        for part, before, *trained in sliced(into, base, *locals_):
+            for weight, local in zip(weights, trained, strict=True):
+                part.add_(scratch.difference(local, before).mul_(weight))
 
     return add
 
 
-def _add_divided(total: int) -> Callable[[Tensor, Tensor], None]:
-    """into += float64(summed) / total, a slice at a time."""
+def _add_divided(total: int) -> Callable[..., None]:
+    """into += float64(summed) / total for each sum in turn, a slice at a time: add(into, *sums)."""
 
-    def add(into: Tensor, summed: Tensor) -> None:
+    def add(into: Tensor, *sums: Tensor) -> None:
         scratch = _thread_scratch(into.device)
-        for part, pack in sliced(into, summed):
-            part.add_(scratch.of(pack).div_(total))
+        for part, *packs in sliced(into, *sums):
+            for pack in packs:
+                part.add_(scratch.of(pack).div_(total))
 
     return add
+
+
+# Updates a fold holds at once (so a slice of the float64 sum takes their shares while it is in the cache): as
+# many as fit this many bytes, within these bounds. A LoadedOnUse round reads them a group at a time.
+FOLD_GROUP_BYTES = 256 << 20
+FOLD_GROUP_MAX = 16
+
+
+def _fold_group(state: Mapping[str, Tensor]) -> int:
+    nbytes = sum(tensor.numel() * tensor.element_size() for tensor in state.values())
+    return max(1, min(FOLD_GROUP_MAX, FOLD_GROUP_BYTES // max(nbytes, 1)))
 
 
 # Threads a CPU aggregation's float64 arithmetic is split over. Each element's arithmetic is the same in any

@@ -177,16 +177,19 @@ def test_pre_summed_packs_average_with_devices_alone() -> None:
         fedavg(base, updates[:1], 0.7, sums=[pack_sum(updates[:2])])
 
 
-@pytest.mark.parametrize("threads", [1, 2, 3, 4])
+@pytest.mark.parametrize(("threads", "group"), [(1, 1), (2, 1), (3, 2), (4, 2), (1, 16), (2, 16)])
 def test_fedavg_split_over_threads_gives_the_bits_of_one_whole_pass(
-    threads: int, monkeypatch: pytest.MonkeyPatch
+    threads: int, group: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Tensors of many slices are split between threads; each element's arithmetic, and so its bits, stays that of
-    the plain whole-tensor formula, pre-summed packs included."""
+    """Tensors of many slices are split between threads, and updates folded a group at a time (each slice takes
+    the group's shares in turn); each element's arithmetic, and so its bits, stays that of the plain whole-tensor
+    formula, pre-summed packs included."""
     import fedqueue.fl.ml.aggregate as aggregate
 
     monkeypatch.setattr(aggregate, "AGGREGATION_THREADS", threads)
     size = 5 * aggregate._SLICE + 123  # several slices and a ragged end
+    monkeypatch.setattr(aggregate, "FOLD_GROUP_BYTES", group * size * 4)
+    assert aggregate._fold_group({"w": torch.zeros(size)}) == group
     generator = torch.Generator().manual_seed(7)
 
     def state() -> dict[str, torch.Tensor]:
@@ -195,19 +198,22 @@ def test_fedavg_split_over_threads_gives_the_bits_of_one_whole_pass(
 
     base = state()
     updates = [(device, 3 + device, state()) for device in range(3)]
-    pack = [(device, 11 + device, state()) for device in range(3, 5)]
-    pack_total = sum(samples for _, samples, _ in pack)
-    summed = torch.zeros(size, dtype=torch.float64)
-    for _, samples, s in pack:
-        summed += (s["w"].double() - base["w"].double()) * samples
-    total = sum(samples for _, samples, _ in updates) + pack_total
+    packs = [[(device, 11 + device, state()) for device in range(first, first + 2)] for first in (3, 5, 7)]
+    sums = []
+    for pack in packs:
+        summed = torch.zeros(size, dtype=torch.float64)
+        for _, samples, s in pack:
+            summed += (s["w"].double() - base["w"].double()) * samples
+        sums.append((pack[0][0], sum(samples for _, samples, _ in pack), {"w": summed}))
+    total = sum(samples for _, samples, _ in updates) + sum(samples for _, samples, _ in sums)
 
-    result = fedavg(base, updates, 0.7, sums=[(3, pack_total, {"w": summed})])
+    result = fedavg(base, updates, 0.7, sums=sums[::-1])
 
     delta = torch.zeros(size, dtype=torch.float64)
     for _, samples, s in updates:
         delta += (s["w"].double() - base["w"].double()) * (samples / total)
-    delta += summed / total
+    for _, _, summed_state in sums:
+        delta += summed_state["w"] / total
     expected = (delta * 0.7 + base["w"].double()).float()
     assert torch.equal(result["w"].view(torch.int32), expected.view(torch.int32))
 
