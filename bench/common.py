@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import bisect
 import os
 import platform
 import shutil
@@ -192,6 +193,47 @@ def tree_cpu_s(root: int | None = None) -> float:
         total += used.get(pid, 0.0)
         waiting += children.get(pid, [])
     return total
+
+
+class CpuSeries:
+    """CPU seconds of the processes below this one (workers, an embedded Redis), read every `every_s` by a
+    thread for a `with` block, so the CPU of any span inside it can be read afterwards (`between`)."""
+
+    def __init__(self, every_s: float = 0.1) -> None:
+        import threading
+
+        self._every_s = every_s
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._poll, daemon=True)
+        self.readings: list[tuple[float, float]] = []
+
+    def _read(self) -> None:
+        times = os.times()
+        self.readings.append((time.time(), tree_cpu_s() - times.user - times.system))
+
+    def _poll(self) -> None:
+        while not self._stop.wait(self._every_s):
+            self._read()
+
+    def __enter__(self) -> Self:
+        self._read()
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+        self._read()
+
+    def at(self, when: float) -> float:
+        """The CPU seconds used by `when`, read between the two readings around it."""
+        stamps = [stamp for stamp, _ in self.readings]
+        after = min(max(bisect.bisect_left(stamps, when), 1), len(stamps) - 1)
+        (t0, c0), (t1, c1) = self.readings[after - 1], self.readings[after]
+        return c0 + (c1 - c0) * (when - t0) / (t1 - t0) if t1 > t0 else c1
+
+    def between(self, began: float, ended: float) -> float:
+        return self.at(ended) - self.at(began)
 
 
 def wait_for_quiet(threshold: float = 0.15, timeout_s: float = 180.0) -> None:

@@ -3,6 +3,7 @@
     .venv/bin/python bench/data_plane.py [--cases carrier,resnet,digits] [--modes fedavg,fedbuff]
         [--timed-rounds 2] [--carrier-devices 10] [--resnet-devices 4] [--resnet-steps 2]
         [--digits-devices 20] [--procs N] [--pack-size auto] [--pack-mode auto] [--quick] [--busy-ok]
+        [--no-pair]
     .venv/bin/python bench/data_plane.py --phases-only    # each phase of one update alone, in seconds
 
 Cases, each as sync FedAvg and as FedBuff, through fedqueue (one local cluster, one worker process per
@@ -16,7 +17,10 @@ A sync run has a warm-up round, the timed rounds and a last round; FedBuff makes
 devices/2 updates with `devices` training at once, twice as many versions. Both are timed from the
 store, first timed round's (version's) enqueue to the last timed one's aggregation, and compared per
 update against the loop's same rounds: fedqueue / loop, and fedqueue / floor, the floor being the loop
-spread over two cores (loop / 2).
+spread over two cores (loop / 2). Beside them, what two cores allow here: two copies of the loop run at once,
+one process each (the floor measured: they share memory bandwidth and caches; `--no-pair` skips it), and
+the CPU per update of fedqueue's processes (workers, embedded Redis) against the loop's: 2 x loop CPU /
+fedqueue CPU is the best speed-up over the loop that much CPU allows on two cores.
 
 Per update, from the store's timing rows: the device task's load, compute and upload, and the
 aggregation task; timed here on a state of the case's size with the library calls fedqueue makes
@@ -40,6 +44,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import (  # noqa: E402
     BENCH_DIR,
     REPO,
+    CpuSeries,
     ForeignLoad,
     machine,
     machine_line,
@@ -48,7 +53,7 @@ from common import (  # noqa: E402
     wait_for_quiet,
     wait_run,
 )
-from data_plane_loop import Loop, LoopRun  # noqa: E402
+from data_plane_loop import Loop, LoopRun, run_mode, side_by_side  # noqa: E402
 from data_plane_phases import PHASES, SHM_PHASES, PhaseCosts, phase_costs  # noqa: E402
 
 from fedqueue.fl.config import RunConfig, load_run_config  # noqa: E402
@@ -130,6 +135,7 @@ class Through:
     model_bytes: int
     packs: str
     weights: dict[str, Any] | None
+    cpu_ms: float  # CPU of the workers and the embedded Redis, per update of the timed span
 
 
 def redis_traffic(client: Any) -> int:
@@ -137,7 +143,7 @@ def redis_traffic(client: Any) -> int:
     return int(stats["total_net_input_bytes"]) + int(stats["total_net_output_bytes"])
 
 
-def through_fedqueue(cluster: Any, config: RunConfig, client: Any) -> Through:
+def through_fedqueue(cluster: Any, config: RunConfig, client: Any, cpu: CpuSeries) -> Through:
     import fedqueue
     from fedqueue.fl.store.results import device_tasks, list_rounds
 
@@ -171,6 +177,7 @@ def through_fedqueue(cluster: Any, config: RunConfig, client: Any) -> Through:
         model_bytes=rounds[0].model_nbytes,
         packs=f"{chosen.packing.pack_mode} packs of {chosen.packing.pack_size}",
         weights=handle.final_weights() if config.mode == "fedavg" else None,
+        cpu_ms=1000 * cpu.between(began, ended) / updates,
     )
 
 
@@ -236,6 +243,7 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="a smoke run: small rounds, one timed round")
     parser.add_argument("--busy-ok", action="store_true", help="start at once on a busy machine")
     parser.add_argument("--phases-only", action="store_true", help="only time each phase of one update (seconds)")
+    parser.add_argument("--no-pair", action="store_true", help="skip the loop run twice at once (the floor measured)")
     args = parser.parse_args()
     if args.quick:
         args.timed_rounds, args.carrier_devices, args.resnet_devices = 1, 4, 2
@@ -258,23 +266,26 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="fedqueue-bench-") as tmp:
         settings = Settings(database_url=f"sqlite:///{Path(tmp) / 'data-plane.db'}", key_prefix="bench-data-plane")
         settings = settings.with_plugin_path([str(BENCH_DIR)])
-        with fedqueue.local_cluster(procs=args.procs, settings=settings) as cluster:
+        with fedqueue.local_cluster(procs=args.procs, settings=settings) as cluster, CpuSeries() as cpu:
             assert cluster.settings.broker_url is not None
             client = redis.Redis.from_url(cluster.settings.broker_url)
             for name, by_mode in configs.items():
                 for mode, config in by_mode.items():
                     print(f"{TITLES[name]}, {mode}: fedqueue ...", flush=True)
-                    runs[name, mode] = through_fedqueue(cluster, config, client)
+                    runs[name, mode] = through_fedqueue(cluster, config, client, cpu)
             # The workers are idle now: each phase timed alone on the case's state.
             costs = case_costs(cases(args), client, args.repeats)
     loops: dict[tuple[str, str], LoopRun] = {}
+    pairs: dict[tuple[str, str], float] = {}
     for name, by_mode in configs.items():
         for mode, config in by_mode.items():
             print(f"{TITLES[name]}, {mode}: plain loop ...", flush=True)
-            loop = Loop(config)
-            loops[name, mode] = loop.sync() if mode == "fedavg" else loop.fedbuff()
+            loops[name, mode] = run_mode(Loop(config), mode)
+            if not args.no_pair:
+                print(f"{TITLES[name]}, {mode}: two plain loops at once ...", flush=True)
+                pairs[name, mode] = side_by_side(config, mode)
     print("load average at the end: {:.2f} {:.2f} {:.2f}".format(*os.getloadavg()))
-    report(args, configs, runs, loops, costs)
+    report(args, configs, runs, loops, costs, pairs)
     print("\n" + load.report())
 
 
@@ -329,9 +340,12 @@ def report(
     runs: dict[tuple[str, str], Through],
     loops: dict[tuple[str, str], LoopRun],
     costs: dict[str, PhaseCosts],
+    pairs: dict[tuple[str, str], float],
 ) -> None:
     print(f"\n### Wall time per update, {args.procs} worker processes, {args.timed_rounds} timed rounds\n")
     print(wall_table(configs, runs, loops))
+    print("\n### What two cores allow: the loop twice at once, and the CPU each update costs\n")
+    print(two_cores_table(runs, loops, pairs))
     print("\n### Per update, ms: the store's timing rows (fedqueue) and the loop's training alone\n")
     print(store_table(runs, loops))
     print(f"\n### One update's data plane, ms, each phase timed alone here (median of {args.repeats})\n")
@@ -400,6 +414,42 @@ def wall_table(
         "fedqueue / floor",
         "fedqueue chose",
         "weights vs loop",
+    ]
+    return markdown_table(headers, rows)
+
+
+def two_cores_table(
+    runs: dict[tuple[str, str], Through], loops: dict[tuple[str, str], LoopRun], pairs: dict[tuple[str, str], float]
+) -> str:
+    """The floor measured (two copies of the loop at once share memory bandwidth and caches), and the best
+    speed-up over the loop that fedqueue's CPU per update allows on two cores (2 x loop CPU / fedqueue CPU)."""
+    rows = []
+    for (name, mode), run in runs.items():
+        loop = loops[name, mode]
+        fq_ms, loop_ms = per_update_ms(run, loop)
+        pair_ms = pairs.get((name, mode))
+        loop_cpu = loop.timed_cpu_ms()
+        rows.append(
+            (
+                f"{TITLES[name]}, {mode}",
+                f"{loop_ms:.0f}",
+                "-" if pair_ms is None else f"{pair_ms:.0f}",
+                "-" if pair_ms is None else f"{2 * loop_ms / pair_ms:.2f}x",
+                "-" if pair_ms is None else f"{fq_ms / (pair_ms / 2):.2f}x",
+                f"{loop_cpu:.0f}",
+                f"{run.cpu_ms:.0f}",
+                f"{2 * loop_cpu / run.cpu_ms:.2f}x",
+            )
+        )
+    headers = [
+        "case, mode",
+        "loop ms/update",
+        "each of two loops at once",
+        "two loops / one",
+        "fedqueue / floor measured",
+        "loop CPU ms/update",
+        "fedqueue CPU ms/update",
+        "best over the loop at that CPU",
     ]
     return markdown_table(headers, rows)
 

@@ -5,10 +5,14 @@ and data), keep the update; per round or version: fold (fedqueue's own `fedavg`,
 FedBuff with every update fresh), then reset FedRevive's feature statistics as fedqueue's aggregation
 does. Nothing is encoded, hashed or copied through Redis: what fedqueue adds to this is its data plane
 and its scheduling.
+
+`side_by_side` runs copies of the loop at once, one process each: how much of two cores' speed the machine
+gives to the same work in two processes (memory bandwidth and caches are shared), the floor measured.
 """
 
 from __future__ import annotations
 
+import multiprocessing
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -23,6 +27,7 @@ class LoopRun:
     """Seconds of each round (sync) or version (FedBuff), updates folded in each, and the final state."""
 
     seconds: list[float] = field(default_factory=list)
+    cpu_seconds: list[float] = field(default_factory=list)  # this process's, so the machine's load aside
     updates: list[int] = field(default_factory=list)
     train_ms: list[float] = field(default_factory=list)  # each device's training alone
     state: State | None = None
@@ -30,6 +35,10 @@ class LoopRun:
     def timed(self) -> tuple[float, int]:
         """Seconds and updates of the timed part: all but the first (warm-up) and the last round."""
         return sum(self.seconds[1:-1]), sum(self.updates[1:-1])
+
+    def timed_cpu_ms(self) -> float:
+        """CPU milliseconds per update of the timed part."""
+        return 1000 * sum(self.cpu_seconds[1:-1]) / sum(self.updates[1:-1])
 
 
 class Loop:
@@ -81,11 +90,12 @@ class Loop:
 
         config, run, state = self.config, LoopRun(), self.initial
         for round_index in range(1, config.rounds + 1):
-            began = time.perf_counter()
+            began, cpu = time.perf_counter(), time.process_time()
             devices = select_devices(config.seed, round_index, config.num_devices, config.devices_per_round)
             updates = [self.train(state, round_index, device, run) for device in devices]
             state = reset_trackers(fedavg(state, updates, config.global_lr))
             run.seconds.append(time.perf_counter() - began)
+            run.cpu_seconds.append(time.process_time() - cpu)
             run.updates.append(len(updates))
         run.state = state
         return run
@@ -100,12 +110,35 @@ class Loop:
         buffer_size = config.strategy(FedBuffSection).buffer_size
         versions = config.last_version or config.rounds
         for version in range(1, versions + 1):
-            began = time.perf_counter()
+            began, cpu = time.perf_counter(), time.process_time()
             first = (version - 1) * buffer_size
             devices = [(first + offset) % config.num_devices for offset in range(buffer_size)]
             updates = [self.train(state, version, device, run)[2] for device in devices]
             state = reset_trackers(fold_buffer(state, [(1.0, state, local) for local in updates], config.global_lr))
             run.seconds.append(time.perf_counter() - began)
+            run.cpu_seconds.append(time.process_time() - cpu)
             run.updates.append(len(updates))
         run.state = state
         return run
+
+
+def run_mode(loop: Loop, mode: str) -> LoopRun:
+    return loop.sync() if mode == "fedavg" else loop.fedbuff()
+
+
+def _timed_copy(config: dict[str, Any], mode: str, ready: Any) -> tuple[float, int]:
+    import torch
+
+    torch.set_num_threads(1)
+    loop = Loop(RunConfig.from_dict(config))
+    ready.wait()  # every copy built and warm before any is timed
+    return run_mode(loop, mode).timed()
+
+
+def side_by_side(config: RunConfig, mode: str, copies: int = 2) -> float:
+    """Milliseconds per update of each copy of the loop while `copies` of it run at once (their mean)."""
+    context = multiprocessing.get_context("spawn")
+    with context.Manager() as manager, context.Pool(copies) as pool:
+        ready = manager.Barrier(copies)
+        timed = pool.starmap(_timed_copy, [(config.to_dict(), mode, ready)] * copies)
+    return sum(1000 * seconds / updates for seconds, updates in timed) / copies
