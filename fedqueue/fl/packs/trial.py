@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import replace
@@ -16,6 +17,7 @@ from dataclasses import replace
 import torch
 from torch import nn
 
+from fedqueue.config import Settings
 from fedqueue.errors import ConfigError
 from fedqueue.fl.config import RunConfig
 from fedqueue.fl.ml.data import FederatedData, device_data
@@ -23,7 +25,7 @@ from fedqueue.fl.ml.models import build_model
 from fedqueue.fl.ml.pack_train import StackedPack, train_pack, vmap_refusal
 from fedqueue.fl.ml.train import local_schedule, train_local
 from fedqueue.fl.ml.trial_update import TrialUpdate
-from fedqueue.fl.ml.weights import encode_state
+from fedqueue.fl.ml.weights import encode_state, write_state
 from fedqueue.fl.packs import cache as pack_cache
 from fedqueue.fl.packs.rules import (
     PACKS_PER_SLOT,
@@ -152,16 +154,26 @@ def time_pack_modes(config: RunConfig, data: FederatedData, pack: int) -> tuple[
 
 
 def _state_seconds(state: dict[str, torch.Tensor], pack: StackedPack, presums: bool) -> tuple[float, float]:
-    """Seconds per device from trained weights to the bytes uploaded, (back to back, vmapped).
+    """Seconds per device from trained weights to the blob uploaded, (back to back, vmapped).
 
-    Back to back, each device's state is encoded and hashed. A vmapped pack's weights are taken apart
-    into one state per device, each encoded and hashed, or, where the run sums a pack where it trained
-    (FedAvg), summed in float64 and that one sum, twice a state's bytes, encoded and hashed. For a model
-    of millions of parameters these cost as much as a few steps; for a small one nothing.
+    Back to back, each device's state leaves as a blob. A vmapped pack's weights are taken apart into one
+    state per device, each a blob, or, where the run sums a pack where it trained (FedAvg), summed in float64
+    and that one sum, twice a state's bytes, a blob. A blob is what a worker makes of it: a fresh file in
+    shared memory where this host has it (workers on one host hand blobs over that way), else the bytes
+    encoded and hashed for the broker. For a model of millions of parameters these cost as much as a few
+    steps; for a small one nothing.
     """
+    folder = _shared_memory()
 
     def blob(weights: dict[str, torch.Tensor]) -> None:
-        hashlib.sha256(encode_state(weights)).digest()
+        if folder is None:
+            hashlib.sha256(encode_state(weights)).digest()
+            return
+        with (
+            tempfile.TemporaryDirectory(dir=folder, prefix="fedqueue-trial-") as trial,
+            open(os.path.join(trial, "state"), "wb") as out,
+        ):
+            write_state(weights, out)
 
     def unstacked() -> None:
         for outcome in pack.outcomes():
@@ -170,6 +182,15 @@ def _state_seconds(state: dict[str, torch.Tensor], pack: StackedPack, presums: b
     alone = _timed(lambda: blob(state))
     together = _timed(lambda: blob(pack.weighted_delta_sum())) if presums else _timed(unstacked)
     return alone, together / len(pack.samples)
+
+
+def _shared_memory() -> str | None:
+    """The folder a worker on this host writes its blobs into, where blobs use shared memory."""
+    settings = Settings.from_env()
+    folder = settings.blob_shm_dir
+    if settings.blob_shm == "off" or not os.path.isdir(folder) or not os.access(folder, os.W_OK | os.X_OK):
+        return None
+    return folder
 
 
 def _presums_packs(config: RunConfig) -> bool:
