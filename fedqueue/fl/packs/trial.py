@@ -186,7 +186,10 @@ def _state_seconds(state: dict[str, torch.Tensor], pack: StackedPack, presums: b
 
 def _shared_memory() -> str | None:
     """The folder a worker on this host writes its blobs into, where blobs use shared memory."""
-    settings = Settings.from_env()
+    try:
+        settings = Settings.from_env()
+    except ConfigError:  # refused where the command or worker started: timed as blobs for the broker here
+        return None
     folder = settings.blob_shm_dir
     if settings.blob_shm == "off" or not os.path.isdir(folder) or not os.access(folder, os.W_OK | os.X_OK):
         return None

@@ -7,13 +7,14 @@ import time
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import pytest
 
 from fedqueue.fl.config import RunConfig
 from fedqueue.fl.ml.data import load_federated
 from fedqueue.fl.ml.pack_train import StackedPack
+from fedqueue.fl.ml.weights import encode_state
 from fedqueue.fl.packs.rules import (
     AUTO_PACK_MAX,
     UNSUMMED_VMAP_MARGIN,
@@ -189,3 +190,38 @@ def test_the_trial_counts_what_a_vmapped_pack_does_with_its_weights(
     assert vmap_s >= 0.4 / 4  # spread over the pack's 4 devices
     assert sequential_s < 0.4 / 4
     assert measured_pack_mode(sequential_s, vmap_s)[0] == "sequential"
+
+
+@pytest.mark.parametrize("shared", [True, False])
+def test_the_trial_costs_a_blob_as_a_worker_makes_it_and_leaves_nothing_behind(
+    shared: bool, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A file written into shared memory where workers use it, else the bytes encoded and hashed for the broker."""
+    import torch
+
+    from fedqueue.fl.packs import trial
+
+    monkeypatch.setenv("FEDQUEUE_BLOB_SHM_DIR", str(tmp_path))
+    monkeypatch.setenv("FEDQUEUE_BLOB_SHM", "auto" if shared else "off")
+    made: list[str] = []
+
+    def write_file(state: dict[str, torch.Tensor], out: BinaryIO) -> None:
+        made.append("file")
+        out.write(b"x")
+
+    def encode_bytes(state: dict[str, torch.Tensor]) -> bytes:
+        made.append("bytes")
+        return encode_state(state)
+
+    monkeypatch.setattr(trial, "write_state", write_file)
+    monkeypatch.setattr(trial, "encode_state", encode_bytes)
+    start = {"w": torch.zeros(3, 4)}
+    pack = StackedPack(
+        parameters={"w": torch.ones(2, 3, 4)}, global_state=start, samples=[5, 7], losses=[0.0] * 2, steps=[1] * 2
+    )
+
+    alone, together = trial._state_seconds(start, pack, presums=True)
+
+    assert alone >= 0 and together >= 0
+    assert made == (["file", "file"] if shared else ["bytes", "bytes"])
+    assert list(tmp_path.iterdir()) == []
