@@ -16,10 +16,11 @@ import redis
 import torch
 
 from fedqueue.config import Settings
-from fedqueue.core.broker import keys
+from fedqueue.core.broker import keys, shm
 from fedqueue.core.broker.blobs import RedisBlobStore
 from fedqueue.core.broker.shm import (
     PARTIAL,
+    SPARE,
     SharedMemoryBlobStore,
     listens_on_loopback_only,
     remove_cluster_files,
@@ -29,7 +30,7 @@ from fedqueue.core.connect import open_services
 from fedqueue.errors import BlobIntegrityError
 from fedqueue.fl import api
 from fedqueue.fl.ml.weights import decode_state
-from fedqueue.fl.worker.state_blobs import get_state, put_state
+from fedqueue.fl.worker.state_blobs import get_state, put_state, recycle_states
 from fedqueue.queue.embedded import EmbeddedRedis
 from tests.conftest import running_workers
 from tests.support.helpers import assert_same_weights, reference_final_state, small_config
@@ -136,6 +137,37 @@ def test_deletes_sweeps_and_a_stopped_cluster_leave_no_files(tmp_path: Path, red
     (cluster / "left").write_bytes(b"x")
     remove_cluster_files(settings)
     assert not cluster.exists()
+
+
+def test_a_recycled_blobs_file_is_written_over_by_the_next_blob(
+    tmp_path: Path, redis_blobs: RedisBlobStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    blobs = SharedMemoryBlobStore(tmp_path, redis_blobs, one_host=True, ttl_s=TTL_S)
+    freed = put_state(blobs, "run/update/1/0/aa", _state())
+    path = blobs.local_path(freed)
+    assert path is not None
+    inode = path.stat().st_ino
+    recycle_states(blobs, [freed.key])
+    assert blobs.local_path(freed) is None and not blobs.exists(freed.key)
+    assert not (tmp_path / "run" / "update" / "1").exists()
+    # The next blob takes the freed file (its pages already in place), cut to its own size.
+    smaller = {"w": torch.arange(12, dtype=torch.float32)}
+    ref = put_state(blobs, "run/update/2/0/bb", smaller)
+    path = blobs.local_path(ref)
+    assert path is not None and path.stat().st_ino == inode and path.stat().st_size == ref.nbytes
+    _same(get_state(blobs, ref), smaller)
+    assert list((tmp_path / SPARE).iterdir()) == []
+    # Spares are bounded: past the bound a recycled blob's file goes as a deleted one does.
+    monkeypatch.setattr(shm, "SPARE_MAX_BYTES", ref.nbytes - 1)
+    blobs.recycle([ref.key])
+    assert list((tmp_path / SPARE).iterdir()) == [] and blobs.local_path(ref) is None
+    # A spare no writer takes goes once old.
+    monkeypatch.setattr(shm, "SPARE_MAX_BYTES", 1 << 20)
+    blobs.recycle([put_state(blobs, "run/update/3/0/cc", smaller).key])
+    assert len(list((tmp_path / SPARE).iterdir())) == 1
+    assert blobs.sweep(now=time.time() + 1) == 0
+    assert blobs.sweep(now=time.time() + shm.SPARE_MAX_AGE_S + 1) == 1
+    assert list((tmp_path / SPARE).iterdir()) == []
 
 
 def test_a_full_folder_sends_blobs_to_redis(tmp_path: Path, redis_blobs: RedisBlobStore) -> None:

@@ -3,7 +3,7 @@ keeps files there (fl/ml/weights.py's write_state and map_state), encoded and de
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING
 
 from fedqueue.core.broker.blobs import BlobStore
@@ -41,6 +41,15 @@ def get_states(blobs: BlobStore, refs: Sequence[BlobRef]) -> list[dict[str, torc
     elsewhere = [ref for ref, state in zip(refs, mapped, strict=True) if state is None]
     read = iter(blobs.get_many(elsewhere))
     return [state if state is not None else decode_state(next(read)) for state in mapped]
+
+
+def recycle_states(blobs: BlobStore, keys: Iterable[str]) -> None:
+    """Free states that no reader uses again, or whose readers are refused what they make from them (a closed
+    round's updates): their files in shared memory are written over by the next states (see `recycle`)."""
+    if isinstance(blobs, SharedMemoryBlobStore):
+        blobs.recycle(keys)
+    else:
+        blobs.delete(keys)
 
 
 def _mapped(blobs: BlobStore, ref: BlobRef) -> dict[str, torch.Tensor] | None:

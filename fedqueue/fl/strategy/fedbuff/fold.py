@@ -42,7 +42,7 @@ from fedqueue.fl.strategy.fedbuff import schedule
 from fedqueue.fl.strategy.fedbuff.rule import BUFFERED, VersionInputs, VersionRule
 from fedqueue.fl.strategy.fedbuff.schedule import Arrival, Dispatch, NewVersion, Outcome, Rules, ScheduleState, Trip
 from fedqueue.fl.strategy.fedbuff.section import FedBuffSection
-from fedqueue.fl.worker.state_blobs import get_state, get_states
+from fedqueue.fl.worker.state_blobs import get_state, get_states, recycle_states
 from fedqueue.fl.worker.timing_rows import aggregation_timing
 
 if TYPE_CHECKING:
@@ -461,7 +461,13 @@ class _FoldPass:
             gone = [t for t in teachers_before if _trip_key(t) not in still]
             taken = [key for key in taken if key not in kept]
             taken += [results[_trip_key(t)].update_key for t in gone if _trip_key(t) in results]
-        self.services.blobs.delete(list(dict.fromkeys(taken)))
+        # The next updates are written over these files (a pass still reading them lost its claim: its save
+        # fails); once the run is over they go.
+        taken = list(dict.fromkeys(taken))
+        if state.done or abort is not None:
+            self.services.blobs.delete(taken)
+        else:
+            recycle_states(self.services.blobs, taken)
         self._end_if_over(state, abort)
         return made
 

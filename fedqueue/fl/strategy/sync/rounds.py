@@ -44,7 +44,7 @@ from fedqueue.fl.strategy.common import ClaimLost, checkpoint_bytes, checkpoint_
 from fedqueue.fl.strategy.sync.read_ahead import ReadAhead, read_round_ahead
 from fedqueue.fl.strategy.sync.requests import request_aggregation
 from fedqueue.fl.strategy.sync.section import FedAvgSection
-from fedqueue.fl.worker.state_blobs import get_state, get_states
+from fedqueue.fl.worker.state_blobs import get_state, get_states, recycle_states
 
 if TYPE_CHECKING:
     import torch
@@ -275,8 +275,14 @@ def _aggregate_claimed_round(
         finish_run(services, run_id, ends)
     else:
         _after_closing(services, run_id, round_index, published, encoded)
-    # After the next round is out: freeing a round's blobs (unmapping its shared memory) holds no slot back.
-    services.blobs.delete(list(dict.fromkeys(task.update_key for task in results if task.update_key)))
+    # After the next round is out: freeing a round's blobs holds no slot back. The updates' files are written
+    # over by the next round's (an aggregator still reading them lost its claim and publishes nothing); after
+    # the last round they go.
+    update_keys = list(dict.fromkeys(task.update_key for task in results if task.update_key))
+    if ends is None:
+        recycle_states(services.blobs, update_keys)
+    else:
+        services.blobs.delete(update_keys)
     services.blobs.delete([row.model_key])
     log.info("run %s round %d aggregated from %d devices", run_id, round_index, len(results))
 
