@@ -116,10 +116,11 @@ def shm_phase_costs(
     state: Mapping[str, torch.Tensor], client: redis.Redis, key_prefix: str, repeats: int
 ) -> tuple[dict[str, float], float]:
     """The write and the map of one update through a one-host shared-memory blob store (a folder of its own
-    in SHM_DIR, removed at the end): median wall ms of each, and their CPU ms together."""
+    in SHM_DIR, removed at the end), each write over the file of the update before it as in a run: median wall
+    ms of each, and their CPU ms together."""
     from fedqueue.core.broker.blobs import RedisBlobStore
     from fedqueue.core.broker.shm import SharedMemoryBlobStore
-    from fedqueue.fl.worker.state_blobs import get_state, put_state
+    from fedqueue.fl.worker.state_blobs import get_state, put_state, recycle_states
 
     root = Path(tempfile.mkdtemp(prefix="data-plane-probe-", dir=SHM_DIR))
     blobs = SharedMemoryBlobStore(root, RedisBlobStore(client, key_prefix, 600), one_host=True, ttl_s=600)
@@ -127,6 +128,8 @@ def shm_phase_costs(
     refs = []
 
     def write() -> None:
+        if refs:  # as in a run: the last update freed, its file written over by the next
+            recycle_states(blobs, [refs[-1].key])
         refs.append(put_state(blobs, f"probe/{uuid.uuid4().hex}", local))
 
     def read() -> None:
