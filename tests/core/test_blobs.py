@@ -183,6 +183,8 @@ def sample_state() -> dict[str, torch.Tensor]:
         "bn.num_batches_tracked": torch.tensor(2**40 + 3, dtype=torch.int64),
         "counts": torch.tensor([-(2**62), 0, 2**62 + 1], dtype=torch.int64),
         "half": torch.randn(4, generator=generator).to(torch.bfloat16),
+        "empty": torch.empty(0, 3),
+        "flags": torch.tensor([True, False, True]),
     }
 
 
@@ -195,7 +197,8 @@ def assert_same_state(left: dict[str, torch.Tensor], right: dict[str, torch.Tens
 
 
 def test_encode_decode_state_is_exact() -> None:
-    """A state dict survives encode/decode bit for bit, int64 buffers and non-contiguous tensors included."""
+    """A state dict survives encode/decode bit for bit (decoded by the safetensors library), int64 buffers,
+    non-contiguous, empty and boolean tensors included."""
     state = sample_state()
     decoded = decode_state(encode_state(state))
     assert_same_state(state, decoded)

