@@ -6,7 +6,7 @@ import os
 import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import overload
+from typing import TypeVar, overload
 
 import torch
 from torch import Tensor
@@ -189,6 +189,8 @@ def fedavg_rule(
     return fedavg(global_state, updates, global_lr)
 
 
+_Item = TypeVar("_Item")
+
 # (staleness weight, the version it trained from, its trained weights)
 WeightedUpdate = tuple[float, Mapping[str, Tensor], Mapping[str, Tensor]]
 # (staleness weight, the update's change in float64, by tensor name)
@@ -202,30 +204,78 @@ def fold_buffer(current: Mapping[str, Tensor], buffer: Iterable[WeightedUpdate],
     `current`; the sum runs in float64 in the order given (simulated arrival), and is divided by the
     number of updates n, not by the weights' sum (as FedBuff and NVIDIA FLARE's edge manager do), so
     stale updates shrink the step. Non-floating tensors (counters) are kept from `current`.
-    The same bits as fold_deltas over each update's float64 change, with no state-sized copy per update.
+    The same bits as fold_deltas over each update's float64 change, with no state-sized copy per update;
+    a group of updates is folded a slice at a time, over threads, as FedAvg's are.
     """
     total = _zero_sums(current)
-    scratch = Scratch()
     count = 0
-    for weight, trained_from, local in buffer:
-        count += 1
+    for members in _groups(buffer, _fold_group(current)):
+        count += len(members)
+        weights = [weight for weight, _, _ in members]
         for name, into in total.items():
-            for part, trained, before in sliced(into, local[name].detach(), trained_from[name].detach()):
-                part.add_(scratch.difference(trained, before), alpha=weight)
+            pairs = [
+                tensor
+                for _, trained_from, local in members
+                for tensor in (_matching(local, name, into), _matching(trained_from, name, into))
+            ]
+            in_parts(_add_weighted_changes(weights), into, *pairs)
     return _folded(current, total, count, global_lr)
 
 
 def fold_deltas(current: Mapping[str, Tensor], buffer: Iterable[WeightedDelta], global_lr: float) -> dict[str, Tensor]:
     """current + global_lr * sum_i w_i * delta_i / n, summed in float64 in the order given."""
     total = _zero_sums(current)
-    scratch = Scratch()
     count = 0
-    for weight, delta in buffer:
-        count += 1
+    for members in _groups(buffer, _fold_group(current)):
+        count += len(members)
+        weights = [weight for weight, _ in members]
         for name, into in total.items():
-            for part, change in sliced(into, delta[name]):
-                part.add_(scratch.of(change), alpha=weight)
+            in_parts(_add_weighted(weights), into, *(_matching(delta, name, into) for _, delta in members))
     return _folded(current, total, count, global_lr)
+
+
+def _groups(items: Iterable[_Item], size: int) -> Iterator[list[_Item]]:
+    """`items` in lists of `size` (the last may be shorter), read as they are reached."""
+    group: list[_Item] = []
+    for item in items:
+        group.append(item)
+        if len(group) == size:
+            yield group
+            group = []
+    if group:
+        yield group
+
+
+def _matching(state: Mapping[str, Tensor], name: str, like: Tensor) -> Tensor:
+    tensor = state[name].detach()
+    if tensor.numel() != like.numel():
+        raise ValueError(f"{name!r} has {tensor.numel()} elements where {like.numel()} were expected")
+    return tensor
+
+
+def _add_weighted_changes(weights: Sequence[float]) -> Callable[..., None]:
+    """into += weight * (float64(local) - float64(base)) for each (local, base) in turn, the weight taken by
+    add_'s alpha, a slice at a time: called as add(into, local, base, local, base, ...)."""
+
+    def add(into: Tensor, *pairs: Tensor) -> None:
+        scratch = _thread_scratch(into.device)
+        for part, *inputs in sliced(into, *pairs):
+            for weight, trained, before in zip(weights, inputs[0::2], inputs[1::2], strict=True):
+                part.add_(scratch.difference(trained, before), alpha=weight)
+
+    return add
+
+
+def _add_weighted(weights: Sequence[float]) -> Callable[..., None]:
+    """into += weight * float64(change) for each change in turn (add_'s alpha), a slice at a time."""
+
+    def add(into: Tensor, *changes: Tensor) -> None:
+        scratch = _thread_scratch(into.device)
+        for part, *parts in sliced(into, *changes):
+            for weight, change in zip(weights, parts, strict=True):
+                part.add_(scratch.of(change), alpha=weight)
+
+    return add
 
 
 def _zero_sums(current: Mapping[str, Tensor]) -> dict[str, Tensor]:

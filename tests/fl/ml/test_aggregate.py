@@ -7,7 +7,7 @@ from collections.abc import Mapping, Sequence
 import pytest
 import torch
 
-from fedqueue.fl.ml.aggregate import LoadedOnUse, fedavg
+from fedqueue.fl.ml.aggregate import LoadedOnUse, fedavg, fold_buffer, fold_deltas
 
 
 def _state(seed: int, dtype: torch.dtype = torch.float32) -> dict[str, torch.Tensor]:
@@ -239,3 +239,39 @@ def _threads_answer() -> str:
     import fedqueue.fl.ml.aggregate as aggregate
 
     return aggregate._threads().submit(lambda: "answered").result(timeout=30)
+
+
+@pytest.mark.parametrize(("threads", "group"), [(1, 1), (2, 1), (3, 2), (1, 16), (2, 16)])
+def test_buffered_folds_over_threads_and_groups_give_the_bits_of_one_whole_pass(
+    threads: int, group: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """FedBuff's fold (each update's change from the version it trained on) and FedRevive's (float64 deltas)
+    split between threads and folded a group of updates per slice: each element's bits stay those of the
+    whole-tensor formula in arrival order, a group cut short at the end included."""
+    import fedqueue.fl.ml.aggregate as aggregate
+
+    monkeypatch.setattr(aggregate, "AGGREGATION_THREADS", threads)
+    size = 5 * aggregate._SLICE + 123
+    monkeypatch.setattr(aggregate, "FOLD_GROUP_BYTES", group * size * 4)
+    generator = torch.Generator().manual_seed(11)
+
+    def state() -> dict[str, torch.Tensor]:
+        scale = 10.0 ** torch.randint(-6, 7, (size,), generator=generator)
+        return {
+            "w": (torch.randn(size, generator=generator, dtype=torch.float64) * scale).float(),
+            "n": torch.tensor(4),
+        }
+
+    current, older = state(), state()
+    buffer = [(0.5 + 0.1 * index, older if index % 2 else current, state()) for index in range(5)]
+    total = torch.zeros(size, dtype=torch.float64)
+    for weight, base, local in buffer:
+        total.add_(local["w"].double() - base["w"].double(), alpha=weight)
+    expected = (total * (0.7 / len(buffer)) + current["w"].double()).float()
+    folded = fold_buffer(current, iter(buffer), 0.7)
+    assert torch.equal(folded["w"].view(torch.int32), expected.view(torch.int32)) and folded["n"] == 4
+
+    deltas = [(weight, {"w": local["w"].double() - base["w"].double()}) for weight, base, local in buffer]
+    assert torch.equal(fold_deltas(current, deltas, 0.7)["w"].view(torch.int32), expected.view(torch.int32))
+    with pytest.raises(ValueError, match="'w' has 3 elements"):
+        fold_buffer(current, [(1.0, current, {"w": torch.zeros(3), "n": torch.tensor(1)})], 1.0)
