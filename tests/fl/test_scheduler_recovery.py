@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 from sqlalchemy import create_engine, text
 
+import fedqueue.config
 from fedqueue.config import Settings
 from fedqueue.core.database import open_store
 from fedqueue.errors import ServiceUnavailable
@@ -42,6 +43,8 @@ def embedded_env(tmp_path: Path) -> dict[str, str]:
         FEDQUEUE_LEASE_TTL_S="3",
         FEDQUEUE_HEARTBEAT_TTL_S="3",
         FEDQUEUE_PLUGIN_PATH=str(PLUGINS),
+        # A killed command leaves its blob files behind: in the test's own folder, not the host's shared memory.
+        FEDQUEUE_BLOB_SHM_DIR=fedqueue.config.DEFAULT_BLOB_SHM_DIR,
     )
     return env
 
