@@ -10,6 +10,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
+from typing import BinaryIO
 
 import pytest
 import redis
@@ -29,7 +30,7 @@ from fedqueue.core.broker.shm import (
 from fedqueue.core.connect import open_services
 from fedqueue.errors import BlobIntegrityError
 from fedqueue.fl import api
-from fedqueue.fl.ml.weights import decode_state
+from fedqueue.fl.ml.weights import decode_state, write_state
 from fedqueue.fl.worker.state_blobs import get_state, put_state, recycle_states
 from fedqueue.queue.embedded import EmbeddedRedis
 from tests.conftest import running_workers
@@ -147,12 +148,20 @@ def test_a_recycled_blobs_file_is_written_over_by_the_next_blob(
     path = blobs.local_path(freed)
     assert path is not None
     inode = path.stat().st_ino
+    long_ago = time.time() - 2 * 3600  # a blob kept long (a teacher kept for many versions)
+    os.utime(path, (long_ago, long_ago))
     recycle_states(blobs, [freed.key])
     assert blobs.local_path(freed) is None and not blobs.exists(freed.key)
     assert not (tmp_path / "run" / "update" / "1").exists()
-    # The next blob takes the freed file (its pages already in place), cut to its own size.
+    # The next blob takes the freed file (its pages already in place), cut to its own size; while it writes, the
+    # file is a partial of its age (a sweep beside it does not take it for one a killed writer left).
     smaller = {"w": torch.arange(12, dtype=torch.float32)}
-    ref = put_state(blobs, "run/update/2/0/bb", smaller)
+
+    def write_while_swept(out: BinaryIO) -> None:
+        assert blobs.sweep() == 0
+        write_state(smaller, out)
+
+    ref = blobs.write("run/update/2/0/bb", write_while_swept)
     path = blobs.local_path(ref)
     assert path is not None and path.stat().st_ino == inode and path.stat().st_size == ref.nbytes
     _same(get_state(blobs, ref), smaller)

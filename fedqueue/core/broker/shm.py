@@ -142,6 +142,7 @@ class SharedMemoryBlobStore:
                 os.rename(spares / name, taken)
             except FileNotFoundError:
                 continue  # another writer took it first
+            os.utime(taken)  # a partial file's age is its writer's: the sweep must not take this one for lost
             return taken
         return None
 
