@@ -297,12 +297,20 @@ def _fresh_file(partials: Path) -> Path:
     return Path(name)
 
 
-def shm_root(settings: Settings) -> Path | None:
-    """This cluster's folder in shared memory (per user, broker and key prefix), or None where blobs skip it."""
-    if settings.blob_shm == "off" or not settings.broker_url:
+def shm_base(settings: Settings) -> Path | None:
+    """The shared-memory folder blobs go in, or None where they skip it (off, or no folder this user writes)."""
+    if settings.blob_shm == "off":
         return None
     base = Path(settings.blob_shm_dir)
     if not base.is_dir() or not os.access(base, os.W_OK | os.X_OK):
+        return None
+    return base
+
+
+def shm_root(settings: Settings) -> Path | None:
+    """This cluster's folder in shared memory (per user, broker and key prefix), or None where blobs skip it."""
+    base = shm_base(settings)
+    if base is None or not settings.broker_url:
         return None
     # Named by the broker as every process reaches it, whatever the credentials or loopback name in its URL.
     cluster = hashlib.sha256(f"{broker_address(settings.broker_url)}\n{settings.key_prefix}".encode()).hexdigest()[:16]

@@ -32,9 +32,9 @@ NOT_TIMED = frozenset(
 )
 MAX_ENTRIES = 256  # the oldest go first
 # Raised whenever the same timings would make another choice (2: the buffered modes' vmap margin), or the
-# timed work changed (3: a device trained alone copies its state no more): a choice remembered under older
-# rules is timed again.
-CHOICE_RULES = 3
+# timed work changed (3: a device trained alone copies its state no more; 4: a blob in shared memory is written
+# over a freed one): a choice remembered under older rules is timed again.
+CHOICE_RULES = 4
 
 
 def cache_file() -> Path:

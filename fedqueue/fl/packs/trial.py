@@ -12,12 +12,14 @@ import os
 import tempfile
 import time
 from collections.abc import Callable
+from contextlib import nullcontext
 from dataclasses import replace
 
 import torch
 from torch import nn
 
 from fedqueue.config import Settings
+from fedqueue.core.broker.shm import shm_base
 from fedqueue.errors import ConfigError
 from fedqueue.fl.config import RunConfig
 from fedqueue.fl.ml.data import FederatedData, device_data
@@ -158,29 +160,32 @@ def _state_seconds(state: dict[str, torch.Tensor], pack: StackedPack, presums: b
 
     Back to back, each device's state leaves as a blob. A vmapped pack's weights are taken apart into one
     state per device, each a blob, or, where the run sums a pack where it trained (FedAvg), summed in float64
-    and that one sum, twice a state's bytes, a blob. A blob is what a worker makes of it: a fresh file in
-    shared memory where this host has it (workers on one host hand blobs over that way), else the bytes
-    encoded and hashed for the broker. For a model of millions of parameters these cost as much as a few
-    steps; for a small one nothing.
+    and that one sum, twice a state's bytes, a blob. A blob is what a worker makes of it: in shared memory
+    where this host has it (workers on one host hand blobs over that way), a file written over one a folded
+    update left; else the bytes encoded and hashed for the broker. For a model of millions of parameters
+    these cost as much as a few steps; for a small one nothing.
     """
     folder = _shared_memory()
+    with tempfile.TemporaryDirectory(dir=folder, prefix="fedqueue-trial-") if folder else nullcontext() as trial:
+        path = None if trial is None else os.path.join(trial, "state")
 
-    def blob(weights: dict[str, torch.Tensor]) -> None:
-        if folder is None:
-            hashlib.sha256(encode_state(weights)).digest()
-            return
-        with (
-            tempfile.TemporaryDirectory(dir=folder, prefix="fedqueue-trial-") as trial,
-            open(os.path.join(trial, "state"), "wb") as out,
-        ):
-            write_state(weights, out)
+        def blob(weights: dict[str, torch.Tensor]) -> None:
+            if path is None:
+                hashlib.sha256(encode_state(weights)).digest()
+                return
+            with open(path, "r+b") as out:
+                write_state(weights, out)
+                out.truncate()
 
-    def unstacked() -> None:
-        for outcome in pack.outcomes():
-            blob(outcome.state)
+        def unstacked() -> None:
+            for outcome in pack.outcomes():
+                blob(outcome.state)
 
-    alone = _timed(lambda: blob(state))
-    together = _timed(lambda: blob(pack.weighted_delta_sum())) if presums else _timed(unstacked)
+        if path is not None:
+            with open(path, "wb") as out:  # untimed: the file a folded update left, its pages in place
+                write_state(state, out)
+        alone = _timed(lambda: blob(state))
+        together = _timed(lambda: blob(pack.weighted_delta_sum())) if presums else _timed(unstacked)
     return alone, together / len(pack.samples)
 
 
@@ -190,10 +195,8 @@ def _shared_memory() -> str | None:
         settings = Settings.from_env()
     except ConfigError:  # refused where the command or worker started: timed as blobs for the broker here
         return None
-    folder = settings.blob_shm_dir
-    if settings.blob_shm == "off" or not os.path.isdir(folder) or not os.access(folder, os.W_OK | os.X_OK):
-        return None
-    return folder
+    base = shm_base(settings)
+    return None if base is None else str(base)
 
 
 def _presums_packs(config: RunConfig) -> bool:
