@@ -36,16 +36,29 @@ def one_torch_thread() -> None:
     torch.set_num_threads(1)
 
 
-@pytest.fixture(autouse=True)
-def private_cache(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Each test (and the commands it starts) remembers timed pack modes in its own cache, writes local
-    clusters' logs in its own state folder, not the user's, and its blob files in a folder of its own instead
-    of the host's shared memory, so none outlives it."""
+def _private_folders(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path_factory.mktemp("cache")))
     monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path_factory.mktemp("state")))
     blob_files = str(tmp_path_factory.mktemp("shm"))
     monkeypatch.setenv("FEDQUEUE_BLOB_SHM_DIR", blob_files)
     monkeypatch.setattr(fedqueue.config, "DEFAULT_BLOB_SHM_DIR", blob_files)  # Settings made in the test itself
+
+
+@pytest.fixture(autouse=True, scope="session")
+def private_session_folders(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """The same for what module and session fixtures start (their Settings and workers are made before any
+    test's own folders exist), so their blob files stay out of the host's shared memory too."""
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        _private_folders(tmp_path_factory, monkeypatch)
+        yield
+
+
+@pytest.fixture(autouse=True)
+def private_cache(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each test (and the commands it starts) remembers timed pack modes in its own cache, writes local
+    clusters' logs in its own state folder, not the user's, and its blob files in a folder of its own instead
+    of the host's shared memory, so none outlives it."""
+    _private_folders(tmp_path_factory, monkeypatch)
 
 
 def _redis_answers(url: str) -> bool:

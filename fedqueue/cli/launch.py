@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -43,7 +44,10 @@ def submit_and_follow(
     workers = LocalWorkers(procs, slots, gpus_per_worker, wait_for_workers)
     with launched(submission, settings, workers, say=say_plain, say_outage=_say) as launch:
         if launch.workers_unsure:
-            warn_if_no_workers(launch.place.settings)
+            try:
+                warn_if_no_workers(launch.place.settings)
+            except KeyboardInterrupt:  # the run is submitted: the same question as while following
+                interrupted(launch.handle.id, launch.handle.store, launch.place)
         follow_to_end(launch.handle, launch.place, launch.services, all_rows=all_rows)
     return launch.handle
 
@@ -75,7 +79,11 @@ def follow_to_end(
     a store outage (a full disk), the same up to FEDQUEUE_STORE_WAIT_S.
     """
 
-    with scheduled(handle, place, services, say=_say) as lease:
+    with contextlib.ExitStack() as stack:
+        try:
+            lease = stack.enter_context(scheduled(handle, place, services, say=_say))
+        except KeyboardInterrupt:  # while the lease was being taken: asked the same as while following
+            interrupted(handle.id, handle.store, place)
         supervisor = lease.supervisor
         try:
             ended = follow(
@@ -91,13 +99,13 @@ def follow_to_end(
             # go with it, not kept alive by the traceback through the question and the writes that follow.
             ended = INTERRUPTED
         if ended == INTERRUPTED:
-            interrupted(handle.id, supervisor.services, place)
+            interrupted(handle.id, supervisor.services.store, place)
         if ended == CANCELLED:  # from another shell: its tasks leave this broker too (that shell may not reach it)
             _drop_queued(place.settings, handle.id)
     show_run(handle.store, handle.id, as_json=False, all_rows=all_rows)
 
 
-def interrupted(run_id: str, services: Services, place: api.Placement) -> NoReturn:
+def interrupted(run_id: str, store: Store, place: api.Placement) -> NoReturn:
     """Ctrl-C while following: ask once whether to cancel the run or leave it; exit 130 either way.
 
     Not asked (and left) when stdin is no terminal, or on a second Ctrl-C or an end of input at the question.
@@ -112,7 +120,7 @@ def interrupted(run_id: str, services: Services, place: api.Placement) -> NoRetu
     leave = "keep it for `fedqueue resume`" if embedded else "leave it running"
     answer = _ask(f"cancel run {run_id}? [y/N] (N: {leave}) ")
     if answer:
-        was = cancel_run(services.store, run_id, "cancelled with Ctrl-C")
+        was = cancel_run(store, run_id, "cancelled with Ctrl-C")
         if was not in ("running", CANCELLED):  # it ended while the question waited
             error_console.print(escape(f"run {run_id} already {was}: not cancelled"), highlight=False)
             raise typer.Exit(130)
@@ -142,8 +150,8 @@ def _ask(question: str) -> bool | None:
     """Yes or no to a question on the terminal; None when there is none, or for a Ctrl-C or end of input."""
     if not _interactive():
         return None
-    error_console.print(escape(question), end="", highlight=False)
-    try:
+    try:  # a Ctrl-C typed as soon as the question shows may land before the read begins
+        error_console.print(escape(question), end="", highlight=False)
         answer = sys.stdin.readline()
     except KeyboardInterrupt:
         error_console.print()

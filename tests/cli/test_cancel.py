@@ -315,8 +315,7 @@ def _goes_on_then_cancel(cluster: Settings, services: Services, run_id: str, cwd
 def test_ctrl_c_on_run_with_its_own_workers_offers_to_keep_it_for_resume(
     redis_url: str, tmp_path: Path, run_config: Path
 ) -> None:
-    env = {key: value for key, value in os.environ.items() if not key.startswith("FEDQUEUE_")}
-    env["FEDQUEUE_DATABASE_URL"] = f"sqlite:///{tmp_path / 'own.db'}"
+    env = cli_env(FEDQUEUE_DATABASE_URL=f"sqlite:///{tmp_path / 'own.db'}")  # blob files in the test's folder
     from fedqueue.core.database import open_store
 
     terminal = Terminal([*FEDQUEUE_CLI, "run", str(run_config), "--procs", "1"], env, tmp_path)

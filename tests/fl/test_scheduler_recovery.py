@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
 import time
@@ -13,7 +12,6 @@ from pathlib import Path
 import pytest
 from sqlalchemy import create_engine, text
 
-import fedqueue.config
 from fedqueue.config import Settings
 from fedqueue.core.database import open_store
 from fedqueue.errors import ServiceUnavailable
@@ -23,6 +21,7 @@ from fedqueue.fl.ml.weights import decode_state
 from fedqueue.fl.store.results import count_done, list_rounds, load_checkpoint
 from fedqueue.store import Store
 from tests.conftest import running_workers
+from tests.support.cli_inputs import cli_env
 from tests.support.cli_runner import fedqueue_cli, start_fedqueue_cli
 from tests.support.helpers import assert_same_weights, reference_final_state, small_config
 from tests.support.own_processes import ProcessMark
@@ -37,16 +36,13 @@ from tests.support.reliability_support import (
 
 
 def embedded_env(tmp_path: Path) -> dict[str, str]:
-    env = {key: value for key, value in os.environ.items() if not key.startswith("FEDQUEUE_")}
-    env.update(
+    # A killed command leaves its blob files behind: cli_env keeps them in the test's own folder.
+    return cli_env(
         FEDQUEUE_DATABASE_URL=f"sqlite:///{tmp_path / 'fedqueue.db'}",
         FEDQUEUE_LEASE_TTL_S="3",
         FEDQUEUE_HEARTBEAT_TTL_S="3",
         FEDQUEUE_PLUGIN_PATH=str(PLUGINS),
-        # A killed command leaves its blob files behind: in the test's own folder, not the host's shared memory.
-        FEDQUEUE_BLOB_SHM_DIR=fedqueue.config.DEFAULT_BLOB_SHM_DIR,
     )
-    return env
 
 
 def submitted_store(database: str) -> Store | None:
@@ -128,8 +124,7 @@ def test_second_scheduler_on_a_live_run_is_refused(settings: Settings, tmp_path:
     handle = api.submit(config, settings=settings)
     with api.scheduling(handle) as scheduler:
         scheduler.tick()
-        env = {key: value for key, value in os.environ.items() if not key.startswith("FEDQUEUE_")}
-        env.update(settings.to_env())
+        env = cli_env(settings)
         with (tmp_path / "resume.out").open("w+") as out, (tmp_path / "resume.err").open("w+") as err:
             second = start_fedqueue_cli("resume", handle.id, cwd=tmp_path, env=env, stdout=out, stderr=err)
             try:

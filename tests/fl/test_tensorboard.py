@@ -6,7 +6,6 @@ and `fedqueue report --tensorboard` afterwards. Each (tag, step) is written once
 
 from __future__ import annotations
 
-import os
 import re
 import time
 import uuid
@@ -170,7 +169,7 @@ def test_an_unwritable_tensorboard_dir_is_one_line_exit_2_before_anything_starts
     store = open_store(database, migrate=True)
     store.create_run("r1", "", {"mode": "fedavg"}, 3, kind="fl")
     store.close()
-    env = {key: value for key, value in os.environ.items() if not key.startswith("FEDQUEUE_")}
+    env = cli_env()
     for args, field in (
         (["run", str(config), "--tensorboard", str(tmp_path / "a-file" / "tb")], "tensorboard_dir"),
         (["report", "r1", "--tensorboard", str(tmp_path / "a-file")], "--tensorboard"),
