@@ -200,6 +200,27 @@ def test_a_big_page_stores_wal_is_folded_back_at_the_same_bytes_as_small_pages(t
     assert wal_bytes < WAL_CHECKPOINT_BYTES + 8 * SQLITE_PAGE_SIZE, wal_bytes
 
 
+def test_deleting_a_big_row_does_not_write_its_pages_again(tmp_path: Path) -> None:
+    """A replaced checkpoint or dropped version is freed, not zeroed (some SQLite builds zero it, writing its bytes
+    once more through the WAL): the delete's commit writes a few pages, not the row's."""
+    path = tmp_path / "big.db"
+    store = open_store(f"sqlite:///{path}", migrate=True)
+    row_pages = 24  # under the WAL's fold-back size: the insert's pages stay in the WAL until folded by hand
+    try:
+        with store.engine.begin() as connection:
+            connection.exec_driver_sql("CREATE TABLE scratch (value BLOB)")
+            connection.exec_driver_sql("INSERT INTO scratch VALUES (?)", (bytes(row_pages * SQLITE_PAGE_SIZE),))
+        with store.engine.connect() as connection:
+            connection.exec_driver_sql("PRAGMA wal_checkpoint(TRUNCATE)")
+        assert Path(f"{path}-wal").stat().st_size == 0
+        with store.engine.begin() as connection:
+            connection.exec_driver_sql("DELETE FROM scratch")
+        wal_bytes = Path(f"{path}-wal").stat().st_size
+    finally:
+        store.engine.dispose()
+    assert wal_bytes < 4 * SQLITE_PAGE_SIZE, wal_bytes
+
+
 def test_a_read_cut_short_does_not_shut_its_connection_out_of_writes(tmp_path: Path) -> None:
     """A read cut short (its cursor still held, as the traceback of a Ctrl-C holds it) keeps its snapshot on the
     pooled connection; once another connection writes, a write there is refused at once as "database is locked",
