@@ -265,12 +265,11 @@ def _record_version(connection: Connection, store: Store, run_id: str, made: Mad
     if made.next_round is None:
         return
     insert = dialect_insert(connection.dialect)
-    kept = {"sha256": made.sha256, "data": made.data, "server_state": made.server_state}
-    connection.execute(
-        insert(VERSIONS)
-        .values(run_id=run_id, version=made.version, **kept)
-        .on_conflict_do_update(index_elements=["run_id", "version"], set_=kept)
+    version = insert(VERSIONS).values(
+        run_id=run_id, version=made.version, sha256=made.sha256, data=made.data, server_state=made.server_state
     )
+    replaced = _replaced(version, "sha256", "data", "server_state")
+    connection.execute(version.on_conflict_do_update(index_elements=["run_id", "version"], set_=replaced))
     connection.execute(
         insert(ROUNDS)
         .values(_set_columns(made.next_round))
@@ -282,9 +281,14 @@ def _checkpoint(connection: Connection, run_id: str, made: MadeVersion) -> None:
     """The run's checkpoint: the newest version a pass made (one row per run). A version kept for the run
     (all but its last) is not written twice: the checkpoint names it (load_checkpoint reads its bytes)."""
     data = made.data if made.next_round is None else IN_KEPT_VERSION
-    latest = {"version": made.version, "sha256": made.sha256, "data": data}
-    connection.execute(
-        dialect_insert(connection.dialect)(CHECKPOINTS)
-        .values(run_id=run_id, **latest)
-        .on_conflict_do_update(index_elements=["run_id"], set_=latest)
+    latest = dialect_insert(connection.dialect)(CHECKPOINTS).values(
+        run_id=run_id, version=made.version, sha256=made.sha256, data=data
     )
+    replaced = _replaced(latest, "version", "sha256", "data")
+    connection.execute(latest.on_conflict_do_update(index_elements=["run_id"], set_=replaced))
+
+
+def _replaced(upsert: Any, *columns: str) -> dict[str, Any]:
+    """An upsert's new values for `columns` where its row is there: the inserted row's own (`excluded`), so a
+    45 MB state is bound once, not a second time for the update (each bound value is copied)."""
+    return {column: upsert.excluded[column] for column in columns}
