@@ -46,8 +46,8 @@ def _private_folders(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pyte
 
 @pytest.fixture(autouse=True, scope="session")
 def private_session_folders(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
-    """The same for what module and session fixtures start (their Settings and workers are made before any
-    test's own folders exist), so their blob files stay out of the host's shared memory too."""
+    """Private cache, state and blob folders, as `private_cache` gives each test, for what module and session
+    fixtures start: their Settings and workers are made before any test's own folders exist."""
     with pytest.MonkeyPatch.context() as monkeypatch:
         _private_folders(tmp_path_factory, monkeypatch)
         yield
