@@ -106,4 +106,4 @@ test-deploy: $(STAMP)
 	$(BIN)/python -m pytest -m deploy tests/project/test_compose_deploy.py
 
 clean:
-	rm -rf $(VENV) $(VLLM_VENV) site fedqueue.db fedqueue.db-wal fedqueue.db-shm
+	rm -rf $(VENV) $(VLLM_VENV) site fedqueue.db fedqueue.db-wal fedqueue.db-shm fedqueue.db-states

@@ -19,6 +19,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from fedqueue.errors import NotFound
 from fedqueue.store.schema import RunRow, TaskTimingRow
+from fedqueue.store.state_files import StateFiles
 
 log = logging.getLogger(__name__)
 
@@ -85,6 +86,8 @@ class Store:
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
         self._sessions = sessionmaker(engine, expire_on_commit=False)
+        # Where a SQLite store keeps large states (None: in their rows); see state_files.
+        self.state_files = StateFiles.beside(engine.url)
         # A task's timing row is its latest stored delivery's: a retried aggregation replaces the failed one's.
         # Public: a kind that stores its results and their timing in one transaction executes it too.
         timing = dialect_insert(engine.dialect)(TaskTimingRow)

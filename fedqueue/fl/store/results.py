@@ -12,11 +12,12 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any, NamedTuple
 
-from sqlalchemy import and_, bindparam, delete, func, or_, select, update
+from sqlalchemy import and_, bindparam, delete, func, insert, or_, select, update
 from sqlalchemy.engine import Connection, Dialect, Row
 from sqlalchemy.exc import IntegrityError
 
 from fedqueue.fl.store.schema import CheckpointRow, DeviceTaskRow, ModelVersionRow, RoundRow
+from fedqueue.fl.store.states import CHECKPOINTS, remove_states, row_bytes, state_bytes, unnamed
 from fedqueue.store.repo import Store, TaskTiming, changed_one, dialect_insert, retry_transient
 
 log = logging.getLogger(__name__)
@@ -417,24 +418,35 @@ def round_outcomes(store: Store, run_id: str, round_index: int) -> list[Row[Any]
 
 @retry_transient
 def save_checkpoint(store: Store, run_id: str, version: int, sha256: str, data: bytes) -> None:
-    with store.session() as session, session.begin():
-        session.execute(delete(CheckpointRow).where(CheckpointRow.run_id == run_id))
-        session.add(CheckpointRow(run_id=run_id, version=version, sha256=sha256, data=data))
+    kept = row_bytes(store, run_id, sha256, data)
+    with store.engine.begin() as connection:
+        before = connection.execute(
+            delete(CHECKPOINTS).where(CHECKPOINTS.c.run_id == run_id).returning(CHECKPOINTS.c.sha256)
+        ).scalars()
+        replaced = set(before) - {sha256}
+        connection.execute(insert(CHECKPOINTS).values(run_id=run_id, version=version, sha256=sha256, data=kept))
+        gone = unnamed(connection, run_id, replaced) if store.state_files is not None else set()
+    remove_states(store, run_id, gone)
 
 
 # A checkpoint's bytes when they are those of the run's kept version of the same number (a buffered run's
-# model_versions row, written in the same transaction): a state is never empty, so nothing else reads as this.
+# model_versions row, written in the same transaction), or in the state file its sha256 names (a SQLite
+# store): a state is never empty, so nothing else reads as this.
 IN_KEPT_VERSION = b""
 
 
 @retry_transient
 def load_checkpoint(store: Store, run_id: str) -> CheckpointRow | None:
-    """The run's latest checkpoint, its bytes read from the kept version it names when it holds none itself."""
+    """The run's latest checkpoint, its bytes read from its state file or the kept version it names when it
+    holds none itself."""
     with store.session() as session:
         checkpoint = session.get(CheckpointRow, run_id)
         if checkpoint is None or len(checkpoint.data) != len(IN_KEPT_VERSION):
             return checkpoint
-        kept = session.get(ModelVersionRow, (run_id, checkpoint.version))
-        if kept is None:
+        data = state_bytes(store, run_id, checkpoint.sha256, checkpoint.data)
+        if data is None:
+            kept = session.get(ModelVersionRow, (run_id, checkpoint.version))
+            data = None if kept is None else state_bytes(store, run_id, kept.sha256, kept.data)
+        if data is None:
             raise RuntimeError(f"run {run_id}: checkpoint of version {checkpoint.version} names a version not kept")
-        return CheckpointRow(run_id=run_id, version=checkpoint.version, sha256=checkpoint.sha256, data=kept.data)
+        return CheckpointRow(run_id=run_id, version=checkpoint.version, sha256=checkpoint.sha256, data=data)

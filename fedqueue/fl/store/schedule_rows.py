@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any, cast
 
 from sqlalchemy import Connection, Row, Table, and_, bindparam, delete, func, or_, select, update
@@ -16,6 +16,7 @@ from sqlalchemy.exc import IntegrityError
 
 from fedqueue.fl.store.results import IN_KEPT_VERSION, OUTCOME_COLUMNS
 from fedqueue.fl.store.schema import CheckpointRow, DeviceTaskRow, ModelVersionRow, RoundRow, ScheduleRow
+from fedqueue.fl.store.states import remove_states, row_bytes, state_bytes, unnamed
 from fedqueue.store.repo import Store, TaskTiming, changed_one, dialect_insert, retry_transient
 from fedqueue.store.schema import RunRow
 
@@ -99,7 +100,13 @@ def save_pass(
 ) -> bool:
     """Write what a fold pass reached, in one transaction: the versions it made, the schedule, the fates
     of the updates it took, the devices it sent off, by round, and which kept versions go (those before
-    `needed_from`). False when its claim was taken over (nothing is written)."""
+    `needed_from`). False when its claim was taken over (nothing is written but state files no row names)."""
+    # Files first, outside the transaction: a 45 MB write never holds the database's write lock.
+    made = [
+        replace(made_version, data=row_bytes(store, run_id, made_version.sha256, made_version.data))
+        for made_version in made
+    ]
+    replaced: set[str] = set()
     try:
         with store.engine.begin() as connection:
             result = connection.execute(
@@ -112,14 +119,16 @@ def save_pass(
             for made_version in made:  # first: the rounds that train on them are extended below
                 _record_version(connection, store, run_id, made_version)
             if made:
-                _checkpoint(connection, run_id, made[-1])
+                replaced |= _checkpoint(connection, run_id, made[-1])
             if fates:
                 connection.execute(_FATE_UPDATE, [_fate_params(run_id, fate) for fate in fates])
             for round_index, devices in selected.items():
                 _extend(connection, run_id, round_index, devices)
-            _delete_versions_before(connection, run_id, needed_from)
+            replaced |= _delete_versions_before(connection, run_id, needed_from)
+            gone = unnamed(connection, run_id, replaced) if store.state_files is not None else set()
     except _ClaimTaken:
         return False
+    remove_states(store, run_id, gone)
     return True
 
 
@@ -202,25 +211,36 @@ def extend_selected(store: Store, run_id: str, round_index: int, devices: Sequen
 @retry_transient
 def keep_version(store: Store, run_id: str, version: int, sha256: str, data: bytes) -> None:
     """Keep a version while it is needed (idempotent: a replayed pass writes the same bytes)."""
+    kept = row_bytes(store, run_id, sha256, data)
     with store.session() as session, session.begin():
-        session.merge(ModelVersionRow(run_id=run_id, version=version, sha256=sha256, data=data))
+        session.merge(ModelVersionRow(run_id=run_id, version=version, sha256=sha256, data=kept))
 
 
 @retry_transient
 def kept_version(store: Store, run_id: str, version: int) -> ModelVersionRow | None:
+    """A kept version with its bytes (read from its state file where the row holds none); None once it went."""
     with store.session() as session:
-        return session.get(ModelVersionRow, (run_id, version))
+        row = session.get(ModelVersionRow, (run_id, version))
+    if row is None or row.data:
+        return row
+    data = state_bytes(store, run_id, row.sha256, row.data)
+    if data is None:  # dropped since the row was read: as if it had been gone then
+        return None
+    return ModelVersionRow(run_id=run_id, version=version, sha256=row.sha256, data=data, server_state=row.server_state)
 
 
 @retry_transient
 def forget_versions_before(store: Store, run_id: str, version: int) -> None:
     """Versions older than `version` are never read again: no device trains on them, no buffered update came from them."""
     with store.engine.begin() as connection:
-        _delete_versions_before(connection, run_id, version)
+        dropped = _delete_versions_before(connection, run_id, version)
+        gone = unnamed(connection, run_id, dropped) if store.state_files is not None else set()
+    remove_states(store, run_id, gone)
 
 
-def _delete_versions_before(connection: Connection, run_id: str, version: int) -> None:
-    """Drop the kept versions before `version`; a checkpoint that names one of them takes its bytes first."""
+def _delete_versions_before(connection: Connection, run_id: str, version: int) -> set[str]:
+    """Drop the kept versions before `version`; a checkpoint that names one of them takes its bytes first.
+    The dropped versions' sha256s (their state files go once nothing names them)."""
     kept_bytes = (
         select(VERSIONS.c.data)
         .where(VERSIONS.c.run_id == run_id, VERSIONS.c.version == CHECKPOINTS.c.version)
@@ -233,9 +253,12 @@ def _delete_versions_before(connection: Connection, run_id: str, version: int) -
             CHECKPOINTS.c.version < version,
             func.length(CHECKPOINTS.c.data) == 0,
         )
-        .values(data=kept_bytes)
+        .values(data=func.coalesce(kept_bytes, CHECKPOINTS.c.data))  # none: its bytes are in its state file
     )
-    connection.execute(delete(VERSIONS).where(VERSIONS.c.run_id == run_id, VERSIONS.c.version < version))
+    dropped = connection.execute(
+        delete(VERSIONS).where(VERSIONS.c.run_id == run_id, VERSIONS.c.version < version).returning(VERSIONS.c.sha256)
+    )
+    return set(dropped.scalars())
 
 
 @dataclass(frozen=True)
@@ -277,15 +300,20 @@ def _record_version(connection: Connection, store: Store, run_id: str, made: Mad
     )
 
 
-def _checkpoint(connection: Connection, run_id: str, made: MadeVersion) -> None:
+def _checkpoint(connection: Connection, run_id: str, made: MadeVersion) -> set[str]:
     """The run's checkpoint: the newest version a pass made (one row per run). A version kept for the run
-    (all but its last) is not written twice: the checkpoint names it (load_checkpoint reads its bytes)."""
+    (all but its last) is not written twice: the checkpoint names it (load_checkpoint reads its bytes).
+    The sha256 of the checkpoint it replaced, if another (its state file goes once nothing names it)."""
+    before = connection.execute(select(CHECKPOINTS.c.sha256).where(CHECKPOINTS.c.run_id == run_id)).scalars()
+    replaced = set(before) - {made.sha256}
     data = made.data if made.next_round is None else IN_KEPT_VERSION
     latest = dialect_insert(connection.dialect)(CHECKPOINTS).values(
         run_id=run_id, version=made.version, sha256=made.sha256, data=data
     )
-    replaced = _replaced(latest, "version", "sha256", "data")
-    connection.execute(latest.on_conflict_do_update(index_elements=["run_id"], set_=replaced))
+    connection.execute(
+        latest.on_conflict_do_update(index_elements=["run_id"], set_=_replaced(latest, "version", "sha256", "data"))
+    )
+    return replaced
 
 
 def _replaced(upsert: Any, *columns: str) -> dict[str, Any]:

@@ -36,6 +36,7 @@ from fedqueue.fl.packs.tasks import tasks_of_packs
 from fedqueue.fl.store import schedule_rows
 from fedqueue.fl.store.results import add_round, get_round
 from fedqueue.fl.store.schema import RoundRow
+from fedqueue.fl.store.states import keep_named_states
 from fedqueue.fl.store.stop_rows import record_stop
 from fedqueue.fl.strategy.common import ClaimLost, evaluate_version, renewing
 from fedqueue.fl.strategy.fedbuff import schedule
@@ -622,6 +623,7 @@ def retire(services: Services, run_id: str, last_version: int | None = None) -> 
         last_version = 0 if row is None else row.version
     services.blobs.delete([global_key(run_id, version) for version in range(last_version)])
     schedule_rows.forget_versions_before(services.store, run_id, last_version + 1)
+    keep_named_states(services.store, run_id)
     services.blobs.delete(schedule_rows.untaken_update_keys(services.store, run_id))
 
 

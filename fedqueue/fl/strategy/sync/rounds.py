@@ -39,6 +39,7 @@ from fedqueue.fl.store.results import (
     unclaim_round,
 )
 from fedqueue.fl.store.schema import RoundRow
+from fedqueue.fl.store.states import keep_named_states
 from fedqueue.fl.store.stop_rows import record_stop
 from fedqueue.fl.strategy.common import ClaimLost, checkpoint_bytes, checkpoint_version, evaluate_version, renewing
 from fedqueue.fl.strategy.sync.read_ahead import ReadAhead, read_round_ahead
@@ -360,6 +361,7 @@ def start_next(services: Services, run_id: str, config: RunConfig, done_round: i
 def finish_run(services: Services, run_id: str, stop: Stop) -> bool:
     """End the run on the rule that stopped it, once its last round is done."""
     record_stop(services.store, run_id, stop)
+    keep_named_states(services.store, run_id)
     return services.store.finish_run(run_id, "finished")
 
 
