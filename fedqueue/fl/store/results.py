@@ -439,14 +439,22 @@ IN_KEPT_VERSION = b""
 def load_checkpoint(store: Store, run_id: str) -> CheckpointRow | None:
     """The run's latest checkpoint, its bytes read from its state file or the kept version it names when it
     holds none itself."""
-    with store.session() as session:
-        checkpoint = session.get(CheckpointRow, run_id)
-        if checkpoint is None or len(checkpoint.data) != len(IN_KEPT_VERSION):
-            return checkpoint
-        data = state_bytes(store, run_id, checkpoint.sha256, checkpoint.data)
-        if data is None:
-            kept = session.get(ModelVersionRow, (run_id, checkpoint.version))
-            data = None if kept is None else state_bytes(store, run_id, kept.sha256, kept.data)
-        if data is None:
-            raise RuntimeError(f"run {run_id}: checkpoint of version {checkpoint.version} names a version not kept")
-        return CheckpointRow(run_id=run_id, version=checkpoint.version, sha256=checkpoint.sha256, data=data)
+    version = None
+    for _ in range(_READS):
+        with store.session() as session:
+            checkpoint = session.get(CheckpointRow, run_id)
+            if checkpoint is None or len(checkpoint.data) != len(IN_KEPT_VERSION):
+                return checkpoint
+            version = checkpoint.version
+            data = state_bytes(store, run_id, checkpoint.sha256, checkpoint.data)
+            if data is None:
+                kept = session.get(ModelVersionRow, (run_id, checkpoint.version))
+                data = None if kept is None else state_bytes(store, run_id, kept.sha256, kept.data)
+            if data is not None:
+                return CheckpointRow(run_id=run_id, version=checkpoint.version, sha256=checkpoint.sha256, data=data)
+        # Its file went with the commit of a newer checkpoint since the row was read: read that one.
+    raise RuntimeError(f"run {run_id}: checkpoint of version {version} names a version not kept")
+
+
+# Reads of a checkpoint whose state went in between, before that is an error (one newer commit explains one).
+_READS = 3
