@@ -86,12 +86,18 @@ def test_versions_and_checkpoints_live_in_files_that_go_when_no_row_names_them(s
     assert checkpoint is not None and bytes(checkpoint.data) == states[3]
 
 
-def test_a_new_sync_checkpoint_takes_the_file_of_the_one_it_replaces(sqlite_store: Store) -> None:
-    store = sqlite_store
+def _sync_run(store: Store, checkpoint: bytes) -> str:
+    """A sync run with its checkpoint of round 1 saved."""
     run_id = uuid.uuid4().hex
     store.create_run(run_id, "sync", {"dataset": "digits"}, 2, kind="fl")
+    save_checkpoint(store, run_id, 1, _sha(checkpoint), checkpoint)
+    return run_id
+
+
+def test_a_new_sync_checkpoint_takes_the_file_of_the_one_it_replaces(sqlite_store: Store) -> None:
+    store = sqlite_store
     first, second = b"round one" * 500, b"round two" * 500
-    save_checkpoint(store, run_id, 1, _sha(first), first)
+    run_id = _sync_run(store, first)
     save_checkpoint(store, run_id, 1, _sha(first), first)  # a retried aggregation: the same file, kept
     assert _files(store, run_id) == {_sha(first)}
     save_checkpoint(store, run_id, 2, _sha(second), second)
@@ -103,10 +109,8 @@ def test_a_new_sync_checkpoint_takes_the_file_of_the_one_it_replaces(sqlite_stor
 
 def test_a_state_file_that_does_not_match_its_name_is_refused(sqlite_store: Store) -> None:
     store = sqlite_store
-    run_id = uuid.uuid4().hex
-    store.create_run(run_id, "sync", {"dataset": "digits"}, 1, kind="fl")
     state = b"the weights" * 100
-    save_checkpoint(store, run_id, 1, _sha(state), state)
+    run_id = _sync_run(store, state)
     assert store.state_files is not None
     store.state_files.path(run_id, _sha(state)).write_bytes(b"the weighs" * 100)
     with pytest.raises(StateFileCorrupt, match="does not match its sha256"):
@@ -115,10 +119,8 @@ def test_a_state_file_that_does_not_match_its_name_is_refused(sqlite_store: Stor
 
 def test_files_no_row_names_go_when_the_run_ends_but_a_live_writers_stay(sqlite_store: Store) -> None:
     store = sqlite_store
-    run_id = uuid.uuid4().hex
-    store.create_run(run_id, "sync", {"dataset": "digits"}, 1, kind="fl")
     state, orphan = b"checkpointed" * 100, b"a dead writer's version" * 100
-    save_checkpoint(store, run_id, 1, _sha(state), state)
+    run_id = _sync_run(store, state)
     assert store.state_files is not None
     store.state_files.write(run_id, _sha(orphan), orphan)  # its writer died before its row's commit
     folder = store.state_files.folder / run_id
