@@ -275,3 +275,32 @@ def test_buffered_folds_over_threads_and_groups_give_the_bits_of_one_whole_pass(
     assert torch.equal(fold_deltas(current, deltas, 0.7)["w"].view(torch.int32), expected.view(torch.int32))
     with pytest.raises(ValueError, match="'w' has 3 elements"):
         fold_buffer(current, [(1.0, current, {"w": torch.zeros(3), "n": torch.tensor(1)})], 1.0)
+
+
+def test_a_process_folds_into_its_last_folds_sums_zeroed_again(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A CPU fold keeps its float64 sums for the next fold of the same shapes (no fresh pages a round); they
+    start from zero again, so a fold gives the bits it gives in a fresh process, after a fold of others."""
+    import fedqueue.fl.ml.aggregate as aggregate
+
+    monkeypatch.setattr(aggregate, "_KEPT_SUMS", aggregate._KeptSums())  # a fresh process's
+    base = _state(0, torch.float64)
+    first = [(device, 10, _state(device + 1, torch.float64)) for device in range(3)]
+    second = [(device, 5 + device, _state(device + 9, torch.float64)) for device in range(3)]
+    fresh = fedavg(base, second, 0.5)
+    kept = aggregate._KEPT_SUMS._kept
+    assert kept is not None and kept.keys() == {"w", "b"}
+
+    fedavg(base, first, 0.5)
+    assert _same(fedavg(base, second, 0.5), fresh)
+    assert aggregate._KEPT_SUMS._kept is kept  # the same sums, not new ones
+    # FedBuff's fold takes them too, and gives the bits it gives with sums of its own.
+    buffer = [(0.5, base, state) for _, _, state in first]
+    folded = fold_buffer(base, buffer, 0.7)
+    assert aggregate._KEPT_SUMS._kept is kept
+    monkeypatch.setattr(aggregate, "_KEPT_SUMS", aggregate._KeptSums())
+    assert _same(fold_buffer(base, buffer, 0.7), folded)
+    # Other shapes get sums of their own.
+    assert _same(fedavg(base, second, 0.5), fresh)
+    other = {"w": torch.ones(3, dtype=torch.float64)}
+    fedavg(other, [(0, 1, {"w": torch.zeros(3, dtype=torch.float64)})], 1.0)
+    assert aggregate._KEPT_SUMS._kept is not None and aggregate._KEPT_SUMS._kept["w"].shape == (3,)
