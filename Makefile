@@ -88,6 +88,7 @@ bench: $(STAMP)
 	$(BIN)/python bench/sync_vs_async.py
 	$(BIN)/python bench/startup.py
 	$(BIN)/python bench/data_plane.py
+	$(BIN)/python bench/state_writes.py
 	$(MAKE) bench-vllm
 	$(BIN)/python bench/chaos_soak.py
 
