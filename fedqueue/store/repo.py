@@ -6,7 +6,7 @@ import functools
 import logging
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
 from typing import Any, TypeVar
 
@@ -53,6 +53,12 @@ def dialect_insert(dialect: Dialect) -> Any:
     return pg_insert if dialect.name == "postgresql" else sqlite_insert
 
 
+def taking_new(upsert: Any, columns: Iterable[str]) -> dict[str, Any]:
+    """An upsert's update part where its row is there: `columns` take the inserted row's values (`excluded`),
+    so each value is bound once, not again for the update (a bound value is copied: a 45 MB state twice)."""
+    return {column: upsert.excluded[column] for column in columns}
+
+
 def changed_one(result: Any) -> bool:
     """An UPDATE or DELETE touched exactly one row (a CursorResult's rowcount; typed as a plain Result)."""
     return int(result.rowcount) == 1
@@ -93,7 +99,7 @@ class Store:
         timing = dialect_insert(engine.dialect)(TaskTimingRow)
         self.timing_upsert = timing.on_conflict_do_update(
             index_elements=["run_id", "task"],
-            set_={field: timing.excluded[field] for field in TaskTiming.__dataclass_fields__ if field != "run_id"},
+            set_=taking_new(timing, (field for field in TaskTiming.__dataclass_fields__ if field != "run_id")),
         )
 
     def session(self) -> Session:

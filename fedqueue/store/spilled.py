@@ -10,7 +10,7 @@ from collections.abc import Collection, Sequence
 
 from sqlalchemy import delete, select
 
-from fedqueue.store.repo import Store, dialect_insert, retry_transient
+from fedqueue.store.repo import Store, dialect_insert, retry_transient, taking_new
 from fedqueue.store.schema import SpilledBlobRow
 
 
@@ -21,9 +21,7 @@ def put_spilled(store: Store, items: Sequence[tuple[str, bytes]], ttl_s: float) 
         return
     expires_at = time.time() + ttl_s
     insert = dialect_insert(store.engine.dialect)(SpilledBlobRow)
-    upsert = insert.on_conflict_do_update(
-        index_elements=["key"], set_={"data": insert.excluded.data, "expires_at": insert.excluded.expires_at}
-    )
+    upsert = insert.on_conflict_do_update(index_elements=["key"], set_=taking_new(insert, ("data", "expires_at")))
     rows = [{"key": key, "data": data, "expires_at": expires_at} for key, data in dict(items).items()]
     with store.engine.begin() as connection:
         connection.execute(upsert, rows)

@@ -17,7 +17,7 @@ from sqlalchemy.exc import IntegrityError
 from fedqueue.fl.store.results import IN_KEPT_VERSION, OUTCOME_COLUMNS
 from fedqueue.fl.store.schema import CheckpointRow, DeviceTaskRow, ModelVersionRow, RoundRow, ScheduleRow
 from fedqueue.fl.store.states import remove_states, row_bytes, state_bytes, unnamed
-from fedqueue.store.repo import Store, TaskTiming, changed_one, dialect_insert, retry_transient
+from fedqueue.store.repo import Store, TaskTiming, changed_one, dialect_insert, retry_transient, taking_new
 from fedqueue.store.schema import RunRow
 
 SCHEDULES = cast(Table, ScheduleRow.__table__)
@@ -291,7 +291,7 @@ def _record_version(connection: Connection, store: Store, run_id: str, made: Mad
     version = insert(VERSIONS).values(
         run_id=run_id, version=made.version, sha256=made.sha256, data=made.data, server_state=made.server_state
     )
-    replaced = _replaced(version, "sha256", "data", "server_state")
+    replaced = taking_new(version, ("sha256", "data", "server_state"))
     connection.execute(version.on_conflict_do_update(index_elements=["run_id", "version"], set_=replaced))
     connection.execute(
         insert(ROUNDS)
@@ -311,12 +311,6 @@ def _checkpoint(connection: Connection, run_id: str, made: MadeVersion) -> set[s
         run_id=run_id, version=made.version, sha256=made.sha256, data=data
     )
     connection.execute(
-        latest.on_conflict_do_update(index_elements=["run_id"], set_=_replaced(latest, "version", "sha256", "data"))
+        latest.on_conflict_do_update(index_elements=["run_id"], set_=taking_new(latest, ("version", "sha256", "data")))
     )
     return replaced
-
-
-def _replaced(upsert: Any, *columns: str) -> dict[str, Any]:
-    """An upsert's new values for `columns` where its row is there: the inserted row's own (`excluded`), so a
-    45 MB state is bound once, not a second time for the update (each bound value is copied)."""
-    return {column: upsert.excluded[column] for column in columns}
