@@ -99,7 +99,7 @@ def follow_to_end(
             # go with it, not kept alive by the traceback through the question and the writes that follow.
             ended = INTERRUPTED
         if ended == INTERRUPTED:
-            interrupted(handle.id, supervisor.services.store, place)
+            interrupted(handle.id, handle.store, place)
         if ended == CANCELLED:  # from another shell: its tasks leave this broker too (that shell may not reach it)
             _drop_queued(place.settings, handle.id)
     show_run(handle.store, handle.id, as_json=False, all_rows=all_rows)
