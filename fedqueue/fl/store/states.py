@@ -35,14 +35,17 @@ def state_bytes(store: Store, run_id: str, sha256: str, data: bytes) -> bytes | 
 
 def unnamed(connection: Connection, run_id: str, sha256s: Collection[str]) -> set[str]:
     """Those of `sha256s` that no checkpoint or kept version of the run names (as the transaction sees it)."""
-    if not sha256s:
-        return set()
+    return set(sha256s) - _named(connection, run_id) if sha256s else set()
+
+
+def _named(connection: Connection, run_id: str) -> set[str]:
+    """The sha256s the run's checkpoint and kept versions name."""
     named = (
         select(CHECKPOINTS.c.sha256)
         .where(CHECKPOINTS.c.run_id == run_id)
         .union(select(VERSIONS.c.sha256).where(VERSIONS.c.run_id == run_id))
     )
-    return set(sha256s) - set(connection.execute(named).scalars())
+    return set(connection.execute(named).scalars())
 
 
 def remove_states(store: Store, run_id: str, sha256s: Collection[str]) -> None:
@@ -56,6 +59,5 @@ def keep_named_states(store: Store, run_id: str) -> None:
     if store.state_files is None:
         return
     with store.engine.connect() as connection:
-        named = set(connection.execute(select(CHECKPOINTS.c.sha256).where(CHECKPOINTS.c.run_id == run_id)).scalars())
-        named |= set(connection.execute(select(VERSIONS.c.sha256).where(VERSIONS.c.run_id == run_id)).scalars())
+        named = _named(connection, run_id)
     store.state_files.keep_only(run_id, named)
