@@ -12,10 +12,10 @@ from celery.signals import worker_init, worker_ready, worker_shutdown
 from fedqueue.config import Settings
 from fedqueue.core import jobs
 from fedqueue.core.broker.readers import ReaderMarks
-from fedqueue.core.process.utilization import Sampler
+from fedqueue.core.process.utilization import Probe, Sampler, make_probe
 from fedqueue.queue.app import make_app
 from fedqueue.queue.readiness import READY_KEY_ENV, announce_ready
-from fedqueue.queue.tasks import register_tasks
+from fedqueue.queue.tasks import WARM_UP_WAIT_S, register_tasks
 
 log = logging.getLogger(__name__)
 
@@ -55,11 +55,18 @@ def _start_sampler(sender: Any = None, **_: Any) -> None:
     # Started here, not at import: only a consuming worker samples, under the hostname its tasks record.
     global _sampler, _reader_marks
     hostname = getattr(sender, "hostname", None) or "unknown"
-    _sampler = Sampler(settings.database_url, hostname).start()
+    _sampler = Sampler(settings.database_url, hostname, probe_factory=_probe_after_warm_up).start()
     _reader_marks = _mark_queues(hostname)
     ready_key = os.environ.get(READY_KEY_ENV)  # set by fedqueue's launcher, not a user setting
     if ready_key:
         threading.Thread(target=_say_ready, args=(ready_key, hostname), name="fedqueue-ready", daemon=True).start()
+
+
+def _probe_after_warm_up() -> Probe:
+    # The probe's CUDA check imports torch: not beside the warm-up's first imports of it, which two threads
+    # must not make at once (one can meet a torch module the other has half made, and the warm-up failed so).
+    _warmed.wait(WARM_UP_WAIT_S)
+    return make_probe()
 
 
 def _say_ready(ready_key: str, hostname: str) -> None:
