@@ -24,6 +24,7 @@ from fedqueue.store.migrate import (
     upgrade_in_transaction,
 )
 from fedqueue.store.repo import Store
+from fedqueue.store.state_files import sqlite_file
 
 CONNECT_TIMEOUT_S = 5
 SQLITE_BUSY_TIMEOUT_MS = 30_000
@@ -129,12 +130,6 @@ def _sqlite_migrator(url: URL) -> Engine:
     return engine
 
 
-def _sqlite_file(url: URL) -> Path | None:
-    """The file of a SQLite database; None for Postgres or an in-memory database."""
-    database = url.database or ":memory:"
-    return Path(database) if url.get_backend_name() == "sqlite" and database != ":memory:" else None
-
-
 def upgrade_schema(engine: Engine, branches: Sequence[SchemaBranch], shown: str | None = None) -> None:
     """Bring the core's branch and the given kinds' branches to their newest revisions in one transaction, one
     migrator at a time. Readers see the old schema or the new one, never a part of the upgrade.
@@ -142,7 +137,7 @@ def upgrade_schema(engine: Engine, branches: Sequence[SchemaBranch], shown: str 
     shown = shown or engine.url.render_as_string(hide_password=True)
     every_branch = branches_with_core(branches)
     # Postgres DDL is transactional; in-memory SQLite is private; a SQLite file needs one transaction of its own.
-    migrator = engine if _sqlite_file(engine.url) is None else _sqlite_migrator(engine.url)
+    migrator = engine if sqlite_file(engine.url) is None else _sqlite_migrator(engine.url)
     try:
         with migrator.begin() as connection:
             upgrade_in_transaction(connection, every_branch, shown)
@@ -164,7 +159,7 @@ def connect_store(url: str, branches: Sequence[SchemaBranch], *, migrate: bool =
     try:
         if migrate:
             upgrade_schema(engine, branches, shown)
-        elif (path := _sqlite_file(engine.url)) is not None and not path.exists():  # connecting would create it
+        elif (path := sqlite_file(engine.url)) is not None and not path.exists():  # connecting would create it
             raise ServiceUnavailable(schema_problem(shown, CORE_BRANCH, None) or "")
         else:
             require_current_schema(engine, branches_with_core(branches), shown)

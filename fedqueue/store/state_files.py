@@ -17,7 +17,6 @@ from __future__ import annotations
 import contextlib
 import errno
 import hashlib
-import logging
 import os
 import secrets
 import sqlite3
@@ -27,8 +26,6 @@ from pathlib import Path
 
 from sqlalchemy.engine import URL
 from sqlalchemy.exc import OperationalError
-
-log = logging.getLogger(__name__)
 
 # Errors of a full or read-only disk: raised as the database's own would be, so the store's retries and its
 # outage handling (a task waits, a follower says "store: disk full") take them as they take SQLite's.
@@ -43,6 +40,12 @@ class StateFileCorrupt(RuntimeError):
     """A state file whose bytes do not match the sha256 that names it."""
 
 
+def sqlite_file(url: URL) -> Path | None:
+    """The file of a SQLite database; None for Postgres or an in-memory database."""
+    database = url.database or ":memory:"
+    return Path(database) if url.get_backend_name() == "sqlite" and database != ":memory:" else None
+
+
 class StateFiles:
     """The folder of a SQLite store's large states, one folder a run."""
 
@@ -52,10 +55,9 @@ class StateFiles:
     @classmethod
     def beside(cls, url: URL) -> StateFiles | None:
         """The states folder of a SQLite file database; None for Postgres or an in-memory SQLite."""
-        database = url.database or ":memory:"
-        if url.get_backend_name() != "sqlite" or database == ":memory:" or database.startswith("file:"):
+        path = sqlite_file(url)
+        if path is None or str(path).startswith("file:"):  # a URI names no plain path to put a folder beside
             return None
-        path = Path(database)
         return cls(path.with_name(path.name + "-states"))
 
     def path(self, run_id: str, sha256: str) -> Path:
