@@ -86,7 +86,8 @@ def _train(config: RunConfig, global_state: State, data: TensorData, seed: int) 
 
 
 def _average(global_state: State, updates: dict[int, tuple[int, State]], global_lr: float) -> State:
-    """global + global_lr * sample-weighted mean of (local - global), summed in float64 by device id."""
+    """global + global_lr * sample-weighted mean of (local - global): sum samples x (local - global) in float64 by
+    device id, then scale by global_lr / total samples."""
     total = sum(samples for samples, _ in updates.values())
     averaged: State = {}
     for name, current in global_state.items():
@@ -95,8 +96,8 @@ def _average(global_state: State, updates: dict[int, tuple[int, State]], global_
         delta = torch.zeros_like(base)
         for device in sorted(updates):  # float sums depend on order; fedavg's is by device id
             samples, local = updates[device]
-            delta += (local[name].to(torch.float64) - base) * (samples / total)
-        averaged[name] = (base + global_lr * delta).to(current.dtype)
+            delta.add_(local[name].to(torch.float64) - base, alpha=samples)  # the count as add_'s alpha
+        averaged[name] = (base + (global_lr / total) * delta).to(current.dtype)
     return averaged
 
 

@@ -96,18 +96,13 @@ def counts_of(updates: Sequence[Update]) -> list[tuple[int, int]]:
     return list(updates.counts) if isinstance(updates, LoadedOnUse) else [(d, s) for d, s, _ in updates]
 
 
-def _order(updates: Sequence[Update]) -> tuple[list[int], int]:
-    """Positions of the updates by device id, and their total samples; refuses what FedAvg cannot use."""
+def _checked_counts(updates: Sequence[Update]) -> list[tuple[int, int]]:
+    """(device, samples) of every update; refuses a negative sample count."""
     counts = counts_of(updates)
-    # Floating-point sums depend on order; a fixed order makes the result reproducible.
-    order = sorted(range(len(counts)), key=lambda position: counts[position][0])
-    devices = [counts[position][0] for position in order]
-    if len(set(devices)) != len(devices):
-        raise ValueError(f"fedavg got more than one update from a device: {devices}")
     for device, samples in counts:
         if samples < 0:
             raise ValueError(f"device {device} reported {samples} samples")
-    return order, sum(samples for _, samples in counts)
+    return counts
 
 
 def _local(device: int, state: Mapping[str, Tensor], name: str, like: Tensor) -> Tensor:
@@ -123,6 +118,114 @@ def _local(device: int, state: Mapping[str, Tensor], name: str, like: Tensor) ->
 # need every update apart (clipping, a median, any plugin) read one update per device.
 SUMMABLE_RULES = ("fedavg",)
 
+# An update as FedAvgSum folds it: (device, samples, weights), and whether it is a pack's pre-summed share.
+Share = tuple[Update, bool]
+
+
+class FedAvgSum:
+    """FedAvg's float64 sum over a round's updates, folded a few at a time in device order, then stepped.
+
+    sum = sum_i samples_i x (float64(local_i) - float64(global)): each difference rounded once, then added with
+    its count as add_'s alpha (`sum.add_(difference, alpha=samples)`, whole tensors or slices alike), in
+    device order (floating-point sums depend on order: a fixed one makes the result reproducible); a pack's
+    pre-summed share (its worker's sum of the same terms, in float64) is added as it is, in the order of its
+    lowest device. The total of samples divides only at the step, so a sync round can fold the updates already
+    stored while its last devices still train (fedqueue.fl.strategy.sync.read_ahead). Non-floating tensors
+    (counters such as BatchNorm's num_batches_tracked) come from the lowest device. Give it back (`step` or
+    `discard`): its sums are kept for the next fold.
+    """
+
+    def __init__(self, global_state: Mapping[str, Tensor]) -> None:
+        self.global_state = global_state
+        # The global weights are read in float32 (or their own dtype) and widened slice by slice, exactly.
+        self._base = {name: value.detach() for name, value in global_state.items() if value.is_floating_point()}
+        self._sums: dict[str, Tensor] | None = _KEPT_SUMS.take(global_state)
+        self._counters: dict[str, Tensor] = {}
+        self.folded: list[tuple[int, int, bool]] = []  # (device, samples, pre-summed) in the order folded
+        self.samples = 0
+
+    def fold(self, shares: Sequence[Share], threads: int | None = None) -> None:
+        """Add `shares` (devices above every one folded so far, in device order) to the sum, over `threads`."""
+        if self._sums is None:
+            raise RuntimeError("this FedAvg sum was already stepped or discarded")
+        last = self.folded[-1][0] if self.folded else None
+        for (device, samples, _), _summed in shares:
+            if last is not None and device <= last:
+                raise ValueError(f"fedavg got device {device} after device {last}: updates fold in device order")
+            if samples < 0:
+                raise ValueError(f"device {device} reported {samples} samples")
+            last = device
+        for name, current in self.global_state.items():
+            values = [_local(device, state, name, current).detach() for (device, _, state), _ in shares]
+            if name in self._base:
+                counts = [None if summed else samples for (_, samples, _), summed in shares]
+                in_parts(_add_shares(counts), self._sums[name], self._base[name], *values, threads=threads)
+            elif not self.folded and values:
+                self._counters[name] = values[0].clone()
+        for (device, samples, _), summed in shares:
+            self.folded.append((device, samples, summed))
+            self.samples += samples
+
+    def step(self, global_lr: float) -> dict[str, Tensor]:
+        """global + (global_lr / total samples) x sum, in each tensor's dtype."""
+        if not self.folded:
+            raise ValueError("fedavg needs at least one update")
+        if self.samples <= 0:
+            raise ValueError("fedavg updates carry no samples")
+        sums = self._give_back()
+        scale = global_lr / self.samples
+        stepped = {
+            name: self._counters[name] if name not in self._base else _stepped(self._base[name], sums[name], scale)
+            for name in self.global_state
+        }
+        _KEPT_SUMS.give_back(sums)
+        return stepped
+
+    def discard(self) -> None:
+        """Give the sums back unused (a fold that will not be stepped)."""
+        if self._sums is not None:
+            _KEPT_SUMS.give_back(self._give_back())
+
+    def _give_back(self) -> dict[str, Tensor]:
+        sums, self._sums = self._sums, None
+        if sums is None:
+            raise RuntimeError("this FedAvg sum was already stepped or discarded")
+        return sums
+
+
+def _add_shares(counts: Sequence[int | None]) -> Callable[..., None]:
+    """into += samples x (float64(local) - float64(base)) for a device alone (its count given, as add_'s alpha),
+    into += its float64 sum for a pack (None), each in turn, a slice at a time: add(into, base, *values)."""
+
+    def add(into: Tensor, base: Tensor, *values: Tensor) -> None:
+        scratch = _thread_scratch(into.device)
+        for part, before, *inputs in sliced(into, base, *values):
+            wide = scratch.widened(before) if any(samples is not None for samples in counts) else before
+            for samples, value in zip(counts, inputs, strict=True):
+                if samples is None:
+                    part.add_(value)
+                else:
+                    # add_'s alpha: the count taken in the addition (one fused rounding on a CPU, as written).
+                    part.add_(scratch.minus(value, wide), alpha=samples)
+
+    return add
+
+
+def in_device_order(updates: Sequence[Update], sums: Sequence[Update] = ()) -> list[tuple[bool, int]]:
+    """(pre-summed, position in `sums` or `updates`) of every update, by (lowest) device; refuses what FedAvg
+    cannot use: a device twice, a negative sample count."""
+    alone = [device for device, _ in _checked_counts(updates)]
+    packs = [device for device, _ in _checked_counts(sums)]
+    both = set(alone) & set(packs)
+    if both:
+        raise ValueError(f"fedavg got device {min(both)} alone and in a pre-summed pack")
+    for devices in (alone, packs):
+        if len(set(devices)) != len(devices):
+            raise ValueError(f"fedavg got more than one update from a device: {sorted(devices)}")
+    entries = [(device, False, position) for position, device in enumerate(alone)]
+    entries += [(device, True, position) for position, device in enumerate(packs)]
+    return [(summed, position) for _, summed, position in sorted(entries)]
+
 
 def fedavg(
     global_state: Mapping[str, Tensor],
@@ -130,58 +233,27 @@ def fedavg(
     global_lr: float,
     sums: Sequence[Update] = (),
 ) -> dict[str, Tensor]:
-    """global + global_lr * sample-weighted mean of (local - global), per tensor.
+    """global + global_lr * sample-weighted mean of (local - global), per tensor (`FedAvgSum`).
 
     updates are (device_id, num_samples, local_state), each indexed once, in device order
-    (so a `LoadedOnUse` round is read one update at a time). Non-floating tensors
-    (counters such as BatchNorm's num_batches_tracked) come from the lowest device id.
-    `sums` are packs pre-summed by their worker: (lowest device, the pack's samples,
-    sum of samples x (local - global) in float64, non-floating tensors of its lowest device).
+    (so a `LoadedOnUse` round is read one update at a time). `sums` are packs pre-summed by
+    their worker: (lowest device, the pack's samples, sum of samples x (local - global) in
+    float64, non-floating tensors of its lowest device).
     """
-    order, total = _order(updates)
-    sum_order, summed_total = _order(sums)
-    total += summed_total
-    if not order and not sum_order:
+    order = in_device_order(updates, sums)
+    if not order:
         raise ValueError("fedavg needs at least one update")
-    if total <= 0:
-        raise ValueError("fedavg updates carry no samples")
-    lowest = min((device for device, _ in counts_of(updates)), default=None)
-    lowest_summed = min((device for device, _ in counts_of(sums)), default=None)
-    if lowest is not None and lowest == lowest_summed:
-        raise ValueError(f"fedavg got device {lowest} alone and in a pre-summed pack")
-    counters_from_sum = lowest is None or (lowest_summed is not None and lowest_summed < lowest)
-    # float64 accumulation keeps low-precision weights from drifting through the sum; the global weights are
-    # read in float32 (or their own dtype) and widened slice by slice, exactly.
-    base = {name: current.detach() for name, current in global_state.items() if current.is_floating_point()}
-    delta = _KEPT_SUMS.take(global_state)
-    counters: dict[str, Tensor] = {}
-    group = _fold_group(global_state)
-    for first in range(0, len(order), group):
-        # A few updates at a time: a slice of the sum takes each one's share while it is in the cache.
-        members = [updates[position] for position in order[first : first + group]]
-        weights = [samples / total for _, samples, _ in members]
-        for name, current in global_state.items():
-            locals_ = [_local(device, state, name, current).detach() for device, _, state in members]
-            if name in base:
-                # delta += (samples / total) * (local - base) for each in device order, one rounding per
-                # operation as written.
-                in_parts(_add_weighted_differences(weights), delta[name], base[name], *locals_)
-            elif first == 0 and not counters_from_sum:
-                counters[name] = locals_[0].clone()
-    for first in range(0, len(sum_order), group):
-        members = [sums[position] for position in sum_order[first : first + group]]
-        for name, current in global_state.items():
-            summed = [_local(device, state, name, current).detach() for device, _, state in members]
-            if name in base:
-                in_parts(_add_divided(total), delta[name], *summed)
-            elif first == 0 and counters_from_sum:
-                counters[name] = summed[0].clone()
-    stepped = {
-        name: counters[name] if name not in base else _stepped(base[name], delta[name], global_lr)
-        for name, current in global_state.items()
-    }
-    _KEPT_SUMS.give_back(delta)
-    return stepped
+    folding = FedAvgSum(global_state)
+    group = fold_group(global_state)
+    try:
+        for first in range(0, len(order), group):
+            # A few updates at a time: a slice of the sum takes each one's share while it is in the cache.
+            members = order[first : first + group]
+            folding.fold([((sums if summed else updates)[position], summed) for summed, position in members])
+    except BaseException:
+        folding.discard()
+        raise
+    return folding.step(global_lr)
 
 
 def fedavg_rule(
@@ -211,7 +283,7 @@ def fold_buffer(current: Mapping[str, Tensor], buffer: Iterable[WeightedUpdate],
     """
     total = _KEPT_SUMS.take(current)
     count = 0
-    for members in _groups(buffer, _fold_group(current)):
+    for members in _groups(buffer, fold_group(current)):
         count += len(members)
         weights = [weight for weight, _, _ in members]
         for name, into in total.items():
@@ -228,7 +300,7 @@ def fold_deltas(current: Mapping[str, Tensor], buffer: Iterable[WeightedDelta], 
     """current + global_lr * sum_i w_i * delta_i / n, summed in float64 in the order given."""
     total = _KEPT_SUMS.take(current)
     count = 0
-    for members in _groups(buffer, _fold_group(current)):
+    for members in _groups(buffer, fold_group(current)):
         count += len(members)
         weights = [weight for weight, _ in members]
         for name, into in total.items():
@@ -370,21 +442,37 @@ def sliced(into: Tensor, *inputs: Tensor) -> Iterator[tuple[Tensor, ...]]:
 
 
 class Scratch:
-    """One float64 slice reused for every operation: no allocation per update, tensor or slice."""
+    """Float64 slices reused for every operation: no allocation per update, tensor or slice."""
 
     def __init__(self) -> None:
         self._buffer: Tensor | None = None
+        self._wide: Tensor | None = None  # a base slice widened once for a group's updates
 
     def of(self, part: Tensor) -> Tensor:
         """`part` widened to float64 (exactly), in the scratch slice."""
-        size = part.numel()
-        if self._buffer is None or self._buffer.numel() < size or self._buffer.device != part.device:
-            self._buffer = torch.empty(max(size, _SLICE), dtype=torch.float64, device=part.device)
-        return self._buffer[:size].copy_(part)
+        return self._slice(part).copy_(part)
 
     def difference(self, local: Tensor, base: Tensor) -> Tensor:
         """float64(local) - float64(base), rounded once, in the scratch slice."""
         return self.of(local).sub_(base)
+
+    def widened(self, base: Tensor) -> Tensor:
+        """`base` in float64, in a slice of its own, for `minus` to take from many updates."""
+        size = base.numel()
+        if self._wide is None or self._wide.numel() < size or self._wide.device != base.device:
+            self._wide = torch.empty(max(size, _SLICE), dtype=torch.float64, device=base.device)
+        return self._wide[:size].copy_(base)
+
+    def minus(self, local: Tensor, wide: Tensor) -> Tensor:
+        """float64(local) - wide (a `widened` base), rounded once, in the scratch slice: the same bits as
+        `difference`, in one operation (the float64 operand makes torch widen `local` as it reads it)."""
+        return torch.sub(local, wide, out=self._slice(local))
+
+    def _slice(self, part: Tensor) -> Tensor:
+        size = part.numel()
+        if self._buffer is None or self._buffer.numel() < size or self._buffer.device != part.device:
+            self._buffer = torch.empty(max(size, _SLICE), dtype=torch.float64, device=part.device)
+        return self._buffer[:size]
 
 
 _scratches = threading.local()
@@ -414,38 +502,13 @@ def _stepped(base: Tensor, total: Tensor, scale: float) -> Tensor:
     return out
 
 
-def _add_weighted_differences(weights: Sequence[float]) -> Callable[..., None]:
-    """into += weight * (float64(local) - float64(base)) for each local in turn, a slice at a time: called as
-    add(into, base, *locals), one weight per local."""
-
-    def add(into: Tensor, base: Tensor, *locals_: Tensor) -> None:
-        scratch = _thread_scratch(into.device)
-        for part, before, *trained in sliced(into, base, *locals_):
-            for weight, local in zip(weights, trained, strict=True):
-                part.add_(scratch.difference(local, before).mul_(weight))
-
-    return add
-
-
-def _add_divided(total: int) -> Callable[..., None]:
-    """into += float64(summed) / total for each sum in turn, a slice at a time: add(into, *sums)."""
-
-    def add(into: Tensor, *sums: Tensor) -> None:
-        scratch = _thread_scratch(into.device)
-        for part, *packs in sliced(into, *sums):
-            for pack in packs:
-                part.add_(scratch.of(pack).div_(total))
-
-    return add
-
-
 # Updates a fold holds at once (so a slice of the float64 sum takes their shares while it is in the cache): as
 # many as fit this many bytes, within these bounds. A LoadedOnUse round reads them a group at a time.
 FOLD_GROUP_BYTES = 256 << 20
 FOLD_GROUP_MAX = 16
 
 
-def _fold_group(state: Mapping[str, Tensor]) -> int:
+def fold_group(state: Mapping[str, Tensor]) -> int:
     nbytes = sum(tensor.numel() * tensor.element_size() for tensor in state.values())
     return max(1, min(FOLD_GROUP_MAX, FOLD_GROUP_BYTES // max(nbytes, 1)))
 
@@ -475,13 +538,13 @@ def _forget_threads() -> None:
 os.register_at_fork(after_in_child=_forget_threads)
 
 
-def in_parts(work: Callable[..., None], into: Tensor, *inputs: Tensor) -> None:
+def in_parts(work: Callable[..., None], into: Tensor, *inputs: Tensor, threads: int | None = None) -> None:
     """work(into's part, each input's part) over contiguous parts, one per thread, on a CPU.
 
     Parts are whole multiples of the slice (`sliced`), so each element takes the path it takes in one pass; a
     GPU tensor, or one of a few slices, is one part, worked in this thread. `into` must be contiguous."""
     size = into.numel()
-    parts = min(AGGREGATION_THREADS, size // _SLICE) if into.device.type == "cpu" else 1
+    parts = min(threads or AGGREGATION_THREADS, size // _SLICE) if into.device.type == "cpu" else 1
     if parts <= 1:
         work(into, *inputs)
         return

@@ -189,7 +189,7 @@ def test_fedavg_split_over_threads_gives_the_bits_of_one_whole_pass(
     monkeypatch.setattr(aggregate, "AGGREGATION_THREADS", threads)
     size = 5 * aggregate._SLICE + 123  # several slices and a ragged end
     monkeypatch.setattr(aggregate, "FOLD_GROUP_BYTES", group * size * 4)
-    assert aggregate._fold_group({"w": torch.zeros(size)}) == group
+    assert aggregate.fold_group({"w": torch.zeros(size)}) == group
     generator = torch.Generator().manual_seed(7)
 
     def state() -> dict[str, torch.Tensor]:
@@ -197,8 +197,8 @@ def test_fedavg_split_over_threads_gives_the_bits_of_one_whole_pass(
         return {"w": (torch.randn(size, generator=generator, dtype=torch.float64) * scale).float()}
 
     base = state()
-    updates = [(device, 3 + device, state()) for device in range(3)]
-    packs = [[(device, 11 + device, state()) for device in range(first, first + 2)] for first in (3, 5, 7)]
+    updates = [(device, 3 + device, state()) for device in (0, 4, 9)]
+    packs = [[(device, 11 + device, state()) for device in range(first, first + 2)] for first in (2, 5, 7)]
     sums = []
     for pack in packs:
         summed = torch.zeros(size, dtype=torch.float64)
@@ -209,12 +209,14 @@ def test_fedavg_split_over_threads_gives_the_bits_of_one_whole_pass(
 
     result = fedavg(base, updates, 0.7, sums=sums[::-1])
 
+    # Devices alone and packs' sums in one order, by (lowest) device: FedAvg's sum, divided at the step.
+    shares = {device: (samples, s["w"].double() - base["w"].double()) for device, samples, s in updates}
+    shares.update({device: (1, summed_state["w"]) for device, _, summed_state in sums})
     delta = torch.zeros(size, dtype=torch.float64)
-    for _, samples, s in updates:
-        delta += (s["w"].double() - base["w"].double()) * (samples / total)
-    for _, _, summed_state in sums:
-        delta += summed_state["w"] / total
-    expected = (delta * 0.7 + base["w"].double()).float()
+    for device in sorted(shares):
+        count, share = shares[device]
+        delta.add_(share, alpha=count)
+    expected = (delta * (0.7 / total) + base["w"].double()).float()
     assert torch.equal(result["w"].view(torch.int32), expected.view(torch.int32))
 
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from fedqueue.core import jobs
 from fedqueue.core.broker.blobs import blobs_per_read
@@ -29,6 +29,9 @@ from fedqueue.fl.worker.state_blobs import get_states
 
 if TYPE_CHECKING:
     import torch
+    from sqlalchemy.engine import Row
+
+    from fedqueue.fl.strategy.sync.early_fold import EarlyFold
 
 log = logging.getLogger(__name__)
 
@@ -42,15 +45,34 @@ TAIL_MARGIN_S = 2.0
 
 @dataclass
 class ReadAhead:
-    """Updates read (checked against their sha256) and decoded before the round was complete, by update key."""
+    """Updates read (checked against their sha256) and decoded before the round was complete, by update key,
+    and FedAvg's sum begun over them (fedqueue.fl.strategy.sync.early_fold) where the round's rule is FedAvg."""
 
     states: dict[str, dict[str, torch.Tensor]] = field(default_factory=dict)
-    nbytes: int = 0  # read in all
+    read: set[str] = field(default_factory=set)  # keys read ahead, held or handed over
+    nbytes: int = 0  # held now
     count: int = 0  # updates read ahead in all
+    early: EarlyFold | None = None
+    _sizes: dict[str, int] = field(default_factory=dict, repr=False)  # of those held
 
     def take(self, key: str) -> dict[str, torch.Tensor] | None:
         """The update's weights, handed over once (the aggregation holds them only while it sums them)."""
-        return self.states.pop(key, None)
+        state = self.states.pop(key, None)
+        if state is not None:
+            self.nbytes -= self._sizes.pop(key, 0)
+        return state
+
+    def hold(self, ref: BlobRef, state: dict[str, torch.Tensor]) -> None:
+        self.states[ref.key] = state
+        self.read.add(ref.key)
+        self._sizes[ref.key] = ref.nbytes
+        self.nbytes += ref.nbytes
+        self.count += 1
+
+    def discard(self) -> None:
+        """Give back a sum begun and not stepped (its memory is kept for the next fold)."""
+        if self.early is not None:
+            self.early.discard()
 
 
 def tail_started(services: Services, stored: int, round_size: int) -> bool:
@@ -88,13 +110,15 @@ def read_round_ahead(
     renew_every_s = services.settings.heartbeat_ttl_s / 3
     queues = _served_queues()  # once, not on every poll
     seen, run_checked, renewed = -1, began, began
+    outcomes: list[Row[Any]] = []
     while True:
         stored = count_done(services.store, run_id, round_index)
         if stored >= round_size:
             return ahead  # what is left is read as the aggregation sums
         if stored != seen:
             seen = stored
-            _read_new(services, run_id, round_index, ahead)
+            outcomes = _read_new(services, run_id, round_index, ahead)
+        folded = ahead.early is not None and ahead.early.advance(outcomes, ahead.take)
         now = time.monotonic()
         if now - renewed >= renew_every_s:
             # While this aggregator waits, the round's last result must not request a second one.
@@ -110,16 +134,19 @@ def read_round_ahead(
                 return ahead
             log.info("run %s round %d: tail not over after %.1f s; slot given back", run_id, round_index, now - began)
             return None
-        time.sleep(POLL_S)
+        if not folded:
+            time.sleep(POLL_S)
 
 
-def _read_new(services: Services, run_id: str, round_index: int, ahead: ReadAhead) -> None:
-    """Read the updates stored since the last look, while the read-ahead stays under its memory cap."""
+def _read_new(services: Services, run_id: str, round_index: int, ahead: ReadAhead) -> list[Row[Any]]:
+    """Read the updates stored since the last look, while the read-ahead stays under its memory cap; the round's
+    results as they stand."""
     fresh: dict[str, BlobRef] = {}  # a pack's summed update is one key for several rows
     budget = READ_AHEAD_MAX_BYTES - ahead.nbytes
-    for task in round_outcomes(services.store, run_id, round_index):
+    outcomes = round_outcomes(services.store, run_id, round_index)
+    for task in outcomes:
         key = task.update_key
-        if task.state != "done" or not key or key in ahead.states or key in fresh:
+        if task.state != "done" or not key or key in ahead.read or key in fresh:
             continue
         if task.update_nbytes > budget:
             break
@@ -131,6 +158,5 @@ def _read_new(services: Services, run_id: str, round_index: int, ahead: ReadAhea
         refs = refs_in_order[start : start + chunk]
         # Decoded now too (or mapped from shared memory): the idle slot's time, not the round's.
         for ref, state in zip(refs, get_states(services.blobs, refs), strict=True):
-            ahead.states[ref.key] = state
-            ahead.nbytes += ref.nbytes
-            ahead.count += 1
+            ahead.hold(ref, state)
+    return outcomes

@@ -23,7 +23,7 @@ from fedqueue.core.services import Services
 from fedqueue.errors import BlobIntegrityError
 from fedqueue.fl.clock.stops import Stop, accuracy_stop, time_stop, version_stop
 from fedqueue.fl.config import RunConfig
-from fedqueue.fl.messages import aggregate_key, global_key, is_pack_sum_key
+from fedqueue.fl.messages import aggregate_key, global_key
 from fedqueue.fl.ml.weights import decode_state, encode_state
 from fedqueue.fl.packs.tasks import tasks_of_round
 from fedqueue.fl.store.results import (
@@ -42,9 +42,10 @@ from fedqueue.fl.store.schema import RoundRow
 from fedqueue.fl.store.states import keep_named_states
 from fedqueue.fl.store.stop_rows import record_stop
 from fedqueue.fl.strategy.common import ClaimLost, checkpoint_bytes, checkpoint_version, evaluate_version, renewing
+from fedqueue.fl.strategy.sync.early_fold import EarlyFold
 from fedqueue.fl.strategy.sync.read_ahead import ReadAhead, read_round_ahead
 from fedqueue.fl.strategy.sync.requests import request_aggregation
-from fedqueue.fl.strategy.sync.section import FedAvgSection
+from fedqueue.fl.strategy.sync.round_updates import StoredUpdate, updates_of
 from fedqueue.fl.worker.state_blobs import get_state, get_states, recycle_states
 
 if TYPE_CHECKING:
@@ -137,13 +138,22 @@ def aggregate_round(
     if row is None:
         return None
     ahead = ReadAhead()
+    try:
+        return _aggregate_round(services, run_id, row, owner, cache, ahead)
+    finally:
+        ahead.discard()  # a sum begun in the tail and not stepped: kept for the next fold
+
+
+def _aggregate_round(
+    services: Services, run_id: str, row: RoundRow, owner: str, cache: WorkerCache | None, ahead: ReadAhead
+) -> float | None:
+    round_index = row.round_index
     if count_done(services.store, run_id, round_index) < len(row.selected):
         if row.state != "training":
             return None
-        waited = read_round_ahead(services, run_id, round_index, len(row.selected))
-        if waited is None:
+        ahead.early = _early_fold(services, cache, run_id, row)
+        if read_round_ahead(services, run_id, round_index, len(row.selected), into=ahead) is None:
             return None
-        ahead = waited
     if not _previous_closed(services, run_id, round_index):
         # Its closer (or the repair pass that finishes it) requests this aggregation again.
         services.ledger.forget_request(aggregate_key(run_id, round_index))
@@ -214,7 +224,7 @@ def _aggregate_claimed_round(
     ahead: ReadAhead,
 ) -> None:
     # torch: loaded by the worker that aggregates, not by the command line
-    from fedqueue.fl.ml.aggregate import SUMMABLE_RULES, fedavg
+    from fedqueue.fl.ml.aggregate import SUMMABLE_RULES
     from fedqueue.fl.ml.stat_resnet import reset_trackers
     from fedqueue.fl.setup import resolve_plugins
 
@@ -234,17 +244,19 @@ def _aggregate_claimed_round(
         return
     results = [task for task in tasks if task.state == "done"]
     began = time.perf_counter()
-    global_state = _round_model(services, cache, run_id, row)
-    alone, packs = _updates_of(results)
-    # Each update is read as the rule reaches it (a few ahead): memory stays flat whatever the round's size.
-    with _loaded(services, alone, ahead) as updates, _loaded(services, packs, ahead) as sums:
-        if sums:
-            aggregate = config.strategy(FedAvgSection).aggregate
-            if aggregate not in SUMMABLE_RULES:
-                raise RuntimeError(f"round {round_index}: pre-summed packs, but aggregate = {aggregate!r}")
-            new_state = fedavg(global_state, updates, config.global_lr, sums)
-        else:
-            new_state = resolve_plugins(config).aggregate(global_state, updates, config.global_lr, config.plugin)
+    global_state = (
+        ahead.early.sum.global_state if ahead.early is not None else _round_model(services, cache, run_id, row)
+    )
+    updates = updates_of(results)
+    aggregate = config.plugin_names()["aggregate"]
+    if aggregate in SUMMABLE_RULES:
+        new_state = _fedavg_of(services, global_state, updates, ahead, config.global_lr)
+    elif any(update.summed for update in updates):
+        raise RuntimeError(f"round {round_index}: pre-summed packs, but aggregate = {aggregate!r}")
+    else:
+        # Each update is read as the rule reaches it (a few ahead): memory stays flat whatever the round's size.
+        with _loaded(services, updates, ahead) as loaded:
+            new_state = resolve_plugins(config).aggregate(global_state, loaded, config.global_lr, config.plugin)
     # FedRevive: a new version carries no feature statistics of its own (a no-op without trackers).
     new_state = reset_trackers(new_state)
     encoded = encode_state(new_state)
@@ -285,7 +297,10 @@ def _aggregate_claimed_round(
     else:
         services.blobs.delete(update_keys)
     services.blobs.delete([row.model_key])
-    log.info("run %s round %d aggregated from %d devices", run_id, round_index, len(results))
+    early = len(ahead.early.folded) if ahead.early is not None else 0
+    log.info(
+        "run %s round %d aggregated from %d devices (%d updates folded early)", run_id, round_index, len(results), early
+    )
 
 
 def _round_sim_time(services: Services, config: RunConfig, run_id: str, row: RoundRow) -> float:
@@ -299,37 +314,46 @@ def _round_sim_time(services: Services, config: RunConfig, run_id: str, row: Rou
     return began + max((clock.trip_seconds(row.round_index, device) for device in row.selected), default=0.0)
 
 
-_Stored = tuple[int, int, BlobRef]  # (device, samples, its update); for a pack: its lowest device, its samples
+def _early_fold(services: Services, cache: WorkerCache | None, run_id: str, row: RoundRow) -> EarlyFold | None:
+    """A FedAvg sum to fold the round's first updates into while its last devices train; None for other rules."""
+    config = RunConfig.from_stored(services.store.get_run(run_id).config)
+    # torch, as in aggregation
+    from fedqueue.fl.ml.aggregate import SUMMABLE_RULES
+
+    if config.plugin_names()["aggregate"] not in SUMMABLE_RULES:
+        return None
+    return EarlyFold(_round_model(services, cache, run_id, row), row.selected)
 
 
-def _updates_of(results: Sequence[Row[Any]]) -> tuple[list[_Stored], list[_Stored]]:
-    """The round's updates: devices stored alone, and packs stored as one pre-summed update."""
-    alone: list[_Stored] = []
-    packs: dict[str, list[Row[Any]]] = {}
-    for task in results:
-        assert task.update_key and task.update_sha256 and task.update_nbytes is not None
-        if is_pack_sum_key(task.update_key):
-            packs.setdefault(task.update_key, []).append(task)
-        else:
-            ref = BlobRef(key=task.update_key, sha256=task.update_sha256, nbytes=task.update_nbytes)
-            alone.append((task.device, task.samples, ref))
-    summed = [
-        (
-            min(task.device for task in pack),
-            sum(task.samples for task in pack),
-            BlobRef(key=key, sha256=pack[0].update_sha256, nbytes=pack[0].update_nbytes),
-        )
-        for key, pack in packs.items()
-    ]
-    return alone, summed
+def _fedavg_of(
+    services: Services,
+    global_state: Mapping[str, torch.Tensor],
+    updates: Sequence[StoredUpdate],
+    ahead: ReadAhead,
+    global_lr: float,
+) -> dict[str, torch.Tensor]:
+    """FedAvg over the round's updates (in device order), on from the sum begun in its tail where that holds
+    the round's first updates."""
+    from fedqueue.fl.ml.aggregate import FedAvgSum, fold_group
+
+    resumed = ahead.early.resumed(updates) if ahead.early is not None else None
+    folding, done = resumed if resumed is not None else (FedAvgSum(global_state), 0)
+    rest = updates[done:]
+    group = fold_group(global_state)
+    # Each update is read as the fold reaches it (a few ahead): memory stays flat whatever the round's size.
+    with _loaded(services, rest, ahead) as loaded:
+        for first in range(0, len(rest), group):
+            members = range(first, min(first + group, len(rest)))
+            folding.fold([(loaded[position], rest[position].summed) for position in members])
+    return folding.step(global_lr)
 
 
-def _loaded(services: Services, stored: Sequence[_Stored], ahead: ReadAhead) -> LoadedOnUse:
+def _loaded(services: Services, stored: Sequence[StoredUpdate], ahead: ReadAhead) -> LoadedOnUse:
     """Updates as they are used: those read ahead from memory, the rest from the blob store, many per round trip."""
     # torch, as in aggregation
     from fedqueue.fl.ml.aggregate import LoadedOnUse
 
-    refs = [ref for _, _, ref in stored]
+    refs = [update.ref for update in stored]
 
     def load_many(positions: Sequence[int]) -> list[Mapping[str, torch.Tensor]]:
         wanted = [refs[position] for position in positions]
@@ -339,7 +363,7 @@ def _loaded(services: Services, stored: Sequence[_Stored], ahead: ReadAhead) -> 
         return [held[ref.key] or fetched[ref.key] for ref in wanted]  # a state is never empty
 
     return LoadedOnUse(
-        [(device, samples) for device, samples, _ in stored],
+        [(update.device, update.samples) for update in stored],
         lambda position: load_many([position])[0],
         read_ahead=UPDATES_READ_AHEAD,
         load_many=load_many,

@@ -22,12 +22,15 @@ from fedqueue.core.connect import open_services
 from fedqueue.core.jobs import CONTROL_QUEUE
 from fedqueue.core.services import Services
 from fedqueue.fl import api
+from fedqueue.fl.config import RunConfig
 from fedqueue.fl.messages import AggregateTask, DeviceTask, aggregate_key
 from fedqueue.fl.ml.weights import decode_state
 from fedqueue.fl.scheduler import submit_run
-from fedqueue.fl.store.results import list_rounds, round_outcomes
-from fedqueue.fl.strategy.sync import read_ahead
+from fedqueue.fl.store.results import list_rounds, load_checkpoint, round_outcomes
+from fedqueue.fl.strategy.sync import read_ahead, rounds
+from fedqueue.fl.strategy.sync.early_fold import EarlyFold
 from fedqueue.fl.strategy.sync.read_ahead import ReadAhead, read_round_ahead
+from fedqueue.fl.strategy.sync.rounds import aggregate_round
 from fedqueue.fl.strategy.sync.strategy import SYNCHRONOUS
 from fedqueue.fl.worker.cache import WorkerCache
 from fedqueue.fl.worker.device_task import run_device_task
@@ -139,3 +142,33 @@ def test_a_tail_longer_than_its_limit_takes_the_slot_back(tail: Tail, monkeypatc
     monkeypatch.setattr(read_ahead, "TAIL_MARGIN_S", 0.3)
     assert read_round_ahead(services, run_id, 1, 3) is None
     assert services.ledger.request_once(aggregate_key(run_id, 1), within_s=30)
+
+
+def test_an_aggregation_in_the_tail_folds_the_leading_updates_and_ends_on_the_reference(
+    tail: Tail, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """FedAvg's sum is begun while the round's last device trains (the two stored updates lead in device order);
+    the version is bit for bit the one folded from nothing."""
+    services, run_id, devices, _ = tail
+    made: list[EarlyFold] = []
+
+    class Watched(EarlyFold):
+        def __init__(self, *args: Any) -> None:
+            super().__init__(*args)
+            made.append(self)
+
+    monkeypatch.setattr(rounds, "EarlyFold", Watched)
+    began: list[float | None] = []
+    aggregator = threading.Thread(target=lambda: began.append(aggregate_round(services, run_id, 1, "test@host")))
+    aggregator.start()
+    try:
+        wait_until(lambda: (bool(made) and len(made[0].folded) == 2) or not aggregator.is_alive(), 30)
+        run_device_task(services, WorkerCache(), devices[2], "test@host", 1, SYNCHRONOUS)
+    finally:
+        aggregator.join(timeout=60)
+    assert len(began) == 1 and began[0] is not None
+    assert [update.device for update in made[0].folded] == [device for task in devices[:2] for device in task.devices]
+    checkpoint = load_checkpoint(services.store, run_id)
+    assert checkpoint is not None
+    config = RunConfig.from_stored(services.store.get_run(run_id).config)
+    assert_same_weights(decode_state(checkpoint.data), reference_final_state(config))
