@@ -65,7 +65,7 @@ class StateFiles:
             raise ValueError(f"not a state's name: run {run_id!r}, sha256 {sha256!r}")
         return self.folder / run_id / sha256
 
-    def write(self, run_id: str, sha256: str, data: bytes) -> None:
+    def write(self, run_id: str, sha256: str, data: bytes | memoryview) -> None:
         """Put the state in place (nothing to do when its file is there: a name only ever holds whole bytes)."""
         final = self.path(run_id, sha256)
         if final.exists():

@@ -30,8 +30,8 @@ from fedqueue.core.broker.shm import (
 from fedqueue.core.connect import open_services
 from fedqueue.errors import BlobIntegrityError
 from fedqueue.fl import api
-from fedqueue.fl.ml.weights import decode_state, write_state
-from fedqueue.fl.worker.state_blobs import get_state, put_state, recycle_states
+from fedqueue.fl.ml.weights import decode_state, encode_state, write_state
+from fedqueue.fl.worker.state_blobs import get_state, publish_state, put_state, recycle_states
 from fedqueue.queue.embedded import EmbeddedRedis
 from tests.conftest import running_workers
 from tests.support.helpers import assert_same_weights, reference_final_state, small_config
@@ -85,6 +85,35 @@ def test_one_host_blobs_stay_in_shared_memory_and_map_back(tmp_path: Path, redis
     model = blobs.put("run/global/0", b"model bytes")
     assert model.sha256 == hashlib.sha256(b"model bytes").hexdigest() and blobs.get(model) == b"model bytes"
     assert blobs.exists("run/update/1/0/ab") and not blobs.exists("run/update/1/0/other")
+
+
+@pytest.mark.parametrize("one_host", [True, False])
+def test_a_published_state_is_named_by_its_sha256_taken_as_it_is_written(
+    tmp_path: Path, redis_blobs: RedisBlobStore, one_host: bool
+) -> None:
+    """A version a checkpoint keeps: its digest says its content (no encoding in between on one host), and its
+    bytes come back as they are stored, from its file."""
+    blobs = SharedMemoryBlobStore(tmp_path, redis_blobs, one_host=one_host, ttl_s=TTL_S)
+    state = _state()
+    ref, stored = publish_state(blobs, "run/global/2", state)
+    path = blobs.local_path(ref)
+    assert path is not None
+    assert ref.sha256 == hashlib.sha256(path.read_bytes()).hexdigest() == hashlib.sha256(stored).hexdigest()
+    assert bytes(stored) == encode_state(state) and ref.nbytes == len(stored)
+    _same(get_state(blobs, ref), state)
+    # On one host nothing went to Redis; for other hosts the bytes are there under the same digest.
+    assert (_redis_keys(redis_blobs) == []) == one_host
+    if not one_host:
+        assert redis_blobs.get(ref) == bytes(stored)
+    # Where the folder is full the bytes are the encoding, and the ref the broker's.
+    limit = resource.getrlimit(resource.RLIMIT_FSIZE)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (1024, limit[1]))
+    try:
+        full, encoded = publish_state(blobs, "run/global/3", state)
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, limit)
+    assert blobs.local_path(full) is None and full.sha256 == hashlib.sha256(encoded).hexdigest()
+    assert list((tmp_path / PARTIAL).iterdir()) == []
 
 
 def test_a_mapped_state_is_private_to_its_reader(tmp_path: Path, redis_blobs: RedisBlobStore) -> None:

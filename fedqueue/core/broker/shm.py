@@ -34,7 +34,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path, PurePosixPath
-from typing import BinaryIO
+from typing import Any, BinaryIO, cast
 
 import redis
 
@@ -95,6 +95,23 @@ class SharedMemoryBlobStore:
         write(buffer)
         return self.put(key, buffer.getvalue())
 
+    def write_named(self, key: str, write: Writer) -> BlobRef:
+        """As `write`, for a blob named by its sha256 (one a checkpoint keeps, whose digest must say its
+        content): hashed as it is written into shared memory, still with no bytes in between."""
+        if self.one_host:
+            hashed: list[_HashingWriter] = []
+
+            def write_hashed(out: BinaryIO) -> None:
+                hashed.append(_HashingWriter(out))
+                write(cast(BinaryIO, hashed[-1]))
+
+            nbytes = self._keep(key, lambda: hashed[-1].sha256.hexdigest(), write_hashed)
+            if nbytes is not None:
+                return BlobRef(key=key, sha256=hashed[-1].sha256.hexdigest(), nbytes=nbytes)
+        buffer = io.BytesIO()
+        write(buffer)
+        return self.put(key, buffer.getvalue())
+
     def put(self, key: str, data: bytes) -> BlobRef:
         ref = blob_ref(key, data) if self.one_host else self.remote.put(key, data)
         if self._keep(key, ref.sha256, lambda out: out.write(data)) is None and self.one_host:
@@ -104,8 +121,9 @@ class SharedMemoryBlobStore:
     def put_many(self, items: Sequence[tuple[str, bytes]]) -> list[BlobRef]:
         return [self.put(key, data) for key, data in items]
 
-    def _keep(self, key: str, digest: str, write: Writer) -> int | None:
-        """Write the blob's file; its size, or None where shared memory has no room for it."""
+    def _keep(self, key: str, digest: str | Callable[[], str], write: Writer) -> int | None:
+        """Write the blob's file, named `digest` (or what it returns once the file is written); its size, or None
+        where shared memory has no room for it."""
         partials = self.root / PARTIAL
         try:
             partials.mkdir(parents=True, exist_ok=True)
@@ -118,7 +136,7 @@ class SharedMemoryBlobStore:
                 write(out)
                 nbytes = out.tell()
                 out.truncate()  # a spare may have been longer
-            self._publish(partial, key, digest)
+            self._publish(partial, key, digest if isinstance(digest, str) else digest())
         except OSError as err:
             partial.unlink(missing_ok=True)
             self._no_room(err)
@@ -289,6 +307,22 @@ class SharedMemoryBlobStore:
                 with contextlib.suppress(OSError):  # not empty
                     here.rmdir()
         return removed
+
+
+class _HashingWriter(io.RawIOBase):
+    """A file object that writes to `out` and takes the sha256 of what passes through it."""
+
+    def __init__(self, out: BinaryIO) -> None:
+        super().__init__()
+        self._out = out
+        self.sha256 = hashlib.sha256()
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, data: Any) -> int:
+        self.sha256.update(data)
+        return self._out.write(data)
 
 
 def _fresh_file(partials: Path) -> Path:

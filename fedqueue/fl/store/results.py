@@ -417,7 +417,7 @@ def round_outcomes(store: Store, run_id: str, round_index: int) -> list[Row[Any]
 
 
 @retry_transient
-def save_checkpoint(store: Store, run_id: str, version: int, sha256: str, data: bytes) -> None:
+def save_checkpoint(store: Store, run_id: str, version: int, sha256: str, data: bytes | memoryview) -> None:
     kept = row_bytes(store, run_id, sha256, data)
     with store.engine.begin() as connection:
         before = connection.execute(

@@ -267,7 +267,7 @@ class MadeVersion:
 
     version: int
     sha256: str
-    data: bytes
+    data: bytes | memoryview  # bytes once save_pass has put them in their file (or its row holds them)
     metrics: dict[str, Any]
     next_round: RoundRow | None  # the round that trains on it; None for the run's last version
     timing: TaskTiming | None = None

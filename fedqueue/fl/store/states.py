@@ -18,10 +18,10 @@ CHECKPOINTS = cast(Table, CheckpointRow.__table__)
 VERSIONS = cast(Table, ModelVersionRow.__table__)
 
 
-def row_bytes(store: Store, run_id: str, sha256: str, data: bytes) -> bytes:
+def row_bytes(store: Store, run_id: str, sha256: str, data: bytes | memoryview) -> bytes:
     """What a row keeps of a state: nothing where its file now holds it (written before the row's commit)."""
     if store.state_files is None:
-        return data
+        return bytes(data)
     store.state_files.write(run_id, sha256, data)
     return b""
 

@@ -81,7 +81,7 @@ def evaluate_version(
 
 
 def checkpoint_version(
-    services: Services, run_id: str, version: int, encoded: bytes, sha256: str | None = None
+    services: Services, run_id: str, version: int, encoded: bytes | memoryview, sha256: str | None = None
 ) -> None:
     """The run's checkpoint; `sha256`: the encoding's, where the caller has it already (not hashed again)."""
     digest = sha256 if sha256 is not None else hashlib.sha256(encoded).hexdigest()

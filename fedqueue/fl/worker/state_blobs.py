@@ -3,6 +3,8 @@ keeps files there (fl/ml/weights.py's write_state and map_state), encoded and de
 
 from __future__ import annotations
 
+import contextlib
+import mmap
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING
 
@@ -14,12 +16,30 @@ from fedqueue.fl.ml.weights import decode_state, encode_state, map_state, write_
 if TYPE_CHECKING:
     import torch
 
+Buffer = bytes | memoryview  # a state's bytes, read only: encoded, or a map of its file
+
 
 def put_state(blobs: BlobStore, key: str, state: dict[str, torch.Tensor]) -> BlobRef:
     """Store a state as a blob: straight into shared memory where the store keeps files there."""
     if isinstance(blobs, SharedMemoryBlobStore):
         return blobs.write(key, lambda out: write_state(state, out))
     return blobs.put(key, encode_state(state))
+
+
+def publish_state(blobs: BlobStore, key: str, state: dict[str, torch.Tensor]) -> tuple[BlobRef, Buffer]:
+    """Store a state as a blob named by its sha256 (a version a checkpoint keeps); its ref and its bytes as
+    stored: a read-only map of its file where it went straight into shared memory (no encoding in between),
+    else its encoding."""
+    if isinstance(blobs, SharedMemoryBlobStore):
+        ref = blobs.write_named(key, lambda out: write_state(state, out))
+        path = blobs.local_path(ref)
+        if path is not None:
+            # Deleted since (a second publisher's rename does not, it keeps the same bytes): encoded below.
+            with contextlib.suppress(FileNotFoundError), path.open("rb") as file:
+                return ref, memoryview(mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ))
+        return ref, encode_state(state)
+    encoded = encode_state(state)
+    return blobs.put(key, encoded), encoded
 
 
 def put_states(blobs: BlobStore, items: Sequence[tuple[str, dict[str, torch.Tensor]]]) -> list[BlobRef]:

@@ -31,7 +31,7 @@ from fedqueue.errors import BlobIntegrityError
 from fedqueue.fl.clock.stops import ACCURACY_RULES, Stop, accuracy_stop
 from fedqueue.fl.config import RunConfig
 from fedqueue.fl.messages import DeviceTask, FoldTask, fold_key, global_key
-from fedqueue.fl.ml.weights import decode_state, encode_state
+from fedqueue.fl.ml.weights import decode_state
 from fedqueue.fl.packs.tasks import tasks_of_packs
 from fedqueue.fl.store import schedule_rows
 from fedqueue.fl.store.results import add_round, get_round
@@ -43,7 +43,7 @@ from fedqueue.fl.strategy.fedbuff import schedule
 from fedqueue.fl.strategy.fedbuff.rule import BUFFERED, VersionInputs, VersionRule
 from fedqueue.fl.strategy.fedbuff.schedule import Arrival, Dispatch, NewVersion, Outcome, Rules, ScheduleState, Trip
 from fedqueue.fl.strategy.fedbuff.section import FedBuffSection
-from fedqueue.fl.worker.state_blobs import get_state, get_states, recycle_states
+from fedqueue.fl.worker.state_blobs import get_state, get_states, publish_state, recycle_states
 from fedqueue.fl.worker.timing_rows import aggregation_timing
 
 if TYPE_CHECKING:
@@ -573,7 +573,6 @@ class _FoldPass:
         )
         # FedRevive: a new version carries no feature statistics of its own (a no-op without trackers).
         new_state = reset_trackers(made.state)
-        encoded = encode_state(new_state)
         metrics: dict[str, Any] = {"aggregate_ms": (time.perf_counter() - clock) * 1000, "sim_time": event.at}
         losses = [row.loss for row in stored if row.loss is not None]
         if losses:
@@ -599,7 +598,8 @@ class _FoldPass:
             compute_ms=(time.perf_counter() - clock) * 1000,
         )
         # Published first, recorded with the save: a pass that dies in between publishes the same bytes again.
-        ref = self.services.blobs.put(global_key(self.run_id, event.version), encoded)
+        # Hashed as it is written; the save reads its bytes back from there.
+        ref, encoded = publish_state(self.services.blobs, global_key(self.run_id, event.version), new_state)
         last = bounded or stop is not None
         next_round = None if last else _round_on(self.run_id, event.version, ref)
         # Recorded by the pass's save, with the schedule that made it: one transaction, not two.

@@ -24,7 +24,7 @@ from fedqueue.errors import BlobIntegrityError
 from fedqueue.fl.clock.stops import Stop, accuracy_stop, time_stop, version_stop
 from fedqueue.fl.config import RunConfig
 from fedqueue.fl.messages import aggregate_key, global_key
-from fedqueue.fl.ml.weights import decode_state, encode_state
+from fedqueue.fl.ml.weights import decode_state
 from fedqueue.fl.packs.tasks import tasks_of_round
 from fedqueue.fl.store.results import (
     add_round,
@@ -46,7 +46,7 @@ from fedqueue.fl.strategy.sync.early_fold import EarlyFold
 from fedqueue.fl.strategy.sync.read_ahead import ReadAhead, read_round_ahead
 from fedqueue.fl.strategy.sync.requests import request_aggregation
 from fedqueue.fl.strategy.sync.round_updates import StoredUpdate, updates_of
-from fedqueue.fl.worker.state_blobs import get_state, get_states, recycle_states
+from fedqueue.fl.worker.state_blobs import get_state, get_states, publish_state, recycle_states
 
 if TYPE_CHECKING:
     import torch
@@ -259,7 +259,6 @@ def _aggregate_claimed_round(
             new_state = resolve_plugins(config).aggregate(global_state, loaded, config.global_lr, config.plugin)
     # FedRevive: a new version carries no feature statistics of its own (a no-op without trackers).
     new_state = reset_trackers(new_state)
-    encoded = encode_state(new_state)
     aggregate_ms = (time.perf_counter() - began) * 1000
 
     metrics: dict[str, Any] = {"aggregate_ms": aggregate_ms, "read_ahead": ahead.count}
@@ -274,8 +273,9 @@ def _aggregate_claimed_round(
     if lost.is_set() or not renew_claim(services.store, run_id, round_index, owner):
         raise ClaimLost()
     # Published before the round is closed, to checkpoint it with the digest its ref carries (one sha256 of the
-    # model, not two): an aggregator that takes over publishes the same bytes under the same key.
-    published = publish_version(services, run_id, round_index, encoded)
+    # model, taken as it is written; its bytes read back from there): an aggregator that takes over publishes
+    # the same bytes under the same key.
+    published, encoded = publish_state(services.blobs, global_key(run_id, round_index), new_state)
     ends = stop_after(services, run_id, config, round_index, closing=metrics)
     if ends is None:
         # The next round trains while this one's checkpoint commits (a 45 MB model takes hundreds of ms): the
@@ -389,12 +389,14 @@ def finish_run(services: Services, run_id: str, stop: Stop) -> bool:
     return services.store.finish_run(run_id, "finished")
 
 
-def _after_closing(services: Services, run_id: str, round_index: int, published: BlobRef, encoded: bytes) -> None:
+def _after_closing(
+    services: Services, run_id: str, round_index: int, published: BlobRef, encoded: bytes | memoryview
+) -> None:
     """A round closed after the next one started: what that start could not count on yet."""
     # A broker that restarted empty while the checkpoint committed took the next round's model with it, and the
     # repair pass could not republish it from a checkpoint not yet in: the closer does it.
     if not services.blobs.exists(published.key):
-        publish_version(services, run_id, round_index, encoded)
+        publish_version(services, run_id, round_index, bytes(encoded))
     # The next round's aggregation waits for this one to close, and gives its slot back past a while: a next
     # round already complete is requested again (forgotten first: its request may have found this one open).
     following = get_round(services.store, run_id, round_index + 1)
