@@ -131,7 +131,8 @@ def aggregate_round(
     `cache`: this worker's, where the round's model may already be.
 
     Requested in the round's tail, it first reads the updates already stored while the last
-    devices train (fedqueue.fl.strategy.sync.read_ahead), and gives up if the tail outlasts its limit.
+    devices train (fedqueue.fl.strategy.sync.read_ahead), begins FedAvg's sum over those that lead in
+    device order (fedqueue.fl.strategy.sync.early_fold), and gives up if the tail outlasts its limit.
     The claim is renewed while this runs. A failure hands it back and raises, so the task is retried.
     """
     row = get_round(services.store, run_id, round_index)
