@@ -50,23 +50,24 @@ class ReadAhead:
 
     states: dict[str, dict[str, torch.Tensor]] = field(default_factory=dict)
     read: set[str] = field(default_factory=set)  # keys read ahead, held or handed over
-    nbytes: int = 0  # held now
     count: int = 0  # updates read ahead in all
     early: EarlyFold | None = None
     _sizes: dict[str, int] = field(default_factory=dict, repr=False)  # of those held
 
+    @property
+    def nbytes(self) -> int:
+        """Bytes held now."""
+        return sum(self._sizes.values())
+
     def take(self, key: str) -> dict[str, torch.Tensor] | None:
         """The update's weights, handed over once (the aggregation holds them only while it sums them)."""
-        state = self.states.pop(key, None)
-        if state is not None:
-            self.nbytes -= self._sizes.pop(key, 0)
-        return state
+        self._sizes.pop(key, None)
+        return self.states.pop(key, None)
 
     def hold(self, ref: BlobRef, state: dict[str, torch.Tensor]) -> None:
         self.states[ref.key] = state
         self.read.add(ref.key)
         self._sizes[ref.key] = ref.nbytes
-        self.nbytes += ref.nbytes
         self.count += 1
 
     def discard(self) -> None:
