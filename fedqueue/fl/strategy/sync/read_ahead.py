@@ -112,14 +112,17 @@ def read_round_ahead(
     queues = _served_queues()  # once, not on every poll
     seen, run_checked, renewed = -1, began, began
     outcomes: list[Row[Any]] = []
+    folded = False
     while True:
         stored = count_done(services.store, run_id, round_index)
         if stored >= round_size:
             return ahead  # what is left is read as the aggregation sums
-        if stored != seen:
+        fresh = stored != seen
+        if fresh:
             seen = stored
             outcomes = _read_new(services, run_id, round_index, ahead)
-        folded = ahead.early is not None and ahead.early.advance(outcomes, ahead.take)
+        # Nothing more leads until new results come in, once a look folded none.
+        folded = (fresh or folded) and ahead.early is not None and ahead.early.advance(outcomes, ahead.take)
         now = time.monotonic()
         if now - renewed >= renew_every_s:
             # While this aggregator waits, the round's last result must not request a second one.
