@@ -84,20 +84,11 @@ class SharedMemoryBlobStore:
             self._one_host = self._one_host()
         return self._one_host
 
-    def write(self, key: str, write: Writer) -> BlobRef:
-        """A blob that `write` writes into a file object: straight into shared memory, no bytes in between."""
-        if self.one_host:
-            tag = secrets.token_hex(32)
-            nbytes = self._keep(key, tag, write)
-            if nbytes is not None:
-                return BlobRef(key=key, sha256=tag, nbytes=nbytes)
-        buffer = io.BytesIO()
-        write(buffer)
-        return self.put(key, buffer.getvalue())
+    def write(self, key: str, write: Writer, *, named_by_content: bool = False) -> BlobRef:
+        """A blob that `write` writes into a file object: straight into shared memory, no bytes in between.
 
-    def write_named(self, key: str, write: Writer) -> BlobRef:
-        """As `write`, for a blob named by its sha256 (one a checkpoint keeps, whose digest must say its
-        content): hashed as it is written into shared memory, still with no bytes in between."""
+        Named by a fresh tag, or (`named_by_content`: a version a checkpoint keeps, whose digest must say its
+        content) by the sha256 taken as the bytes pass."""
         if self.one_host:
             hashed: list[_HashingWriter] = []
 
@@ -105,9 +96,14 @@ class SharedMemoryBlobStore:
                 hashed.append(_HashingWriter(out))
                 write(cast(BinaryIO, hashed[-1]))
 
-            nbytes = self._keep(key, lambda: hashed[-1].sha256.hexdigest(), write_hashed)
+            tag = secrets.token_hex(32)
+
+            def name() -> str:  # asked once the file is written
+                return hashed[-1].sha256.hexdigest() if named_by_content else tag
+
+            nbytes = self._keep(key, name, write_hashed if named_by_content else write)
             if nbytes is not None:
-                return BlobRef(key=key, sha256=hashed[-1].sha256.hexdigest(), nbytes=nbytes)
+                return BlobRef(key=key, sha256=name(), nbytes=nbytes)
         buffer = io.BytesIO()
         write(buffer)
         return self.put(key, buffer.getvalue())

@@ -31,7 +31,7 @@ def publish_state(blobs: BlobStore, key: str, state: dict[str, torch.Tensor]) ->
     stored: a read-only map of its file where it went straight into shared memory (no encoding in between),
     else its encoding."""
     if isinstance(blobs, SharedMemoryBlobStore):
-        ref = blobs.write_named(key, lambda out: write_state(state, out))
+        ref = blobs.write(key, lambda out: write_state(state, out), named_by_content=True)
         path = blobs.local_path(ref)
         if path is not None:
             # Deleted since (a second publisher's rename does not, it keeps the same bytes): encoded below.
