@@ -96,15 +96,6 @@ def counts_of(updates: Sequence[Update]) -> list[tuple[int, int]]:
     return list(updates.counts) if isinstance(updates, LoadedOnUse) else [(d, s) for d, s, _ in updates]
 
 
-def _checked_counts(updates: Sequence[Update]) -> list[tuple[int, int]]:
-    """(device, samples) of every update; refuses a negative sample count."""
-    counts = counts_of(updates)
-    for device, samples in counts:
-        if samples < 0:
-            raise ValueError(f"device {device} reported {samples} samples")
-    return counts
-
-
 def _local(device: int, state: Mapping[str, Tensor], name: str, like: Tensor) -> Tensor:
     if name not in state:
         raise ValueError(f"device {device}'s update has no {name!r}")
@@ -155,10 +146,10 @@ class FedAvgSum:
             if samples < 0:
                 raise ValueError(f"device {device} reported {samples} samples")
             last = device
+        counts = [None if summed else samples for (_, samples, _), summed in shares]
         for name, current in self.global_state.items():
             values = [_local(device, state, name, current).detach() for (device, _, state), _ in shares]
             if name in self._base:
-                counts = [None if summed else samples for (_, samples, _), summed in shares]
                 in_parts(_add_shares(counts), self._sums[name], self._base[name], *values, threads=threads)
             elif not self.folded and values:
                 self._counters[name] = values[0].clone()
@@ -212,10 +203,10 @@ def _add_shares(counts: Sequence[int | None]) -> Callable[..., None]:
 
 
 def in_device_order(updates: Sequence[Update], sums: Sequence[Update] = ()) -> list[tuple[bool, int]]:
-    """(pre-summed, position in `sums` or `updates`) of every update, by (lowest) device; refuses what FedAvg
-    cannot use: a device twice, a negative sample count."""
-    alone = [device for device, _ in _checked_counts(updates)]
-    packs = [device for device, _ in _checked_counts(sums)]
+    """(pre-summed, position in `sums` or `updates`) of every update, by (lowest) device; refuses a device twice
+    (`FedAvgSum.fold` refuses a negative sample count)."""
+    alone = [device for device, _ in counts_of(updates)]
+    packs = [device for device, _ in counts_of(sums)]
     both = set(alone) & set(packs)
     if both:
         raise ValueError(f"fedavg got device {min(both)} alone and in a pre-summed pack")
