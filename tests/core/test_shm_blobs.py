@@ -100,6 +100,7 @@ def test_a_published_state_is_named_by_its_sha256_taken_as_it_is_written(
     assert path is not None
     assert ref.sha256 == hashlib.sha256(path.read_bytes()).hexdigest() == hashlib.sha256(stored).hexdigest()
     assert bytes(stored) == encode_state(state) and ref.nbytes == len(stored)
+    assert not isinstance(stored, memoryview) or stored.readonly  # a map of the file, never written through
     _same(get_state(blobs, ref), state)
     # On one host nothing went to Redis; for other hosts the bytes are there under the same digest.
     assert (_redis_keys(redis_blobs) == []) == one_host

@@ -35,10 +35,24 @@ def _sha(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def _files(store: Store, run_id: str) -> set[str]:
+def _all_files(store: Store, run_id: str) -> set[str]:
     assert store.state_files is not None
     folder = store.state_files.folder / run_id
     return {path.name for path in folder.iterdir()} if folder.is_dir() else set()
+
+
+def _files(store: Store, run_id: str) -> set[str]:
+    """The run's files but its spares (removed states kept to be written over)."""
+    return {name for name in _all_files(store, run_id) if not name.endswith(".spare")}
+
+
+def _spares(store: Store, run_id: str) -> set[str]:
+    return _all_files(store, run_id) - _files(store, run_id)
+
+
+def _inode(store: Store, run_id: str, name: str) -> int:
+    assert store.state_files is not None
+    return (store.state_files.folder / run_id / name).stat().st_ino
 
 
 def _bytes_in_rows(store: Store, run_id: str) -> int:
@@ -81,7 +95,7 @@ def test_versions_and_checkpoints_live_in_files_that_go_when_no_row_names_them(s
 
     schedule_rows.forget_versions_before(store, run_id, 4)  # the run ended on version 3
     keep_named_states(store, run_id)
-    assert _files(store, run_id) == {_sha(states[3])}
+    assert _all_files(store, run_id) == {_sha(states[3])}  # no spare outlives the run
     checkpoint = load_checkpoint(store, run_id)
     assert checkpoint is not None and bytes(checkpoint.data) == states[3]
 
@@ -105,6 +119,52 @@ def test_a_new_sync_checkpoint_takes_the_file_of_the_one_it_replaces(sqlite_stor
     assert _bytes_in_rows(store, run_id) == 0
     checkpoint = load_checkpoint(store, run_id)
     assert checkpoint is not None and (checkpoint.version, bytes(checkpoint.data)) == (2, second)
+
+
+def test_a_removed_state_file_is_written_over_by_the_next_state(sqlite_store: Store) -> None:
+    """A replaced checkpoint's file becomes a spare, and the next checkpoint is written into it (its blocks
+    already on the disk), whole and under its own name; the run's end takes the spares."""
+    store = sqlite_store
+    states = [f"round {number} ".encode() * (700 - 100 * number) for number in range(4)]  # each shorter
+    run_id = _sync_run(store, states[1])
+    first = _inode(store, run_id, _sha(states[1]))
+    save_checkpoint(store, run_id, 2, _sha(states[2]), states[2])
+    second = _inode(store, run_id, _sha(states[2]))
+    assert _spares(store, run_id) == {"spare-0.spare"} and _inode(store, run_id, "spare-0.spare") == first
+
+    save_checkpoint(store, run_id, 3, _sha(states[3]), states[3])
+    assert _files(store, run_id) == {_sha(states[3])}
+    assert _inode(store, run_id, _sha(states[3])) == first  # written over the spare, not a new file
+    assert _inode(store, run_id, "spare-0.spare") == second
+    assert store.state_files is not None
+    assert (store.state_files.folder / run_id / _sha(states[3])).read_bytes() == states[3]  # cut to its length
+    checkpoint = load_checkpoint(store, run_id)
+    assert checkpoint is not None and (checkpoint.version, bytes(checkpoint.data)) == (3, states[3])
+
+    keep_named_states(store, run_id)
+    assert _all_files(store, run_id) == {_sha(states[3])}
+
+
+def test_a_file_made_a_spare_while_it_was_read_reads_as_gone(
+    sqlite_store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A reader that opened a state's file as a newer commit made it a spare and the next state was written
+    over it sees other bytes under a name no longer there: gone (its caller reads the newer row), not corrupt."""
+    store = sqlite_store
+    state = b"the weights" * 100
+    run_id = _sync_run(store, state)
+    assert store.state_files is not None
+    path = store.state_files.path(run_id, _sha(state))
+    read_bytes = Path.read_bytes
+
+    def read_as_it_is_recycled(self: Path) -> bytes:
+        if self != path:
+            return read_bytes(self)
+        store.state_files.remove(run_id, [_sha(state)])  # type: ignore[union-attr]
+        return b"the next state, written over it" * 10
+
+    monkeypatch.setattr(Path, "read_bytes", read_as_it_is_recycled)
+    assert store.state_files.read(run_id, _sha(state)) is None
 
 
 def test_a_state_file_that_does_not_match_its_name_is_refused(sqlite_store: Store) -> None:
