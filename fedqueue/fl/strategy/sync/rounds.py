@@ -289,15 +289,16 @@ def _aggregate_claimed_round(
         finish_run(services, run_id, ends)
     else:
         _after_closing(services, run_id, round_index, published, encoded)
-    # After the next round is out: freeing a round's blobs holds no slot back. The updates' files are written
-    # over by the next round's (an aggregator still reading them lost its claim and publishes nothing); after
+    # After the next round is out: freeing a round's blobs holds no slot back. The files of its updates and of
+    # its model (read by its devices, all stored, and by the checkpoint of the round before, closed before this
+    # one's aggregation began) are written over by the next states: pages in place, where a new file's pages
+    # can cost 5x the write (an aggregator still reading them lost its claim and publishes nothing). After
     # the last round they go.
-    update_keys = list(dict.fromkeys(task.update_key for task in results if task.update_key))
+    spent = [*dict.fromkeys(task.update_key for task in results if task.update_key), row.model_key]
     if ends is None:
-        recycle_states(services.blobs, update_keys)
+        recycle_states(services.blobs, spent)
     else:
-        services.blobs.delete(update_keys)
-    services.blobs.delete([row.model_key])
+        services.blobs.delete(spent)
     early = len(ahead.early.folded) if ahead.early is not None else 0
     log.info(
         "run %s round %d aggregated from %d devices (%d updates folded early)", run_id, round_index, len(results), early

@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 
 from fedqueue.config import Settings
+from fedqueue.core.broker.shm import SPARE, SharedMemoryBlobStore
 from fedqueue.core.codec import BlobRef
 from fedqueue.core.connect import open_services
 from fedqueue.core.jobs import CONTROL_QUEUE
@@ -26,7 +27,7 @@ from fedqueue.fl.config import RunConfig
 from fedqueue.fl.messages import AggregateTask, DeviceTask, aggregate_key
 from fedqueue.fl.ml.weights import decode_state
 from fedqueue.fl.scheduler import submit_run
-from fedqueue.fl.store.results import list_rounds, load_checkpoint, round_outcomes
+from fedqueue.fl.store.results import get_round, list_rounds, load_checkpoint, round_outcomes
 from fedqueue.fl.strategy.sync import read_ahead, rounds
 from fedqueue.fl.strategy.sync.early_fold import EarlyFold
 from fedqueue.fl.strategy.sync.read_ahead import ReadAhead, read_round_ahead
@@ -172,3 +173,33 @@ def test_an_aggregation_in_the_tail_folds_the_leading_updates_and_ends_on_the_re
     assert checkpoint is not None
     config = RunConfig.from_stored(services.store.get_run(run_id).config)
     assert_same_weights(decode_state(checkpoint.data), reference_final_state(config))
+
+
+def test_a_closed_rounds_model_file_is_kept_to_be_written_over(settings: Settings) -> None:
+    """Once the round after it closes, a round's model leaves the blob store as its updates do: its file kept
+    as a spare that the next state is written into, pages in place."""
+    sent: list[Any] = []
+    services = open_services(settings, sent.extend, migrate=True)
+    try:
+        blobs = services.blobs
+        assert isinstance(blobs, SharedMemoryBlobStore) and blobs.one_host
+        run_id = submit_run(services, small_config(devices_per_round=2, rounds=3, local_iters=2))
+        cache = WorkerCache()
+
+        def train_and_aggregate(round_index: int) -> None:
+            for task in sent:
+                if isinstance(task, DeviceTask) and task.round_index == round_index:
+                    run_device_task(services, cache, task, "test@host", 1, SYNCHRONOUS)
+            assert aggregate_round(services, run_id, round_index, "test@host") is not None
+
+        train_and_aggregate(1)
+        row = get_round(services.store, run_id, 2)
+        assert row is not None
+        model = blobs.local_path(BlobRef(key=row.model_key, sha256=row.model_sha256, nbytes=row.model_nbytes))
+        assert model is not None
+        inode = model.stat().st_ino
+        train_and_aggregate(2)
+        assert not blobs.exists(row.model_key)
+        assert inode in {spare.stat().st_ino for spare in (blobs.root / SPARE).iterdir()}
+    finally:
+        services.close()
