@@ -63,17 +63,18 @@ def broker_redis(services: Services) -> redis.Redis:
 def blob_keys_left(services: Services) -> list[str]:
     """The keys of every blob still kept: in the broker, and in this host's shared memory where blobs go there."""
     from fedqueue.core.broker import keys
-    from fedqueue.core.broker.shm import PARTIAL, SharedMemoryBlobStore
+    from fedqueue.core.broker.shm import PARTIAL, SPARE, SharedMemoryBlobStore
 
     prefix = keys.blob_prefix(services.settings.key_prefix)
     found = {key.decode()[len(prefix) :] for key in broker_redis(services).scan_iter(match=f"{prefix}*")}
     if isinstance(services.blobs, SharedMemoryBlobStore) and services.blobs.root.is_dir():
         root = services.blobs.root
-        # A blob is the file ROOT/<key>/<digest>; half-written files wait in ROOT/PARTIAL.
+        # A blob is the file ROOT/<key>/<digest>; half-written files wait in ROOT/PARTIAL, and freed blobs' files
+        # wait in ROOT/SPARE to be written over (no key names them; they go when a minute unused).
         found |= {
             path.parent.relative_to(root).as_posix()
             for path in root.rglob("*")
-            if path.is_file() and PARTIAL not in path.relative_to(root).parts
+            if path.is_file() and not {PARTIAL, SPARE} & set(path.relative_to(root).parts)
         }
     return sorted(found)
 
