@@ -20,7 +20,9 @@ update against the loop's same rounds: fedqueue / loop, and fedqueue / floor, th
 spread over two cores (loop / 2). Beside them, what two cores allow here: two copies of the loop run at once,
 one process each (the floor measured: they share memory bandwidth and caches; `--no-pair` skips it), and
 the CPU per update of fedqueue's processes (workers, embedded Redis) against the loop's: 2 x loop CPU /
-fedqueue CPU is the best speed-up over the loop that much CPU allows on two cores.
+fedqueue CPU is the best speed-up over the loop that much CPU allows on two cores. Last, the loop once more
+with its freed memory kept for reuse, as fedqueue's workers keep theirs (FEDQUEUE_WORKER_FREED_MEMORY_MB):
+what that setting alone gives a loop, and fedqueue against it.
 
 Per update, from the store's timing rows: the device task's load, compute and upload, and the
 aggregation task; timed here on a state of the case's size with the library calls fedqueue makes
@@ -56,6 +58,7 @@ from common import (  # noqa: E402
 from data_plane_loop import Loop, LoopRun, run_mode, side_by_side  # noqa: E402
 from data_plane_phases import PHASES, SHM_PHASES, PhaseCosts, phase_costs  # noqa: E402
 
+from fedqueue.core.process.kept_memory import keep_freed_memory  # noqa: E402
 from fedqueue.fl.config import RunConfig, load_run_config  # noqa: E402
 
 MB = 1e6
@@ -284,8 +287,15 @@ def main() -> None:
             if not args.no_pair:
                 print(f"{TITLES[name]}, {mode}: two plain loops at once ...", flush=True)
                 pairs[name, mode] = side_by_side(config, mode)
+    # The loop again, keeping freed memory as fedqueue's workers do: what that setting alone gives a loop.
+    kept: dict[tuple[str, str], LoopRun] = {}
+    if keep_freed_memory(settings.worker_freed_memory_mb):
+        for name, by_mode in configs.items():
+            for mode, config in by_mode.items():
+                print(f"{TITLES[name]}, {mode}: plain loop keeping freed memory ...", flush=True)
+                kept[name, mode] = run_mode(Loop(config), mode)
     print("load average at the end: {:.2f} {:.2f} {:.2f}".format(*os.getloadavg()))
-    report(args, configs, runs, loops, costs, pairs)
+    report(args, configs, runs, loops, costs, pairs, kept)
     print("\n" + load.report())
 
 
@@ -341,9 +351,13 @@ def report(
     loops: dict[tuple[str, str], LoopRun],
     costs: dict[str, PhaseCosts],
     pairs: dict[tuple[str, str], float],
+    kept: dict[tuple[str, str], LoopRun],
 ) -> None:
     print(f"\n### Wall time per update, {args.procs} worker processes, {args.timed_rounds} timed rounds\n")
     print(wall_table(configs, runs, loops))
+    if kept:
+        print("\n### The loop keeping freed memory, as fedqueue's workers do (FEDQUEUE_WORKER_FREED_MEMORY_MB)\n")
+        print(kept_table(runs, loops, kept))
     print("\n### What two cores allow: the loop twice at once, and the CPU each update costs\n")
     print(two_cores_table(runs, loops, pairs))
     print("\n### Per update, ms: the store's timing rows (fedqueue) and the loop's training alone\n")
@@ -363,6 +377,39 @@ def report(
     headers = ["case, mode", "model blob", "update blob per device", "Redis in + out per device trained"]
     print(markdown_table(headers, rows))
     print("\n" + markdown_table(["target", "measured", "target", ""], checks(runs, loops, costs)))
+
+
+def kept_table(
+    runs: dict[tuple[str, str], Through], loops: dict[tuple[str, str], LoopRun], kept: dict[tuple[str, str], LoopRun]
+) -> str:
+    """fedqueue against the plain loop and against the same loop with its freed memory kept for reuse."""
+    rows = []
+    for key, run in runs.items():
+        if key not in kept:
+            continue
+        fq_ms, loop_ms = per_update_ms(run, loops[key])
+        kept_ms = per_update_ms(run, kept[key])[1]
+        rows.append(
+            (
+                f"{TITLES[key[0]]}, {key[1]}",
+                f"{fq_ms:.0f}",
+                f"{loop_ms:.0f}",
+                f"{kept_ms:.0f}",
+                f"{loop_ms / kept_ms:.2f}x",
+                f"{kept_ms / fq_ms:.2f}x",
+                f"{fq_ms / (kept_ms / 2):.2f}x",
+            )
+        )
+    headers = [
+        "case, mode",
+        "fedqueue ms/update",
+        "loop ms/update",
+        "loop keeping freed memory",
+        "that loop's speed-up",
+        "that loop / fedqueue",
+        "fedqueue / that loop's floor",
+    ]
+    return markdown_table(headers, rows)
 
 
 def per_update_ms(run: Through, loop: LoopRun) -> tuple[float, float]:

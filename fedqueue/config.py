@@ -37,6 +37,10 @@ DEFAULT_NO_WORKER_S = 60
 DEFAULT_WORKER_SLOTS = 1  # concurrent tasks per worker process
 DEFAULT_GPUS_PER_WORKER = 1  # GPUs one worker process spreads a model over
 DEFAULT_PROCS_PER_GPU = 1  # worker processes sharing one GPU
+# FEDQUEUE_WORKER_FREED_MEMORY_MB: freed memory a worker process keeps for its next allocations
+# (fedqueue.core.process.kept_memory); 0 leaves the allocator as it is.
+DEFAULT_WORKER_FREED_MEMORY_MB = 1024
+FREED_MEMORY_MB_MAX = 2047  # glibc's mallopt takes an int of bytes
 
 
 def _int(env: Mapping[str, str], name: str, default: int, minimum: int = 1) -> int:
@@ -154,6 +158,14 @@ def _blob_shm_dir(env: Mapping[str, str]) -> str:
     return folder
 
 
+def _freed_memory_mb(env: Mapping[str, str]) -> int:
+    name = "FEDQUEUE_WORKER_FREED_MEMORY_MB"
+    value = _int(env, name, DEFAULT_WORKER_FREED_MEMORY_MB, minimum=0)
+    if value > FREED_MEMORY_MB_MAX:
+        raise ConfigError(f"{name}: at most {FREED_MEMORY_MB_MAX} (MiB), got {value}")
+    return value
+
+
 MESSAGE_KEY_MIN = 16  # characters of FEDQUEUE_MESSAGE_KEY: a short secret is guessed
 
 
@@ -235,6 +247,10 @@ class Settings:
     jobs: str | None = None
     """FEDQUEUE_JOBS: the job kinds a worker serves, comma-separated (`fl,llm`); unset: every installed kind
     (`fedqueue worker --jobs`)."""
+    worker_freed_memory_mb: int = DEFAULT_WORKER_FREED_MEMORY_MB
+    """FEDQUEUE_WORKER_FREED_MEMORY_MB: MiB of freed memory a worker process keeps to reuse (at most 2047), where
+    glibc would hand it back to the kernel and have every page of the next model-sized tensor found and zeroed
+    anew; 0: the allocator as it is (also where MALLOC_* or GLIBC_TUNABLES tune it, or LD_PRELOAD is set)."""
     message_key: str | None = field(default=None, repr=False)
     """FEDQUEUE_MESSAGE_KEY: a secret shared by every process of a deployment (at least 16 characters); set,
     task messages are signed (HMAC-SHA256) and workers run only those whose signature matches, dead-lettering
@@ -270,6 +286,7 @@ class Settings:
             plugin_path=_plugin_path(env),
             jobs=env.get("FEDQUEUE_JOBS") or None,
             message_key=_message_key(env),
+            worker_freed_memory_mb=_freed_memory_mb(env),
             model_cache=env.get("FEDQUEUE_MODEL_CACHE") or None,
         )
 
@@ -343,6 +360,7 @@ class Settings:
             "FEDQUEUE_BROKER_WAIT_S": str(self.broker_wait_s),
             "FEDQUEUE_STORE_WAIT_S": str(self.store_wait_s),
             "FEDQUEUE_NO_WORKER_S": str(self.no_worker_s),
+            "FEDQUEUE_WORKER_FREED_MEMORY_MB": str(self.worker_freed_memory_mb),
         }
         if self.visibility_timeout_override_s is not None:
             env["FEDQUEUE_VISIBILITY_TIMEOUT_S"] = str(self.visibility_timeout_override_s)

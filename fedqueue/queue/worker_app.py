@@ -12,6 +12,7 @@ from celery.signals import worker_init, worker_ready, worker_shutdown
 from fedqueue.config import Settings
 from fedqueue.core import jobs
 from fedqueue.core.broker.readers import ReaderMarks
+from fedqueue.core.process.kept_memory import keep_freed_memory
 from fedqueue.core.process.utilization import Probe, Sampler, make_probe
 from fedqueue.queue.app import make_app
 from fedqueue.queue.readiness import READY_KEY_ENV, announce_ready
@@ -21,6 +22,9 @@ log = logging.getLogger(__name__)
 
 settings = Settings.from_env()
 settings.activate_plugin_path()
+# Before any task allocates: a model's states and gradients then reuse the pages of the last ones.
+if keep_freed_memory(settings.worker_freed_memory_mb):
+    log.info("keeps up to %d MiB of freed memory for reuse", settings.worker_freed_memory_mb)
 app = make_app(settings)
 state = register_tasks(app, settings)
 _sampler: Sampler | None = None
