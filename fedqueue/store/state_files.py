@@ -39,8 +39,8 @@ _READ_ONLY = "attempt to write a readonly database"
 # A temporary file this old is a dead writer's: no live write takes minutes.
 _STALE_TEMPORARY_S = 600.0
 _TEMPORARY = ".tmp"
-_SPARE = ".spare"
-SPARES_PER_RUN = 2  # removed files kept to be written over (a checkpoint and a kept version in flight)
+SPARE_SUFFIX = ".spare"  # a removed state's file kept to be written over
+_SPARES_PER_RUN = 2  # removed files kept to be written over (a checkpoint and a kept version in flight)
 
 
 class StateFileCorrupt(RuntimeError):
@@ -149,7 +149,7 @@ class StateFiles:
 
 
 def _spare_names() -> list[str]:
-    return [f"spare-{number}{_SPARE}" for number in range(SPARES_PER_RUN)]
+    return [f"spare-{number}{SPARE_SUFFIX}" for number in range(_SPARES_PER_RUN)]
 
 
 def _age_s(path: Path) -> float:

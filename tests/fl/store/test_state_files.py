@@ -20,7 +20,7 @@ from fedqueue.fl.store.results import load_checkpoint, save_checkpoint
 from fedqueue.fl.store.schema import CheckpointRow, ModelVersionRow
 from fedqueue.fl.store.states import keep_named_states
 from fedqueue.store import Store
-from fedqueue.store.state_files import StateFileCorrupt, StateFiles, _as_store_error
+from fedqueue.store.state_files import SPARE_SUFFIX, StateFileCorrupt, StateFiles, _as_store_error
 from tests.fl.store.test_checkpoint_of_kept_version import _made, _run
 
 
@@ -43,7 +43,7 @@ def _all_files(store: Store, run_id: str) -> set[str]:
 
 def _files(store: Store, run_id: str) -> set[str]:
     """The run's files but its spares (removed states kept to be written over)."""
-    return {name for name in _all_files(store, run_id) if not name.endswith(".spare")}
+    return {name for name in _all_files(store, run_id) if not name.endswith(SPARE_SUFFIX)}
 
 
 def _spares(store: Store, run_id: str) -> set[str]:
@@ -153,18 +153,19 @@ def test_a_file_made_a_spare_while_it_was_read_reads_as_gone(
     store = sqlite_store
     state = b"the weights" * 100
     run_id = _sync_run(store, state)
-    assert store.state_files is not None
-    path = store.state_files.path(run_id, _sha(state))
+    files = store.state_files
+    assert files is not None
+    path = files.path(run_id, _sha(state))
     read_bytes = Path.read_bytes
 
     def read_as_it_is_recycled(self: Path) -> bytes:
         if self != path:
             return read_bytes(self)
-        store.state_files.remove(run_id, [_sha(state)])  # type: ignore[union-attr]
+        files.remove(run_id, [_sha(state)])
         return b"the next state, written over it" * 10
 
     monkeypatch.setattr(Path, "read_bytes", read_as_it_is_recycled)
-    assert store.state_files.read(run_id, _sha(state)) is None
+    assert files.read(run_id, _sha(state)) is None
 
 
 def test_a_state_file_that_does_not_match_its_name_is_refused(sqlite_store: Store) -> None:
