@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import time
 from collections.abc import Callable
 from dataclasses import replace
@@ -98,11 +99,13 @@ def test_auto_is_resolved_at_submit_and_the_choice_noted(
     assert RunConfig.from_dict(resolved.to_dict()) == resolved  # the stored config reads back
 
 
-def test_the_default_is_auto_and_timing_it_twice_gives_the_same_choice(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """The digits MLP of the demo: a vmapped step is well inside the tolerance, so noise cannot flip it.
-    Each submit has a cache of its own, so both are timed."""
+TIMED_CHOICE = re.compile(r"pack_mode (\w+): timed ([\d.]+) ms a device's update back to back, ([\d.]+) ms vmapped")
+
+
+def test_the_default_is_auto_and_each_submit_times_its_choice(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The digits MLP of the demo, timed for real by two submits, each with a cache of its own: each makes the
+    choice the rule makes of the times it reports. (Which way wins depends on the CPU: on some 2-core VMs the
+    two ways time within 10 % of each other, and either may come out.)"""
     config = RunConfig.from_dict({"dataset": "digits", "model": "mlp", "num_devices": 40, "devices_per_round": 20})
     assert (config.packing.pack_size, config.packing.pack_mode) == ("auto", "auto")
     data = load_federated(data_spec(config))
@@ -111,8 +114,14 @@ def test_the_default_is_auto_and_timing_it_twice_gives_the_same_choice(
         monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / str(attempt)))
         chosen.append(resolve_packing(config, data, lambda: {"cpu0@h": 1, "cpu1@h": 1}))
     assert not any("remembered" in c.packing.pack_choice for c in chosen)
-    assert [(c.packing.pack_size, c.packing.pack_mode) for c in chosen] == [(5, "vmap"), (5, "vmap")]
-    assert all("timed" in c.packing.pack_choice for c in chosen)
+    for resolved in chosen:
+        assert resolved.packing.pack_size == 5
+        timed = TIMED_CHOICE.search(resolved.packing.pack_choice)
+        assert timed is not None, resolved.packing.pack_choice
+        mode, sequential_ms, vmap_ms = timed.group(1), float(timed.group(2)), float(timed.group(3))
+        assert resolved.packing.pack_mode == mode
+        if abs(vmap_ms / sequential_ms - VMAP_TOLERANCE) > 0.02:  # the times as printed, rounded: off the edge
+            assert mode == measured_pack_mode(sequential_ms / 1000, vmap_ms / 1000)[0]
 
 
 def test_a_single_device_per_task_is_not_timed() -> None:
