@@ -8,6 +8,7 @@ instead of waiting a fixed second.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
@@ -32,6 +33,16 @@ def answering_slots_later(settings: Settings) -> Future[int | None]:
         return pool.submit(answering_slots, settings)
     finally:
         pool.shutdown(wait=False)
+
+
+def slots_answered(answering: Future[int | None], warn: Callable[[str], object]) -> int | None:
+    """The slots `answering_slots_later` found; None (the default plan) when none answers or the broker would not
+    carry the broadcast (a broker that answers the publisher but not a broadcast: plan by default)."""
+    try:
+        return answering.result()
+    except Exception as error:
+        warn(f"could not ask the workers for their slots ({error})")
+        return None
 
 
 def llm_slots(stats: list[dict[str, Any]], queues: list[dict[str, Any]], llm_queue: str) -> int | None:

@@ -25,7 +25,7 @@ from fedqueue.llm.job import JobRequest, Submitted, check_request, submit_job
 from fedqueue.llm.model_files import model_facts, model_folder, model_problem
 from fedqueue.llm.prompts import PromptLine
 from fedqueue.llm.settings import DEFAULT_BACKEND
-from fedqueue.llm.slots import answering_slots_later
+from fedqueue.llm.slots import answering_slots_later, slots_answered
 
 Warn = Callable[[str], object]
 Option = Callable[[str], str]  # a request field's name as the caller's user knows it
@@ -57,21 +57,13 @@ class JobSubmission:
 
     def submit(self, services: Services) -> str:
         if self.answering is not None:
-            slots = self._answered(self.answering)
+            slots = slots_answered(self.answering, self.warn)
         else:  # workers started here or by `fedqueue up`: their slots are known
             slots = sum(services.worker_slots().values()) or None
         self.submitted = submit_job(services, replace(self.request, slots=slots))
         if self.announce is not None:
             self.announce(self.submitted)
         return self.submitted.job_id
-
-    def _answered(self, answering: Future[int | None]) -> int | None:
-        """The slots the workers on the broker offer; None (the default plan) when none answers."""
-        try:
-            return answering.result()
-        except Exception as error:  # a broker that answers the publisher but not a broadcast: plan by default
-            self.warn(f"could not ask the workers for their slots ({error})")
-            return None
 
 
 def prepare(

@@ -7,6 +7,7 @@ name a field at fault (`--program` or `program`) and where warnings go.
 from __future__ import annotations
 
 from collections.abc import Callable
+from concurrent.futures import Future
 from dataclasses import dataclass, replace
 
 from fedqueue.config import Settings
@@ -14,6 +15,7 @@ from fedqueue.core.database import open_store
 from fedqueue.core.services import Services
 from fedqueue.llm.backends import registry as backends
 from fedqueue.llm.pipelines.submit import PipelineRequest, SubmittedPipeline, check_pipeline, submit_pipeline
+from fedqueue.llm.slots import answering_slots_later, slots_answered
 from fedqueue.llm.submission import Option, Warn, check_backend, check_model_here, python_warning, same_name
 
 
@@ -24,10 +26,15 @@ class PipelineSubmission:
     warn: Warn = python_warning
     option: Option = same_name
     submitted: SubmittedPipeline | None = None
+    # The LLM slots of the workers on a configured broker (one lane each), asked while the rest is checked; None
+    # where lanes are given or the workers' slots are known (started here or by `fedqueue up`).
+    answering: Future[int | None] | None = None
 
     def check_before_start(self, settings: Settings) -> None:
         """A program that does not import, bad limits or a bad item line: refused before anything starts."""
         check_pipeline(self.request, self.option)
+        if settings.broker_url and self.request.lanes is None and self.answering is None:
+            self.answering = answering_slots_later(settings)  # the workers answer while this process goes on
 
     def check(self, settings: Settings) -> None:
         check_pipeline(self.request, self.option)
@@ -38,7 +45,12 @@ class PipelineSubmission:
             open_store(settings.database_url, migrate=True).close()  # a bad database before any worker starts
 
     def submit(self, services: Services) -> str:
-        lanes = self.request.lanes or sum(services.worker_slots().values()) or None
+        if self.request.lanes is not None:
+            lanes: int | None = self.request.lanes
+        elif self.answering is not None:
+            lanes = slots_answered(self.answering, self.warn)
+        else:  # workers started here or by `fedqueue up`: their slots are known
+            lanes = sum(services.worker_slots().values()) or None
         self.submitted = submit_pipeline(services, replace(self.request, lanes=lanes))
         if self.announce is not None:
             self.announce(self.submitted)

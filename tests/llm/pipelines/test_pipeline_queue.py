@@ -10,6 +10,7 @@ from fedqueue.llm.model import load_model
 from fedqueue.llm.pipelines.alone import run_alone
 from fedqueue.llm.pipelines.program import load_program
 from fedqueue.llm.pipelines.rows import call_rows, item_rows
+from fedqueue.llm.pipelines.submission import PipelineSubmission
 from fedqueue.llm.pipelines.submit import PipelineRequest, submit_pipeline
 from fedqueue.llm.settings import GenerationSettings
 from fedqueue.queue.client import open_client_services
@@ -80,4 +81,29 @@ def test_a_three_step_pipeline_on_two_workers_equals_each_item_run_alone(
     assert {row.worker for row in timings} == {call.worker for call in calls}
     assert len(timings) >= -(-len(calls) // 4)  # at least as many batches as calls in batches of 4
     assert len(read_spans(services.store, submitted.job_id)) == len(timings)
+    services.close()
+
+
+def test_a_pipeline_on_a_configured_broker_opens_a_lane_per_llm_slot_that_answers(
+    settings: Settings, tmp_path: Path, tiny_model_path: Path
+) -> None:
+    """The slots are asked as a batch job asks them (LLM workers only, answers collected as they come), not with
+    the FL submit's question, which waits a whole second after the last answer."""
+    settings = with_programs(settings)
+    settings.activate_plugin_path()
+    request = PipelineRequest(write_items(tmp_path / "items.jsonl", 4), "fq_pipelines:refine", str(tiny_model_path))
+    services = open_client_services(settings)
+
+    def not_this_question() -> dict[str, int]:
+        raise AssertionError("the FL submit's question was asked")
+
+    services.worker_slots = not_this_question
+    with running_workers(settings, procs=2, slots=2, log_dir=tmp_path / "logs"):
+        submission = PipelineSubmission(request)
+        submission.check_before_start(settings)
+        assert submission.answering is not None
+        job_id = submission.submit(services)
+        assert submission.submitted is not None and submission.submitted.lanes == 4
+        wait_finished(services.store, job_id, 180)
+    assert [item.state for item in item_rows(services.store, job_id)] == ["done"] * 4
     services.close()
