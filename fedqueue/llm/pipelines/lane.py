@@ -28,9 +28,9 @@ from fedqueue.llm.pipelines.rows import (
     claim,
     fail_claimed,
     item_states,
+    items_running,
     lane_seq,
     move_lane,
-    pipeline_counts,
     store_batch,
 )
 from fedqueue.llm.schema import PipelineCallRow
@@ -59,7 +59,7 @@ def run_lane(services: Services, cache: ModelCache, task: PipelineLane, worker: 
         return
     config = PipelineConfig.of_run(cache.job(services, task.run_id))
     calls = claim(store, task.run_id, task.lane, config.batch_size, config.lanes)
-    if not calls and _items_running(services, task.run_id):
+    if not calls and items_running(services.store, task.run_id):
         services.ledger.wait_for_wake(calls_key(services.settings.key_prefix, task.run_id, task.lane), IDLE_WAIT_S)
         calls = claim(store, task.run_id, task.lane, config.batch_size, config.lanes)
     if not calls:
@@ -177,13 +177,9 @@ def advance_items(
     return advances
 
 
-def _items_running(services: Services, run_id: str) -> bool:
-    return pipeline_counts(services.store, run_id).get("running", 0) > 0
-
-
 def _follow_on(services: Services, task: PipelineLane) -> None:
     """The lane's next task while items are running; the run finished after its last item."""
-    if _items_running(services, task.run_id):
+    if items_running(services.store, task.run_id):
         services.enqueue([task.next(time.time())])
     elif services.store.finish_run(task.run_id, "finished"):
         log.info("pipeline %s: every item stored; finished", task.run_id)

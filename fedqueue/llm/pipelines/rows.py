@@ -14,7 +14,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from sqlalchemy import func, select, update
+from sqlalchemy import bindparam, exists, func, or_, select, update
 
 from fedqueue.llm.pipelines.replay import Advance, Failed, Finished, NextCall
 from fedqueue.llm.schema import PipelineCallRow, PipelineItemRow, PipelineLaneRow
@@ -182,39 +182,73 @@ def store_batch(
         )
         if not changed_one(moved):
             return False
-        for outcome in outcomes:
+        # Each kind of statement once for the whole batch (executemany), not once per call.
+        if outcomes:
             connection.execute(
                 update(PipelineCallRow)
                 .where(
                     PipelineCallRow.run_id == run_id,
-                    PipelineCallRow.item_key == outcome.item_key,
-                    PipelineCallRow.step == outcome.step,
-                    PipelineCallRow.state.in_(("pending", "claimed")),
+                    PipelineCallRow.item_key == bindparam("b_item_key"),
+                    PipelineCallRow.step == bindparam("b_step"),
+                    or_(PipelineCallRow.state == "pending", PipelineCallRow.state == "claimed"),  # no IN: executemany
                 )
                 .values(
-                    state="failed" if outcome.error is not None else "done",
-                    output=outcome.output,
-                    prompt_tokens=outcome.prompt_tokens,
-                    generated_tokens=outcome.generated_tokens,
-                    finish_reason=outcome.finish_reason,
-                    error=outcome.error,
+                    state=bindparam("b_state"),
+                    output=bindparam("b_output"),
+                    prompt_tokens=bindparam("b_prompt_tokens"),
+                    generated_tokens=bindparam("b_generated_tokens"),
+                    finish_reason=bindparam("b_finish_reason"),
+                    error=bindparam("b_error"),
                     worker=worker[:200],
                     finished_at=now,
-                )
+                ),
+                [_outcome_values(outcome) for outcome in outcomes],
             )
-        for key, (advance, length) in advances.items():
-            item = (PipelineItemRow.run_id == run_id, PipelineItemRow.key == key, PipelineItemRow.state == "running")
-            if isinstance(advance, NextCall):
+        next_calls = [
+            (key, advance, length) for key, (advance, length) in advances.items() if isinstance(advance, NextCall)
+        ]
+        if next_calls:
+            connection.execute(
+                insert(PipelineCallRow).on_conflict_do_nothing(index_elements=["run_id", "item_key", "step"]),
+                [call_row(run_id, key, advance, length) for key, advance, length in next_calls],
+            )
+            connection.execute(
+                update(PipelineItemRow).where(*_running_item(run_id)).values(steps=bindparam("b_steps")),
+                [{"b_key": key, "b_steps": advance.step} for key, advance, _ in next_calls],
+            )
+        for key, (advance, _) in advances.items():
+            if not isinstance(advance, NextCall):
                 connection.execute(
-                    insert(PipelineCallRow).on_conflict_do_nothing(index_elements=["run_id", "item_key", "step"]),
-                    [call_row(run_id, key, advance, length)],
+                    update(PipelineItemRow)
+                    .where(PipelineItemRow.run_id == run_id, PipelineItemRow.key == key)
+                    .where(PipelineItemRow.state == "running")
+                    .values(**ended(advance, now))
                 )
-                connection.execute(update(PipelineItemRow).where(*item).values(steps=advance.step))
-            else:
-                connection.execute(update(PipelineItemRow).where(*item).values(**ended(advance, now)))
         if timing is not None:
             connection.execute(store.timing_upsert, asdict(timing))
     return True
+
+
+def _outcome_values(outcome: CallOutcome) -> dict[str, Any]:
+    return {
+        "b_item_key": outcome.item_key,
+        "b_step": outcome.step,
+        "b_state": "failed" if outcome.error is not None else "done",
+        "b_output": outcome.output,
+        "b_prompt_tokens": outcome.prompt_tokens,
+        "b_generated_tokens": outcome.generated_tokens,
+        "b_finish_reason": outcome.finish_reason,
+        "b_error": outcome.error,
+    }
+
+
+def _running_item(run_id: str) -> tuple[Any, ...]:
+    """An item of the batch's, by its bound key, while it runs."""
+    return (
+        PipelineItemRow.run_id == run_id,
+        PipelineItemRow.key == bindparam("b_key"),
+        PipelineItemRow.state == "running",
+    )
 
 
 def ended(advance: Finished | Failed, now: float) -> dict[str, Any]:
@@ -251,6 +285,14 @@ def fail_claimed(store: Store, run_id: str, lane: int, error: str) -> int:
             .values(state="failed", error=error[-ERROR_MAX:], finished_at=now)
         )
     return len(keys)
+
+
+@retry_transient
+def items_running(store: Store, run_id: str) -> bool:
+    """Whether any item has a call to make: a lane asks after every batch, so no counting."""
+    with store.engine.connect() as connection:
+        running = exists().where(PipelineItemRow.run_id == run_id, PipelineItemRow.state == "running")
+        return bool(connection.execute(select(running)).scalar())
 
 
 @retry_transient

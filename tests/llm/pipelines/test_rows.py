@@ -17,6 +17,7 @@ from fedqueue.llm.pipelines.rows import (
     insert_items,
     item_rows,
     item_states,
+    items_running,
     lane_seq,
     move_lane,
     open_lanes,
@@ -74,18 +75,25 @@ def test_a_batch_is_stored_once_with_each_items_next_call_or_end(store: Store) -
     assert (items["i1"].state, items["i1"].result) == ("done", {"answer": 1})
     assert items["i2"].state == "failed" and "ValueError: bad" in (items["i2"].error or "")
     calls = call_rows(store, run_id)
-    assert [(c.item_key, c.step, c.state, c.worker) for c in calls] == [
-        ("i0", 0, "done", "w1"),
-        ("i0", 1, "pending", None),
-        ("i1", 0, "done", "w1"),
-        ("i2", 0, "done", "w1"),
+    assert [(c.item_key, c.step, c.state, c.worker, c.output, c.generated_tokens) for c in calls] == [
+        ("i0", 0, "done", "w1", "out-i0", 2),
+        ("i0", 1, "pending", None, None, None),
+        ("i1", 0, "done", "w1", "out-i1", 2),
+        ("i2", 0, "done", "w1", "out-i2", 2),
     ]
     state = item_states(store, run_id, ["i0"])
     assert [call.output for call in state["i0"][1]] == ["out-i0"] and state["i0"][0].item == {"n": 0}
     counts = pipeline_counts(store, run_id)
     assert (counts["running"], counts["done"], counts["failed"], counts["total"], counts["calls"]) == (1, 1, 1, 3, 3)
     assert counts["generated_tokens"] == 6
-    assert move_lane(store, run_id, 0, 1) and not move_lane(store, run_id, 0, 1)
+    assert items_running(store, run_id)
+    last = claim(store, run_id, 0, most=8, lanes_count=1)
+    failed = [CallOutcome("i0", 1, None, error="out of memory")]
+    assert [call.item_key for call in last] == ["i0"]
+    assert store_batch(store, run_id, 0, 1, "w1", failed, {"i0": (Failed(1, "step 1: out of memory"), 0)})
+    assert not items_running(store, run_id)  # every item ended
+    assert [(c.state, c.error) for c in call_rows(store, run_id) if c.step == 1] == [("failed", "out of memory")]
+    assert move_lane(store, run_id, 0, 2) and not move_lane(store, run_id, 0, 2)
 
 
 def test_a_lane_given_up_fails_the_items_it_holds(store: Store) -> None:
