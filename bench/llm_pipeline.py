@@ -34,9 +34,13 @@ TARGETS = {"loop": 4.0, "barrier": 1.3}  # (a)/(c) and (b)/(c): at least these
 Trace = list[tuple[dict[str, Any], str | None]]
 
 
-def make_items(count: int) -> list[dict[str, Any]]:
+def make_items(count: int, max_refines: int | None) -> list[dict[str, Any]]:
     topics = [json.loads(line)["topic"] for line in (EXAMPLE / "topics.jsonl").read_text().splitlines()]
-    return [{"id": f"item-{n}", "topic": f"{topics[n % len(topics)]} ({n})"} for n in range(count)]
+    items = [{"id": f"item-{n}", "topic": f"{topics[n % len(topics)]} ({n})"} for n in range(count)]
+    if max_refines is not None:  # the program's own cap otherwise
+        for item in items:
+            item["max_refines"] = max_refines
+    return items
 
 
 def way_loop(model_path: Path, items: list[dict[str, Any]], threads: int) -> tuple[float, dict[str, Trace]]:
@@ -115,6 +119,9 @@ def main() -> None:
     parser.add_argument("--items", type=int, default=200)
     parser.add_argument("--model", choices=("tiny", "bench"), default="tiny")
     parser.add_argument("--loop-threads", type=int, default=1)
+    parser.add_argument(
+        "--max-refines", type=int, default=None, help="refines an item may make (the example's MAX_REFINES otherwise)"
+    )
     args = parser.parse_args()
     import fedqueue
     from fedqueue.config import Settings
@@ -123,7 +130,7 @@ def main() -> None:
     sys.path.insert(0, str(EXAMPLE))
     folder = Path(tempfile.mkdtemp(prefix="bench-pipeline-"))
     model_path = (build_bench_llama if args.model == "bench" else build_tiny_llama)(folder / args.model)
-    items = make_items(args.items)
+    items = make_items(args.items, args.max_refines)
     info = machine()
     print(machine_line(info))
 

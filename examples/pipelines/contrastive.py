@@ -3,8 +3,9 @@
     fedqueue llm pipeline examples/pipelines/topics.jsonl --program contrastive:program \
         --plugin-path examples/pipelines --model ./my-model -o pairs.jsonl
 
-Each item is {"id": ..., "topic": ...}. The model drafts a pair, then checks it; where the validator still
-finds a problem, the model refines the pair, up to MAX_REFINES times. Items take unequal numbers of calls.
+Each item is {"id": ..., "topic": ...}, with an optional "max_refines". The model drafts a pair, then checks it;
+where the validator still finds a problem, the model refines the pair, up to MAX_REFINES times (or the item's own
+"max_refines"). Items take unequal numbers of calls.
 """
 
 from __future__ import annotations
@@ -27,8 +28,8 @@ def program(item: dict[str, Any]) -> Generator[Generate, str, dict[str, Any]]:
         prompt=f"Do these two sentences disagree?\n{pair[0]}\n{pair[1]}\nAnswer:", max_new_tokens=8
     )
     problems = validate(pair, topic)
-    refines = 0
-    while problems and refines < MAX_REFINES:
+    refines, max_refines = 0, int(item.get("max_refines", MAX_REFINES))
+    while problems and refines < max_refines:
         refined = yield Generate(
             messages=[
                 {"role": "system", "content": "Fix the pair."},

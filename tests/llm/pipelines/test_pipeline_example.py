@@ -37,3 +37,22 @@ def test_the_contrastive_example_runs_on_the_tiny_model_as_each_item_alone(
         alone = run_alone(loaded, program, item, GenerationSettings(), f"id:{item['id']}")
         assert [(call["request"], call["output"]) for call in row["trace"]] == alone.steps
         assert row["result"] == alone.result
+
+
+def test_an_item_sets_its_own_number_of_refines(tiny_model_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.syspath_prepend(str(EXAMPLE))
+    loaded = load_model(str(tiny_model_path))
+    program = load_program("contrastive:program")
+    items = [json.loads(line) for line in (EXAMPLE / "topics.jsonl").read_text().splitlines()][:8]
+    made = {}
+    for refines in (0, None, 6):
+        for item in items:
+            given = item if refines is None else {**item, "max_refines": refines}
+            alone = run_alone(loaded, program, given, GenerationSettings(), f"id:{item['id']}")
+            made[(refines, item["id"])] = (len(alone.steps), alone.result["refines"])
+    assert all(made[(0, item["id"])] == (2, 0) for item in items)  # a draft and its check only
+    for item in items:  # the example's own cap (2) holds where the item sets none; a higher one lets it go on
+        calls, refines = made[(None, item["id"])]
+        assert calls == 2 + refines and refines <= 2
+        assert made[(6, item["id"])][1] >= refines
+    assert max(made[(6, item["id"])][1] for item in items) > 2  # some pair still fails after two refines
