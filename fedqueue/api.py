@@ -14,9 +14,11 @@ The steps live in fedqueue.launch (placing, checking, submitting, scheduling a r
 from __future__ import annotations
 
 import contextlib
+import logging
+import time
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fedqueue.config import DEFAULT_GPUS_PER_WORKER, DEFAULT_WORKER_SLOTS, Settings
 from fedqueue.handle import Cancellation, RunHandle, cancel, drop_queued_tasks
@@ -36,6 +38,9 @@ from fedqueue.launch import (
     submit_through_outage,
     with_plugins,
 )
+
+if TYPE_CHECKING:
+    from fedqueue.core.services import Services
 
 __all__ = [
     "Cancellation",
@@ -57,6 +62,12 @@ __all__ = [
     "with_plugins",
 ]
 
+log = logging.getLogger(__name__)
+
+# A wait between the follower's polls that a kind's workers may cut short (the LLM kind's wake-up on every batch
+# stored): made from the launch's services and the run's id.
+Pause = Callable[["Services", str], Callable[[float], object]]
+
 # What a kind keeps up to date while its run is waited for (FL: TensorBoard scalars): opened on the submitted
 # run, its callable called on every poll, closed (and so finished) when the run ends.
 Follower = Callable[[RunHandle], AbstractContextManager[Callable[[], object]]]
@@ -72,10 +83,12 @@ def run(
     wait_for_workers: bool = False,
     timeout_s: float | None = None,
     follower: Follower | None = None,
+    pause: Pause | None = None,
 ) -> RunHandle:
     """Check, submit and wait, scheduling the run meanwhile: on the configured broker, the cluster
     `fedqueue up` left running for these settings, else local workers started here (beside the submit,
-    or before it with `wait_for_workers`). `follower`: what the kind keeps up to date on each poll."""
+    or before it with `wait_for_workers`). `follower`: what the kind keeps up to date on each poll; `pause`: the
+    kind's wait between polls (a sleep where it has none)."""
     with (
         launched(submission, settings, LocalWorkers(procs, slots, gpus_per_worker, wait_for_workers)) as launch,
         scheduled(launch.handle, launch.place, launch.services) as lease,
@@ -86,7 +99,8 @@ def run(
             lease.tick()
             also()
 
-        launch.handle.wait(timeout_s, tick=poll, store_watch=lease.supervisor.store_watch)
+        between = time.sleep if pause is None else _or_sleep(pause(launch.services, launch.handle.id))
+        launch.handle.wait(timeout_s, tick=poll, store_watch=lease.supervisor.store_watch, pause=between)
     return launch.handle
 
 
@@ -97,6 +111,20 @@ def _no_follower(_handle: RunHandle) -> Iterator[Callable[[], object]]:
 
 def _nothing() -> None:
     pass
+
+
+def _or_sleep(wait: Callable[[float], object]) -> Callable[[float], object]:
+    """The kind's wait, or a plain sleep where it fails: it only wakes; a broker that is away is the tick's to wait
+    for, and the polls go on meanwhile."""
+
+    def pause(seconds: float) -> None:
+        try:
+            wait(seconds)
+        except Exception:  # noqa: BLE001 - any failure of a wake-up only costs the wait it would have saved
+            log.debug("the run's wake-up failed; polling by the clock", exc_info=True)
+            time.sleep(seconds)
+
+    return pause
 
 
 def runs(settings: Settings | None = None) -> list[dict[str, Any]]:

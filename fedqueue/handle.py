@@ -67,8 +67,10 @@ class RunHandle:
         poll_s: float = 0.2,
         tick: Callable[[], object] | None = None,
         store_watch: StoreWatch | None = None,
+        pause: Callable[[float], object] = time.sleep,
     ) -> dict[str, Any]:
-        """Block until the run finishes or fails; return its status. `tick` runs on every poll.
+        """Block until the run finishes or fails; return its status. `tick` runs on every poll; `pause(poll_s)`
+        between polls (a kind's wait may return as soon as its workers store something).
 
         The tick of `scheduling()` (or `keep_running`) waits through a broker outage; it raises
         BrokerGone once the broker stayed away longer than FEDQUEUE_BROKER_WAIT_S. Each poll goes through
@@ -88,7 +90,7 @@ class RunHandle:
         while poll() if store_watch is None else store_watch.call(poll, _still_running):
             if deadline is not None and time.monotonic() > deadline:
                 raise TimeoutError(f"run {self.id} still running after {timeout_s} s")
-            time.sleep(poll_s)
+            pause(poll_s)
         return self.status()
 
 

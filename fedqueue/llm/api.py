@@ -27,6 +27,7 @@ from fedqueue.llm.results import job_counts
 from fedqueue.llm.settings import GenerationSettings
 from fedqueue.llm.submission import model_name, prepare
 from fedqueue.llm.summary import job_summary
+from fedqueue.llm.wake import stored_waiter
 
 if TYPE_CHECKING:
     from fedqueue.core.services import WorkerSlots
@@ -194,6 +195,7 @@ def run(
         gpus_per_worker=gpus_per_worker,
         wait_for_workers=True,  # as `fedqueue llm submit` does
         timeout_s=timeout_s,
+        pause=stored_waiter,  # the follower sees the end as soon as the last batch is stored
     )
     done = JobHandle(handle.id, handle.settings, submission.submitted)
     if out is not None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 import uuid
 import warnings
 from collections.abc import Iterator
@@ -14,12 +15,15 @@ import pytest
 import redis
 
 import fedqueue
+import fedqueue.llm.api
+from fedqueue import api
 from fedqueue.config import Settings
 from fedqueue.core.database import open_store
 from fedqueue.errors import ConfigError, NotFound
 from fedqueue.llm.api import JobHandle, job_request
 from fedqueue.llm.results import prompt_rows
 from fedqueue.llm.settings import GenerationSettings
+from fedqueue.llm.wake import stored_key
 from tests.conftest import running_workers
 from tests.llm.test_llm_queue import expected_outputs
 
@@ -141,6 +145,37 @@ def test_run_waits_exports_and_the_same_prompts_again_continue_the_job(
     assert again.id == handle.id and again.submitted is not None
     assert (again.submitted.resumed, again.submitted.enqueued) == (True, 0)  # nothing left to generate
     assert again.rows() == rows
+
+
+def test_run_sees_its_jobs_end_when_the_last_batch_is_stored_not_at_its_next_poll(
+    api_settings: Settings, workers: None, tiny_model_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The follower's wait between polls is the workers' wake-up, which returns as soon as a batch is stored."""
+    waits: list[tuple[str, bool]] = []
+
+    def recording(services: Any, run_id: str) -> Any:
+        key = stored_key(services.settings.key_prefix, run_id)
+
+        def wait(timeout_s: float) -> None:
+            waits.append((run_id, services.ledger.wait_for_wake(key, timeout_s)))
+
+        return wait
+
+    monkeypatch.setattr(fedqueue.llm.api, "stored_waiter", recording)
+    prompts = [f"Woken {n}" for n in range(16)]  # batches long enough that the follower waits between them
+    handle = fedqueue.llm.run(prompts, str(tiny_model_path), settings=api_settings, max_new_tokens=32, batch_size=4)
+    assert handle.state == "finished"
+    assert waits and {run_id for run_id, _ in waits} == {handle.id}
+    assert any(woken for _, woken in waits)  # a wait cut short by a batch stored, not slept out
+
+
+def test_a_wake_up_that_fails_leaves_a_sleep_of_the_same_length() -> None:
+    def broken(_seconds: float) -> None:
+        raise redis.ConnectionError("the broker is away")
+
+    began = time.monotonic()
+    api._or_sleep(broken)(0.05)
+    assert time.monotonic() - began >= 0.05
 
 
 @pytest.mark.sessions

@@ -28,6 +28,7 @@ from fedqueue.llm.pipelines.submit import PipelineRequest, SubmittedPipeline
 from fedqueue.llm.pipelines.summary import pipeline_summary
 from fedqueue.llm.settings import GenerationSettings
 from fedqueue.llm.submission import model_name
+from fedqueue.llm.wake import stored_waiter
 
 __all__ = ["PipelineHandle", "pipeline"]
 
@@ -117,6 +118,7 @@ def pipeline(
         gpus_per_worker=gpus_per_worker,
         wait_for_workers=True,
         timeout_s=timeout_s,
+        pause=stored_waiter,  # the follower sees the end as soon as the last batch is stored
     )
     done = PipelineHandle(handle.id, handle.settings, submission.submitted)
     if out is not None:
