@@ -2,11 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import pytest
 
-from fedqueue.config import Settings
 from fedqueue.core.services import Services
 from fedqueue.fl import scheduler as fl_scheduler
 from fedqueue.fl.strategy.fedbuff import fold
@@ -14,16 +11,8 @@ from fedqueue.fl.strategy.fedbuff.fold import fold_updates
 from fedqueue.fl.strategy.fedbuff.schedule import ScheduleState
 from fedqueue.fl.worker.cache import WorkerCache
 from fedqueue.fl.worker.device_task import run_device_task
-from fedqueue.queue.client import open_client_services
 from tests.fl.strategy.fedbuff.test_fold_repair import FEDBUFF, _Deferred, _state, _strategy, _task_of
 from tests.support.helpers import small_config
-
-
-@pytest.fixture
-def services(settings: Settings) -> Iterator[Services]:
-    opened = open_client_services(settings, worker_slots=lambda: {})
-    yield opened
-    opened.close()
 
 
 def _fold_after_storing_the_first_trips(

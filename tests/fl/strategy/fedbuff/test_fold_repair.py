@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import functools
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -32,7 +32,6 @@ from fedqueue.fl.strategy.fedbuff.strategy import BufferedAsync
 from fedqueue.fl.strategy.registry import strategy_for
 from fedqueue.fl.worker.cache import WorkerCache
 from fedqueue.fl.worker.device_task import run_device_task
-from fedqueue.queue.client import open_client_services
 from tests.support.helpers import small_config
 
 NOT_ASKED = "fold pass was not asked for: asked"
@@ -53,13 +52,6 @@ FEDBUFF: dict[str, Any] = {
 
 # The repair's reads a step of the fold may come right after.
 READS = ["schedule", "results", "running", "requested"]
-
-
-@pytest.fixture
-def services(settings: Settings) -> Iterator[Services]:
-    opened = open_client_services(settings, worker_slots=lambda: {})
-    yield opened
-    opened.close()
 
 
 def _strategy(config: RunConfig) -> BufferedAsync:

@@ -3,11 +3,6 @@ as a spare, which the next state is written into, pages in place (as a sync roun
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
-import pytest
-
-from fedqueue.config import Settings
 from fedqueue.core.broker.shm import SPARE, SharedMemoryBlobStore
 from fedqueue.core.codec import BlobRef
 from fedqueue.core.services import Services
@@ -16,16 +11,8 @@ from fedqueue.fl.store.results import get_round
 from fedqueue.fl.strategy.fedbuff.fold import fold_updates, oldest_needed
 from fedqueue.fl.worker.cache import WorkerCache
 from fedqueue.fl.worker.device_task import run_device_task
-from fedqueue.queue.client import open_client_services
 from tests.fl.strategy.fedbuff.test_fold_repair import FEDBUFF, _Deferred, _state, _strategy, _task_of
 from tests.support.helpers import small_config
-
-
-@pytest.fixture
-def services(settings: Settings) -> Iterator[Services]:
-    opened = open_client_services(settings, worker_slots=lambda: {})
-    yield opened
-    opened.close()
 
 
 def test_a_version_no_trip_needs_is_kept_to_be_written_over(services: Services) -> None:
