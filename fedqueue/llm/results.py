@@ -13,7 +13,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from sqlalchemy import func, select, update
+from sqlalchemy import bindparam, func, select, update
 
 from fedqueue.llm.schema import LlmPromptRow
 from fedqueue.store import Store
@@ -93,16 +93,25 @@ def record_outcomes(
     """
     now = time.time()
     latency_ms = None if timing is None else timing.compute_ms
+    fields = [field for field in Outcome.__dataclass_fields__ if field != "key"]
+    # Each statement once for the whole batch (executemany), not once per prompt; bound names apart from columns'.
+    values: dict[str, Any] = {field: bindparam(f"b_{field}") for field in fields}
+    values.update(batch=batch, worker=worker[:200], latency_ms=latency_ms, finished_at=now)
+    params = [
+        {
+            "b_key": outcome.key,
+            **{f"b_{field}": getattr(outcome, field) for field in fields},
+            "b_error": None if outcome.error is None else outcome.error[-ERROR_MAX:],
+        }
+        for outcome in outcomes
+    ]
+    pending = (LlmPromptRow.run_id == run_id, LlmPromptRow.state == "pending")
     with store.engine.begin() as connection:
-        for outcome in outcomes:
-            values = {**asdict(outcome), "error": None if outcome.error is None else outcome.error[-ERROR_MAX:]}
-            del values["key"]
-            values.update(batch=batch, worker=worker[:200], latency_ms=latency_ms, finished_at=now)
-            pending = (LlmPromptRow.run_id == run_id, LlmPromptRow.state == "pending")
-            connection.execute(update(LlmPromptRow).where(*pending, LlmPromptRow.key == outcome.key).values(**values))
-            connection.execute(
-                update(LlmPromptRow).where(*pending, LlmPromptRow.same_as == outcome.key).values(**values)
-            )
+        if params:
+            for column in (LlmPromptRow.key, LlmPromptRow.same_as):  # the prompt, then its copies
+                connection.execute(
+                    update(LlmPromptRow).where(*pending, column == bindparam("b_key")).values(**values), params
+                )
         if timing is not None:
             connection.execute(store.timing_upsert, asdict(timing))
         left = connection.execute(
